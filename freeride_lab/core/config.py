@@ -1,0 +1,145 @@
+"""``RunConfig``: everything that defines a pipeline training run, validated on construction.
+
+Only checks that need no environment live here (sizes, names, schedule feasibility); the
+launcher adds the ones that do (port in use, run directory writable, CUDA present).
+
+    >>> RunConfig(schedule="1f1b", stages=4, microbatches=8).schedule
+    '1F1B'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from freeride_lab.core.schedule import Schedule, torch_plan
+
+__all__ = ["RunConfig"]
+
+Workload = Literal["text", "synthetic"]
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """A pipeline training run.
+
+    Args:
+        schedule: torch's schedule name (case-insensitive), e.g. "1F1B", "Interleaved1F1B".
+        stages: pipeline ranks S (processes; one GPU each on CUDA).
+        microbatches: micro-batches M per step.
+        chunks: model chunks v per rank; None picks the schedule's default.
+        steps: training steps to run.
+        workload: "text" trains a byte-level GPT on real text; "synthetic" runs sleep-timed
+            stages with the given ``t_*_ms`` costs (exact, contention-free timing on CPU).
+        t_forward_ms, t_backward_input_ms, t_backward_weight_ms: per micro-batch costs of one
+            rank (split evenly over its chunks) for the synthetic workload.
+        layers, d_model, heads, seq_len, microbatch_size: GPT size (text workload; the synthetic
+            workload uses d_model, seq_len and microbatch_size for its tensors).
+        text_path: a text file or directory for the text workload; None uses the Python standard
+            library's own source files.
+        device, backend: "cpu" with gloo or "cuda" with NCCL; backend None picks by device.
+        nnodes, node_rank, master_addr, master_port: rendezvous; port None picks a free one.
+        bus_host: address the event bus binds to (loopback by default).
+        run_dir: where the run directory goes; None makes one under ./runs.
+    """
+
+    schedule: str = "1F1B"
+    stages: int = 4
+    microbatches: int = 8
+    chunks: int | None = None
+    steps: int = 20
+    workload: Workload = "text"
+    t_forward_ms: float = 20.0
+    t_backward_input_ms: float = 20.0
+    t_backward_weight_ms: float = 20.0
+    layers: int = 8
+    d_model: int = 64
+    heads: int = 4
+    seq_len: int = 64
+    microbatch_size: int = 4
+    lr: float = 3e-3
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    text_path: str | None = None
+    device: Device = "cpu"
+    backend: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    bus_host: str = "127.0.0.1"
+    run_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        spec = Schedule.from_name(self.schedule)
+        object.__setattr__(self, "schedule", spec.name)
+        for name in ("stages", "microbatches", "steps", "layers", "d_model", "heads",
+                     "seq_len", "microbatch_size", "nnodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        for name in ("t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms", "lr"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        if self.workload not in ("text", "synthetic"):
+            raise ValueError(f"workload={self.workload!r}; valid: text, synthetic")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}; valid: float32, bfloat16")
+        if self.backend is None:
+            object.__setattr__(self, "backend", "nccl" if self.device == "cuda" else "gloo")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend={self.backend!r}; valid: gloo, nccl")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("backend='nccl' needs device='cuda'; use backend='gloo' on CPU")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")
+        if self.stages % self.nnodes:
+            raise ValueError(
+                f"stages={self.stages} must divide evenly over nnodes={self.nnodes} "
+                "(one rank per stage, the same number per node)"
+            )
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port={self.master_port} must be in 1..65535 (or None)")
+        v = spec.resolve_chunks(self.chunks)
+        object.__setattr__(self, "chunks", v)
+        if self.workload == "text":
+            if self.layers < self.stages * v:
+                raise ValueError(
+                    f"layers={self.layers} < stages×chunks={self.stages * v}: every stage chunk "
+                    f"needs at least one block; raise layers or lower stages/chunks"
+                )
+            if self.d_model % self.heads:
+                raise ValueError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
+        torch_plan(spec, self.stages, self.microbatches, v)  # raises ValueError with torch's reason
+
+    @property
+    def stage_count(self) -> int:
+        """Total stage chunks S·v."""
+        assert self.chunks is not None
+        return self.stages * self.chunks
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Rebuild from ``to_dict`` output; unknown keys raise with the valid ones listed."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown RunConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,229 @@
+"""Pipeline schedules as data: names, actions, stage placement and torch's own plans.
+
+A plan maps each pipeline rank to its ordered compute actions. It is read from the installed
+torch's schedule classes (``pipeline_order``), built against lightweight stand-in stages, so it
+is exactly what ``torch.distributed.pipelining`` will run — no process group is needed.
+
+    >>> Schedule.from_name("1f1b").name
+    '1F1B'
+    >>> Action.parse("2W3")
+    Action(stage=2, kind=<ActionKind.WEIGHT: 'W'>, microbatch=3)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "ActionKind",
+    "Schedule",
+    "stage_indices",
+    "torch_plan",
+]
+
+
+class ActionKind(str, Enum):
+    """Compute actions, spelt with torch's letters."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # full backward (input and weight gradients)
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One compute action: ``stage`` (global stage index), ``kind``, ``microbatch``."""
+
+    stage: int
+    kind: ActionKind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        """Parse the short form (``"2F0"``, ``"1W3"``) back into an action."""
+        m = _ACTION_RE.match(text.strip())
+        if m is None:
+            raise ValueError(
+                f"cannot parse action {text!r}; expected <stage><F|B|I|W><microbatch>, e.g. '2F0'"
+            )
+        return cls(int(m.group(1)), ActionKind(m.group(2)), int(m.group(3)))
+
+
+StageStyle = Literal["loop", "v"]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule class of ``torch.distributed.pipelining``, described as data.
+
+    ``multi`` schedules hold several stage chunks per rank; ``style`` says how chunks map to
+    ranks ("loop": rank r holds stages r, r+S, r+2S…; "v": rank r holds r and 2S−1−r).
+    """
+
+    name: str
+    torch_class: str
+    multi: bool
+    style: StageStyle = "loop"
+    default_chunks: int = 1
+    fixed_chunks: int | None = None  # V schedules need exactly two chunks per rank
+    splits_backward: bool = False  # runs I and W actions instead of B
+
+    @classmethod
+    def from_name(cls, name: str) -> Schedule:
+        """Look a schedule up by name, ignoring case, ``-`` and ``_`` ("interleaved-1f1b")."""
+        key = _norm(name)
+        for spec in SCHEDULES.values():
+            if key in (_norm(spec.name), _norm(spec.torch_class)):
+                return spec
+        raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULES)}")
+
+    def resolve_chunks(self, chunks: int | None) -> int:
+        """Chunks (model pieces) per rank for this schedule, checking ``chunks`` if given."""
+        if chunks is None:
+            return self.fixed_chunks or self.default_chunks
+        if chunks < 1:
+            raise ValueError(f"chunks={chunks} must be >= 1")
+        if not self.multi and chunks != 1:
+            raise ValueError(
+                f"chunks={chunks} but {self.name} runs one stage per rank; "
+                "use chunks=1 or a multi-stage schedule such as Interleaved1F1B"
+            )
+        if self.fixed_chunks is not None and chunks != self.fixed_chunks:
+            raise ValueError(f"chunks={chunks} but {self.name} needs exactly {self.fixed_chunks}")
+        return chunks
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "").removeprefix("schedule")
+
+
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        Schedule("GPipe", "ScheduleGPipe", multi=False),
+        Schedule("1F1B", "Schedule1F1B", multi=False),
+        Schedule("Interleaved1F1B", "ScheduleInterleaved1F1B", multi=True, default_chunks=2),
+        Schedule("LoopedBFS", "ScheduleLoopedBFS", multi=True, default_chunks=2),
+        Schedule(
+            "InterleavedZeroBubble",
+            "ScheduleInterleavedZeroBubble",
+            multi=True,
+            default_chunks=2,
+            splits_backward=True,
+        ),
+        Schedule(
+            "ZBVZeroBubble",
+            "ScheduleZBVZeroBubble",
+            multi=True,
+            style="v",
+            fixed_chunks=2,
+            splits_backward=True,
+        ),
+        Schedule(
+            "DualPipeV", "ScheduleDualPipeV", multi=True, style="v", fixed_chunks=2,
+            splits_backward=True,
+        ),
+    )
+}
+
+
+def stage_indices(schedule: Schedule, rank: int, ranks: int, chunks: int) -> list[int]:
+    """Global stage indices held by ``rank`` (ascending), for ``ranks`` ranks of ``chunks`` each."""
+    if schedule.style == "v":
+        return sorted((rank, 2 * ranks - 1 - rank))
+    return [rank + ranks * k for k in range(chunks)]
+
+
+class _StandInStage:
+    """Just enough of ``_PipelineStageBase`` for a schedule's constructor to build its plan."""
+
+    def __init__(self, index: int, num_stages: int, rank: int, ranks: int) -> None:
+        self.stage_index = index
+        self.num_stages = num_stages
+        self.group_rank = rank
+        self.group_size = ranks
+        self.is_first = index == 0
+        self.is_last = index == num_stages - 1
+        self.submod = None
+        self.stage_index_to_group_rank: dict[int, int] = {}
+
+
+def torch_plan(
+    schedule: Schedule | str, ranks: int, microbatches: int, chunks: int | None = None
+) -> dict[int, list[Action | None]]:
+    """The installed torch's plan: rank → ordered compute actions, ``None`` for planned idle slots.
+
+    Overlapped actions (DualPipeV's OVERLAP_F_B) are expanded into their sub-actions in the
+    order torch runs them; communication and gradient-reduction actions are dropped.
+
+    Raises:
+        ValueError: the schedule cannot run these sizes (torch's reason, with the numbers).
+    """
+    from torch.distributed.pipelining import schedules as ts
+
+    spec = Schedule.from_name(schedule) if isinstance(schedule, str) else schedule
+    v = spec.resolve_chunks(chunks)
+    if ranks < 1 or microbatches < 1:
+        raise ValueError(f"stages={ranks} and microbatches={microbatches} must both be >= 1")
+    cls = getattr(ts, spec.torch_class, None)
+    if cls is None:
+        import torch
+
+        raise ValueError(f"schedule {spec.name!r} is not in the installed torch {torch.__version__}")
+    plan: dict[int, list[Action | None]] = {}
+    for rank in range(ranks):
+        try:
+            if spec.multi:
+                stages = [
+                    _StandInStage(i, ranks * v, rank, ranks)
+                    for i in stage_indices(spec, rank, ranks, v)
+                ]
+                order = cls(stages, microbatches).pipeline_order
+            else:
+                order = cls(_StandInStage(rank, ranks, rank, ranks), microbatches).pipeline_order
+        except (ValueError, AssertionError, RuntimeError) as e:
+            raise ValueError(
+                f"{spec.name} cannot run stages={ranks}, microbatches={microbatches}, "
+                f"chunks={v}: {e}"
+            ) from None
+        plan[rank] = [_convert(a) for a in order[rank]] if order else []
+        plan[rank] = [a for a in _flatten(plan[rank])]
+    return plan
+
+
+def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]:
+    out: list[Action | None] = []
+    for a in actions:
+        if isinstance(a, list):
+            out.extend(a)
+        else:
+            out.append(a)
+    return out
+
+
+def _convert(a: object) -> Action | None | list[Action]:
+    if a is None:
+        return None
+    subs = getattr(a, "sub_actions", None)
+    if subs:
+        return [x for s in subs if isinstance(x := _convert(s), Action)]
+    kind = getattr(a.computation_type, "value", str(a.computation_type))  # type: ignore[attr-defined]
+    letter = {"F": "F", "B": "B", "I": "I", "W": "W"}.get(str(kind))
+    if letter is None:
+        return []  # communication, REDUCE_GRAD, …: not compute
+    return Action(a.stage_index, ActionKind(letter), a.microbatch_index)  # type: ignore[attr-defined]
