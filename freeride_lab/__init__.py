@@ -1,0 +1,53 @@
+"""freeride_lab: measure the bubbles of pipeline-parallel training and run side tasks inside them.
+
+    >>> from freeride_lab import RunConfig, Session          # doctest: +SKIP
+    >>> s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=4, steps=10))
+    >>> s.bubbles.head()
+
+In Jupyter: ``%load_ext freeride_lab`` then ``%freeride launch --stages 4``.
+Importing this package is cheap: names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RunConfig": "freeride_lab.core.config",
+    "Schedule": "freeride_lab.core.schedule",
+    "SCHEDULES": "freeride_lab.core.schedule",
+    "theory_bubble_fraction": "freeride_lab.core.theory",
+    "SideTaskState": "freeride_lab.core.sidetask_state",
+    "IterativeSideTask": "freeride_lab.runtime.sidetask",
+    "ImperativeSideTask": "freeride_lab.runtime.sidetask",
+    "GpuLimits": "freeride_lab.runtime.limits",
+    "Session": "freeride_lab.lab.session",
+}
+
+__all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'freeride_lab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext freeride_lab``: register the ``%freeride`` magics (starts nothing)."""
+    from freeride_lab.magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext freeride_lab``: remove the magics and stop their pump thread."""
+    from freeride_lab.magics import unload
+
+    unload(ipython)

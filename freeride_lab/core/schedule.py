@@ -196,6 +196,8 @@ def torch_plan(
                 order = cls(stages, microbatches).pipeline_order
             else:
                 order = cls(_StandInStage(rank, ranks, rank, ranks), microbatches).pipeline_order
+                if spec.name == "1F1B":
+                    order = {rank: _executed_1f1b(rank, ranks, microbatches)}
         except (ValueError, AssertionError, RuntimeError) as e:
             raise ValueError(
                 f"{spec.name} cannot run stages={ranks}, microbatches={microbatches}, "
@@ -203,6 +205,24 @@ def torch_plan(
             ) from None
         plan[rank] = [_convert(a) for a in order[rank]] if order else []
         plan[rank] = [a for a in _flatten(plan[rank])]
+    return plan
+
+
+def _executed_1f1b(stage: int, stages: int, microbatches: int) -> list[Action]:
+    """1F1B as ``Schedule1F1B._step_microbatches`` runs it.
+
+    [Note: 1F1B plan] torch's ``Schedule1F1B.pipeline_order`` numbers the last stage's
+    micro-batches from 1 (``3F1 … 3F4`` at S=M=4), which is not what executes: the step runs
+    min(M, S−s) warm-up forwards, then alternates B, F, then drains the remaining backwards.
+    """
+    warmup = min(microbatches, stages - stage)
+    plan = [Action(stage, ActionKind.FORWARD, j) for j in range(warmup)]
+    fwd = warmup
+    for bwd in range(microbatches):
+        plan.append(Action(stage, ActionKind.BACKWARD, bwd))
+        if fwd < microbatches:
+            plan.append(Action(stage, ActionKind.FORWARD, fwd))
+            fwd += 1
     return plan
 
 
@@ -217,8 +237,8 @@ def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]
 
 
 def _convert(a: object) -> Action | None | list[Action]:
-    if a is None:
-        return None
+    if a is None or isinstance(a, Action):
+        return a
     subs = getattr(a, "sub_actions", None)
     if subs:
         return [x for s in subs if isinstance(x := _convert(s), Action)]

@@ -1,0 +1,30 @@
+"""Shared test configuration: marker-based skips with reasons."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = _cuda_count()
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    for item in items:
+        if "gpu" in item.keywords and cuda < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; this machine has none"))
+        if "multigpu" in item.keywords and cuda < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs >= 2 CUDA GPUs; found {cuda}"))
+        if "browser" in item.keywords and not chromium:
+            item.add_marker(
+                pytest.mark.skip(reason="needs the system Chromium (apt-get install -y chromium)")
+            )
