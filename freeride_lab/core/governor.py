@@ -1,0 +1,292 @@
+"""An overhead governor: keep side tasks' cost to training under a target, AIMD-style.
+
+FreeRide fixes each task's limits up front (MPS priority, a memory cap, a step budget) and
+never looks at what they cost while training runs. ``OverheadGovernor`` closes that loop.
+The caller feeds it one ``StepObservation`` per training step; it keeps an EWMA of the
+measured overhead, (step - baseline) / baseline, and answers with ``GovernorDecision`` values
+the caller applies (an MPS SM share, a step-budget scale) and logs:
+
+- overhead above ``target_frac`` → **multiplicative decrease** of every active task's SM share
+  (by ``decrease_factor``, snapped down to ``sm_step_pct``); a task already at ``sm_min_pct``
+  gets its step budget scaled up instead (it then starts fewer steps near a bubble's end);
+- overhead below ``low_water`` x target → **additive increase**: first undo budget scaling,
+  then raise the share by ``sm_step_pct``, up to ``sm_max_pct``;
+- in between → hold (hysteresis, so the loop settles instead of oscillating);
+- after any change it ignores ``settle_steps`` observations and restarts the EWMA, then waits
+  for ``window`` fresh observations before it decides again.
+
+Optional device signals add pressure: an SM clock more than ``clock_drop_frac`` below the
+highest clock seen, or power above ``power_limit_w``, counts as "too much" even when step
+time has not moved yet. The governor is pure: no clock, no device access.
+
+    >>> g = OverheadGovernor(target_frac=0.01, window=2, settle_steps=0)
+    >>> g.add_task("t1")
+    >>> obs = StepObservation(step_s=1.05, baseline_step_s=1.0, active_task_ids=("t1",))
+    >>> g.observe(obs)
+    []
+    >>> [(d.task_id, d.sm_pct, d.budget_scale) for d in g.observe(obs)]
+    [('t1', 50, 1.0)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["GovernorDecision", "OverheadGovernor", "StepObservation"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepObservation:
+    """One training step as the governor sees it.
+
+    Args:
+        step_s: the step's duration.
+        baseline_step_s: the expected duration without side tasks (from vanilla steps); None
+            lets the governor use its own estimate from steps without side-task activity.
+        active_task_ids: side tasks that stepped during this training step; () means none did,
+            so the step is a baseline sample; None means unknown: every governed task counts
+            as active and the step is not a baseline sample.
+        power_w: GPU board power, if known.
+        sm_clock_mhz: SM clock, if known.
+    """
+
+    step_s: float
+    baseline_step_s: float | None = None
+    active_task_ids: tuple[str, ...] | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GovernorDecision:
+    """New limits for one task: SM share (percent of SMs) and step-budget scale (>= 1)."""
+
+    task_id: str
+    sm_pct: int
+    budget_scale: float
+    reason: str
+
+
+@dataclass(slots=True)
+class _TaskLimits:
+    sm_pct: int
+    budget_scale: float = 1.0
+
+
+@dataclass(kw_only=True)
+class OverheadGovernor:
+    """AIMD control of side tasks' SM share and step budget against a training overhead target.
+
+    Args:
+        target_frac: overhead to stay under, as a fraction of the baseline step time.
+        low_water: increase only while the overhead EWMA < ``low_water`` x ``target_frac``.
+        sm_min_pct, sm_max_pct, sm_step_pct: the SM share range and its granularity (percent).
+        decrease_factor: multiplicative cut of the share when over target (0-1).
+        window: observations per decision; the EWMA uses alpha = 2 / (window + 1).
+        settle_steps: observations ignored after a change.
+        budget_growth, budget_scale_max: how the step-budget scale grows at the minimum share,
+            and its ceiling.
+        clock_drop_frac: SM clock drop (vs. the highest seen) that counts as overload.
+        power_limit_w: board power that counts as overload; None = ignore power.
+    """
+
+    target_frac: float = 0.01
+    low_water: float = 0.5
+    sm_min_pct: int = 10
+    sm_max_pct: int = 100
+    sm_step_pct: int = 10
+    decrease_factor: float = 0.5
+    window: int = 8
+    settle_steps: int = 3
+    budget_growth: float = 1.25
+    budget_scale_max: float = 4.0
+    clock_drop_frac: float = 0.1
+    power_limit_w: float | None = None
+    _tasks: dict[str, _TaskLimits] = field(default_factory=dict, init=False, repr=False)
+    _ewma: float | None = field(default=None, init=False, repr=False)
+    _samples: int = field(default=0, init=False, repr=False)
+    _settle_left: int = field(default=0, init=False, repr=False)
+    _baseline_s: float | None = field(default=None, init=False, repr=False)
+    _max_clock_mhz: float = field(default=0.0, init=False, repr=False)
+    _pressure: str = field(default="", init=False, repr=False)
+    _active: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_frac < 1:
+            raise ValueError(f"target_frac={self.target_frac} must be in (0, 1); e.g. 0.01 = 1%")
+        if not 0 <= self.low_water < 1:
+            raise ValueError(f"low_water={self.low_water} must be in [0, 1)")
+        if not 0 < self.sm_step_pct <= 100:
+            raise ValueError(f"sm_step_pct={self.sm_step_pct} must be in (0, 100]")
+        if not 0 < self.sm_min_pct <= self.sm_max_pct <= 100:
+            raise ValueError(
+                f"need 0 < sm_min_pct={self.sm_min_pct} <= sm_max_pct={self.sm_max_pct} <= 100"
+            )
+        if not 0 < self.decrease_factor < 1:
+            raise ValueError(f"decrease_factor={self.decrease_factor} must be in (0, 1)")
+        if self.window < 1 or self.settle_steps < 0:
+            raise ValueError(
+                f"window={self.window} must be >= 1 and settle_steps={self.settle_steps} >= 0"
+            )
+        if self.budget_growth <= 1 or self.budget_scale_max < 1:
+            raise ValueError(
+                f"budget_growth={self.budget_growth} must be > 1 and "
+                f"budget_scale_max={self.budget_scale_max} >= 1"
+            )
+
+    # -- tasks -------------------------------------------------------------------------------
+    def add_task(
+        self, task_id: str, *, sm_pct: int | None = None, budget_scale: float = 1.0
+    ) -> None:
+        """Start governing ``task_id`` at ``sm_pct`` (default: the maximum) and ``budget_scale``."""
+        pct = self.sm_max_pct if sm_pct is None else sm_pct
+        if not self.sm_min_pct <= pct <= self.sm_max_pct:
+            raise ValueError(
+                f"sm_pct={pct} outside [{self.sm_min_pct}, {self.sm_max_pct}] for {task_id!r}"
+            )
+        if not 1.0 <= budget_scale <= self.budget_scale_max:
+            raise ValueError(
+                f"budget_scale={budget_scale} outside [1, {self.budget_scale_max}] for {task_id!r}"
+            )
+        self._tasks[task_id] = _TaskLimits(sm_pct=pct, budget_scale=budget_scale)
+
+    def remove_task(self, task_id: str) -> None:
+        """Stop governing ``task_id`` (a no-op if it is unknown)."""
+        self._tasks.pop(task_id, None)
+        self._active.discard(task_id)
+
+    def limits(self, task_id: str) -> tuple[int, float]:
+        """The current (sm_pct, budget_scale) of ``task_id``."""
+        t = self._tasks[task_id]
+        return t.sm_pct, t.budget_scale
+
+    @property
+    def overhead_ewma_frac(self) -> float | None:
+        """The overhead EWMA since the last change; None before any sample."""
+        return self._ewma
+
+    @property
+    def baseline_step_s(self) -> float | None:
+        """The governor's own baseline estimate (from steps without side-task activity)."""
+        return self._baseline_s
+
+    # -- control loop ------------------------------------------------------------------------
+    def observe(self, obs: StepObservation) -> list[GovernorDecision]:
+        """Take one step's observation; return the limits that changed (often none)."""
+        if not math.isfinite(obs.step_s) or obs.step_s <= 0:
+            raise ValueError(f"step_s={obs.step_s!r} must be a finite duration > 0")
+        if obs.sm_clock_mhz is not None and obs.sm_clock_mhz > self._max_clock_mhz:
+            self._max_clock_mhz = obs.sm_clock_mhz
+        if obs.active_task_ids == ():
+            self._update_baseline(obs.step_s)
+        baseline = obs.baseline_step_s if obs.baseline_step_s is not None else self._baseline_s
+        if self._settle_left > 0:
+            self._settle_left -= 1
+            return []
+        if baseline is None or baseline <= 0:
+            return []  # no baseline yet: cannot measure overhead
+        active = self._tasks if obs.active_task_ids is None else obs.active_task_ids
+        self._active.update(t for t in active if t in self._tasks)
+        overhead = (obs.step_s - baseline) / baseline
+        alpha = 2.0 / (self.window + 1)
+        self._ewma = overhead if self._ewma is None else alpha * overhead + (1 - alpha) * self._ewma
+        pressure = self._device_pressure(obs)
+        if pressure:
+            self._pressure = pressure
+        self._samples += 1
+        if self._samples < self.window:
+            return []
+        decisions = self._decide(self._ewma)
+        self._samples = 0
+        self._pressure = ""
+        self._active.clear()
+        if decisions:
+            self._ewma = None
+            self._settle_left = self.settle_steps
+        return decisions
+
+    def _update_baseline(self, step_s: float) -> None:
+        alpha = 2.0 / (self.window + 1)
+        if self._baseline_s is None:
+            self._baseline_s = step_s
+        else:
+            self._baseline_s = alpha * step_s + (1 - alpha) * self._baseline_s
+
+    def _device_pressure(self, obs: StepObservation) -> str:
+        if (
+            obs.sm_clock_mhz is not None
+            and self._max_clock_mhz > 0
+            and obs.sm_clock_mhz < (1 - self.clock_drop_frac) * self._max_clock_mhz
+        ):
+            return (
+                f"SM clock {obs.sm_clock_mhz:.0f} MHz < {1 - self.clock_drop_frac:.0%} of "
+                f"{self._max_clock_mhz:.0f} MHz"
+            )
+        if (
+            self.power_limit_w is not None
+            and obs.power_w is not None
+            and obs.power_w > self.power_limit_w
+        ):
+            return f"power {obs.power_w:.0f} W > {self.power_limit_w:.0f} W"
+        return ""
+
+    def _decide(self, ewma: float) -> list[GovernorDecision]:
+        status = f"overhead {ewma:.2%}"
+        if ewma > self.target_frac or self._pressure:
+            why = (
+                f"{status} > target {self.target_frac:.2%}"
+                if ewma > self.target_frac
+                else f"{self._pressure} ({status})"
+            )
+            # only tasks that ran in the window can have caused it; none ran -> not ours
+            return self._decrease(sorted(self._active), why)
+        if ewma < self.low_water * self.target_frac:
+            why = f"{status} < {self.low_water:g} x target {self.target_frac:.2%}"
+            return self._increase(sorted(self._tasks), why)
+        return []
+
+    def _decrease(self, task_ids: Sequence[str], why: str) -> list[GovernorDecision]:
+        out: list[GovernorDecision] = []
+        for tid in task_ids:
+            t = self._tasks[tid]
+            if t.sm_pct > self.sm_min_pct:
+                cut = math.floor(t.sm_pct * self.decrease_factor / self.sm_step_pct)
+                new = max(self.sm_min_pct, cut * self.sm_step_pct)
+                out.append(
+                    self._set(tid, new, t.budget_scale, f"{why}: SM share {t.sm_pct} -> {new}%")
+                )
+            elif t.budget_scale < self.budget_scale_max:
+                scale = min(self.budget_scale_max, round(t.budget_scale * self.budget_growth, 6))
+                out.append(
+                    self._set(
+                        tid,
+                        t.sm_pct,
+                        scale,
+                        f"{why}: SM share at minimum; budget x{t.budget_scale:g} -> x{scale:g}",
+                    )
+                )
+        return out
+
+    def _increase(self, task_ids: Sequence[str], why: str) -> list[GovernorDecision]:
+        out: list[GovernorDecision] = []
+        for tid in task_ids:
+            t = self._tasks[tid]
+            if t.budget_scale > 1.0:
+                scale = max(1.0, round(t.budget_scale / self.budget_growth, 6))
+                out.append(
+                    self._set(
+                        tid, t.sm_pct, scale, f"{why}: budget x{t.budget_scale:g} -> x{scale:g}"
+                    )
+                )
+            elif t.sm_pct < self.sm_max_pct:
+                new = min(self.sm_max_pct, t.sm_pct + self.sm_step_pct)
+                out.append(
+                    self._set(tid, new, t.budget_scale, f"{why}: SM share {t.sm_pct} -> {new}%")
+                )
+        return out
+
+    def _set(self, task_id: str, sm_pct: int, budget_scale: float, reason: str) -> GovernorDecision:
+        self._tasks[task_id] = _TaskLimits(sm_pct=sm_pct, budget_scale=budget_scale)
+        return GovernorDecision(task_id, sm_pct, budget_scale, reason)

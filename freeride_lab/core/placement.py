@@ -1,0 +1,313 @@
+"""Placement of side tasks on stages, and the per-worker choice of what runs in a bubble.
+
+**Placement** (paper notes §8, FreeRide's ``get_task_runner_index_for_task``), as data in,
+data out:
+
+1. *memory*: a stage is eligible only if its free memory is **strictly greater** than the
+   task's request;
+2. *bubble fit*: a stage none of whose predicted bubbles is longer than the task's step
+   budget is refused too — the task could never take a step there (same strict rule as
+   ``budget.should_step``); FreeRide had a stub for this (a constant ``duration`` key);
+3. *order*: request 0 → most free memory first, then queue length; otherwise → queue length
+   counting only queued tasks with priority >= the task's own (the running task included).
+   Ties keep stage order (stable sort).
+
+    >>> g = 2**30
+    >>> stages = [StageInfo(stage=s, free_bytes=f * g) for s, f in enumerate((3, 9, 16, 24))]
+    >>> place(TaskRequest(name="vgg19", memory_bytes=12 * g, budget_s=0.216), stages)
+    Placement(stage=2)
+
+**Per worker** (§8 "Per worker"/"Priority"): ``pick_next`` is called when a new bubble becomes
+current on a GPU and says which task runs in it. At most one side task runs per GPU.
+
+# [Note: units of free memory]
+The paper's free memory ("3 / 9 / 16 / 24 GB") is capacity (47.38 GiB) minus peak reserved
+memory, so it is GiB; its requests are ceil(peak GiB). Both are bytes here, so any unit
+works as long as the caller converts both the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
+
+__all__ = [
+    "BubbleWindow",
+    "Decision",
+    "NoPlacement",
+    "Placement",
+    "QueuedTask",
+    "RefusalRule",
+    "StageInfo",
+    "StageRefusal",
+    "TaskRequest",
+    "WorkerAction",
+    "pick_next",
+    "place",
+    "place_all",
+]
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedTask:
+    """A task assigned to a stage's worker (queued or current)."""
+
+    task_id: str
+    priority: int = 0  # higher = more important
+    state: SideTaskState = SideTaskState.CREATED
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageInfo:
+    """What placement knows about one stage.
+
+    Args:
+        stage: stage index.
+        free_bytes: device memory a side task may use there.
+        bubble_ms: predicted bubble lengths of one training step; None = not profiled, the
+            bubble-fit rule is skipped; () = no bubbles, nothing fits.
+        queue: tasks already assigned there, current task included.
+    """
+
+    stage: int
+    free_bytes: int
+    bubble_ms: tuple[float, ...] | None = None
+    queue: tuple[QueuedTask, ...] = ()
+
+    def queue_length(self, priority: int) -> int:
+        """Assigned tasks with priority >= ``priority`` (FreeRide's priority-filtered length)."""
+        return sum(1 for t in self.queue if t.priority >= priority)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRequest:
+    """A side task asking for a stage: memory request (bytes), step budget (s), priority."""
+
+    name: str
+    memory_bytes: int
+    budget_s: float
+    priority: int = 0
+    task_id: str | None = None  # id to queue it under; None → "<name>#<submission index>"
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 0:
+            raise ValueError(f"memory_bytes={self.memory_bytes} must be >= 0 (0 = no request)")
+        if not math.isfinite(self.budget_s) or self.budget_s < 0:
+            raise ValueError(f"budget_s={self.budget_s!r} must be a finite number >= 0")
+
+
+class RefusalRule(StrEnum):
+    """Why a stage was not eligible."""
+
+    MEMORY = "memory"
+    BUBBLE_FIT = "bubble_fit"
+
+
+@dataclass(frozen=True, slots=True)
+class StageRefusal:
+    """One stage that could not take the task, and why."""
+
+    stage: int
+    rule: RefusalRule
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The stage the task goes to."""
+
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlacement:
+    """No stage can take the task; ``refusals`` says why, stage by stage."""
+
+    reason: str
+    refusals: tuple[StageRefusal, ...]
+
+
+def _refusal(task: TaskRequest, info: StageInfo) -> StageRefusal | None:
+    if not info.free_bytes > task.memory_bytes:
+        return StageRefusal(
+            info.stage,
+            RefusalRule.MEMORY,
+            f"free {info.free_bytes / _GIB:.2f} GiB is not > request "
+            f"{task.memory_bytes / _GIB:.2f} GiB",
+        )
+    if info.bubble_ms is not None:
+        budget_ms = task.budget_s * 1e3
+        if not any(b > budget_ms for b in info.bubble_ms):
+            longest = f"{max(info.bubble_ms):.1f} ms" if info.bubble_ms else "none"
+            return StageRefusal(
+                info.stage,
+                RefusalRule.BUBBLE_FIT,
+                f"longest predicted bubble {longest} is not > step budget {budget_ms:.1f} ms",
+            )
+    return None
+
+
+def place(task: TaskRequest, stages: Sequence[StageInfo]) -> Placement | NoPlacement:
+    """The stage ``task`` should go to, or why none can take it."""
+    eligible: list[StageInfo] = []
+    refusals: list[StageRefusal] = []
+    for info in stages:
+        refusal = _refusal(task, info)
+        if refusal is None:
+            eligible.append(info)
+        else:
+            refusals.append(refusal)
+    if not eligible:
+        per_stage = "; ".join(f"stage {r.stage}: {r.rule}: {r.detail}" for r in refusals)
+        return NoPlacement(
+            f"no stage can host {task.name!r}: {per_stage or 'no stages given'}; fix: lower "
+            "its memory request or step budget, or free memory / lengthen bubbles "
+            "(more micro-batches)",
+            tuple(refusals),
+        )
+    if task.memory_bytes == 0:
+        eligible.sort(key=lambda s: (-s.free_bytes, s.queue_length(task.priority)))
+    else:
+        eligible.sort(key=lambda s: s.queue_length(task.priority))
+    return Placement(eligible[0].stage)
+
+
+def place_all(
+    tasks: Iterable[TaskRequest], stages: Sequence[StageInfo]
+) -> tuple[list[Placement | NoPlacement], tuple[StageInfo, ...]]:
+    """Place submissions in order, queueing each placed task; returns outcomes and new stages.
+
+    This reproduces FreeRide's evaluation policy: submitting the same task once per eligible
+    stage spreads the copies, because each placed copy lengthens that stage's queue.
+    """
+    current = list(stages)
+    by_stage = {info.stage: i for i, info in enumerate(current)}
+    outcomes: list[Placement | NoPlacement] = []
+    for index, task in enumerate(tasks):
+        outcome = place(task, current)
+        outcomes.append(outcome)
+        if isinstance(outcome, Placement):
+            i = by_stage[outcome.stage]
+            queued = QueuedTask(task.task_id or f"{task.name}#{index}", task.priority)
+            current[i] = replace(current[i], queue=(*current[i].queue, queued))
+    return outcomes, tuple(current)
+
+
+@dataclass(frozen=True, slots=True)
+class BubbleWindow:
+    """The current bubble of a worker: its start and predicted end (run clock, ns)."""
+
+    start_ns: int
+    predicted_end_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAction:
+    """One event for the worker to send, in order; ``end_ns`` is set for START."""
+
+    event: SideTaskEvent
+    task_id: str
+    end_ns: int | None = None
+
+    def __str__(self) -> str:
+        end = f"(end_ns={self.end_ns})" if self.end_ns is not None else ""
+        return f"{self.event} {self.task_id}{end}"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a worker does at a new bubble: actions in order, then the resulting assignment.
+
+    ``current`` and ``queue`` show the states the actions lead to; the worker still applies
+    each action through its ``SideTaskMachine`` and logs any rejection.
+    """
+
+    actions: tuple[WorkerAction, ...]
+    current: QueuedTask | None
+    queue: tuple[QueuedTask, ...]
+    reason: str
+
+
+_PLACEABLE = (SideTaskState.CREATED, SideTaskState.PAUSED, SideTaskState.RUNNING)
+
+
+def _activate(task: QueuedTask, bubble: BubbleWindow) -> tuple[list[WorkerAction], QueuedTask]:
+    """INIT if needed, then START until the bubble's predicted end."""
+    actions: list[WorkerAction] = []
+    if task.state is SideTaskState.CREATED:
+        actions.append(WorkerAction(SideTaskEvent.INIT, task.task_id))
+    if task.state is not SideTaskState.RUNNING:
+        actions.append(WorkerAction(SideTaskEvent.START, task.task_id, bubble.predicted_end_ns))
+    return actions, replace(task, state=SideTaskState.RUNNING)
+
+
+def pick_next(
+    current: QueuedTask | None,
+    queue: Sequence[QueuedTask],
+    bubble: BubbleWindow | None,
+    *,
+    start_after_preempt: bool = True,
+) -> Decision:
+    """What runs in ``bubble``, following FreeRide's per-worker priority rule.
+
+    - no bubble → nothing;
+    - no current task → the highest-priority queued task (the earliest among equals):
+      INIT if CREATED, then START(bubble end);
+    - a queued task of strictly higher priority than the current one → PREEMPT the current
+      task (state off the GPU) and requeue it at the back as CREATED; the new task is
+      INIT+STARTed now, or — with ``start_after_preempt=False``, as in FreeRide — at the next
+      bubble;
+    - otherwise keep the current task: INIT if CREATED, START if not RUNNING.
+
+    Raises:
+        ValueError: a task in a terminal or SUBMITTED state, or a RUNNING task in the queue
+            (at most one side task runs per GPU, and it is the current one).
+    """
+    if current is not None and current.state not in _PLACEABLE:
+        raise ValueError(
+            f"current task {current.task_id!r} is {current.state}; only CREATED, PAUSED or "
+            "RUNNING tasks can be scheduled: drop finished/stopped/failed tasks first"
+        )
+    for t in queue:
+        if t.state not in (SideTaskState.CREATED, SideTaskState.PAUSED):
+            raise ValueError(
+                f"queued task {t.task_id!r} is {t.state}; queued tasks must be CREATED or "
+                "PAUSED (at most one side task runs per GPU: the current one)"
+            )
+    queue = tuple(queue)
+    if bubble is None:
+        return Decision((), current, queue, "no current bubble")
+    best_index: int | None = None
+    for i, t in enumerate(queue):  # first of the highest priority: FIFO among equals
+        if best_index is None or t.priority > queue[best_index].priority:
+            best_index = i
+    best = None if best_index is None else queue[best_index]
+    rest = tuple(t for i, t in enumerate(queue) if i != best_index)
+    if current is None:
+        if best is None:
+            return Decision((), None, queue, "idle: nothing queued")
+        actions, running = _activate(best, bubble)
+        return Decision(tuple(actions), running, rest, f"start {best.task_id}: highest priority")
+    if best is not None and best.priority > current.priority:
+        actions = []
+        if current.state is not SideTaskState.CREATED:
+            actions.append(WorkerAction(SideTaskEvent.PREEMPT, current.task_id))
+        requeued = replace(current, state=SideTaskState.CREATED)
+        requeue = (*rest, requeued)
+        why = (
+            f"preempt {current.task_id} (priority {current.priority}) for {best.task_id} "
+            f"(priority {best.priority})"
+        )
+        if not start_after_preempt:
+            return Decision(tuple(actions), best, requeue, why + "; it starts at the next bubble")
+        more, running = _activate(best, bubble)
+        return Decision((*actions, *more), running, requeue, why)
+    actions, running = _activate(current, bubble)
+    why = "keep running" if not actions else f"resume {current.task_id}: no higher priority queued"
+    return Decision(tuple(actions), running, queue, why)

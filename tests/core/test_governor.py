@@ -1,0 +1,160 @@
+"""The overhead governor against a simulated plant: deterministic, no clocks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from freeride_lab.core.governor import GovernorDecision, OverheadGovernor, StepObservation
+
+BASE_S = 2.0
+
+
+def _plant_overhead(gov: OverheadGovernor, tasks: tuple[str, ...], k: float) -> float:
+    """Overhead grows with each task's SM share and shrinks as its step budget grows."""
+    total = 0.0
+    for t in tasks:
+        sm_pct, budget_scale = gov.limits(t)
+        total += k * (sm_pct / 100) / budget_scale
+    return total
+
+
+def _run(
+    gov: OverheadGovernor, tasks: tuple[str, ...], k: float, steps: int
+) -> list[tuple[int, GovernorDecision]]:
+    log: list[tuple[int, GovernorDecision]] = []
+    for i in range(steps):
+        overhead = _plant_overhead(gov, tasks, k)
+        obs = StepObservation(
+            step_s=BASE_S * (1 + overhead), baseline_step_s=BASE_S, active_task_ids=tasks
+        )
+        log.extend((i, d) for d in gov.observe(obs))
+    return log
+
+
+def _governor(**kw: object) -> tuple[OverheadGovernor, tuple[str, ...]]:
+    gov = OverheadGovernor(target_frac=0.01, **kw)  # type: ignore[arg-type]
+    tasks = ("a", "b")
+    for t in tasks:
+        gov.add_task(t)
+    return gov, tasks
+
+
+def test_converges_to_a_share_that_keeps_overhead_under_target() -> None:
+    gov, tasks = _governor()
+    log = _run(gov, tasks, k=0.015, steps=400)  # 3 % at full share, two tasks
+    last_change = max(i for i, _ in log)
+    assert last_change < 200  # settled well before the end
+    assert _plant_overhead(gov, tasks, k=0.015) <= 0.01
+    assert gov.limits("a")[0] < 100 and gov.limits("a")[1] == 1.0
+
+
+def test_cuts_multiplicatively_and_snaps_to_the_share_step() -> None:
+    gov, tasks = _governor()
+    log = _run(gov, tasks, k=0.015, steps=400)
+    shares = [d.sm_pct for _, d in log if d.task_id == "a"]
+    assert shares[:2] == [50, 20]  # 100 x 0.5 = 50; 50 x 0.5 = 25 -> 20 (step 10)
+
+
+def test_raises_share_additively_while_far_below_target() -> None:
+    gov = OverheadGovernor(target_frac=0.01)
+    gov.add_task("a", sm_pct=10)
+    log = _run(gov, ("a",), k=0.001, steps=200)
+    assert [d.sm_pct for _, d in log] == [20, 30, 40, 50, 60, 70, 80, 90, 100]
+    assert gov.limits("a") == (100, 1.0)
+
+
+def test_holds_inside_the_hysteresis_band() -> None:
+    gov, tasks = _governor()
+    # 0.75 % at full share: above low water (0.5 %), below target (1 %)
+    assert _run(gov, tasks, k=0.00375, steps=200) == []
+
+
+def test_scales_the_step_budget_once_the_share_is_at_its_minimum() -> None:
+    gov, tasks = _governor()
+    _run(gov, tasks, k=0.2, steps=600)  # 4 % even at 10 % share
+    sm_pct, budget_scale = gov.limits("a")
+    assert sm_pct == 10 and budget_scale > 1.0
+    assert budget_scale <= gov.budget_scale_max
+
+
+def test_undoes_budget_scaling_before_raising_the_share() -> None:
+    gov = OverheadGovernor(target_frac=0.01)
+    gov.add_task("a", sm_pct=10, budget_scale=1.5625)  # as if scaled up twice
+    log = _run(gov, ("a",), k=0.0001, steps=40)
+    assert [(d.sm_pct, d.budget_scale) for _, d in log[:3]] == [(10, 1.25), (10, 1.0), (20, 1.0)]
+
+
+def test_makes_no_decision_during_the_settle_period_and_the_next_window() -> None:
+    gov, tasks = _governor(window=4, settle_steps=3)
+    log = _run(gov, tasks, k=0.05, steps=40)
+    steps = sorted({i for i, _ in log})
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    assert all(g == 3 + 4 for g in gaps)  # settle, then a full fresh window
+
+
+def test_only_tasks_active_in_the_window_are_cut() -> None:
+    gov, _ = _governor(window=2, settle_steps=0)
+    obs = StepObservation(step_s=BASE_S * 1.05, baseline_step_s=BASE_S, active_task_ids=("b",))
+    gov.observe(obs)
+    decisions = gov.observe(obs)
+    assert [d.task_id for d in decisions] == ["b"]
+    assert gov.limits("a") == (100, 1.0)
+
+
+def test_slow_steps_with_no_side_task_active_cut_nothing() -> None:
+    gov, _ = _governor(window=2, settle_steps=0)
+    obs = StepObservation(step_s=BASE_S * 1.05, baseline_step_s=BASE_S, active_task_ids=())
+    assert gov.observe(obs) == [] and gov.observe(obs) == []
+
+
+def test_learns_its_baseline_from_steps_without_side_task_activity() -> None:
+    gov, tasks = _governor(window=2, settle_steps=0)
+    for _ in range(5):
+        gov.observe(StepObservation(step_s=BASE_S, active_task_ids=()))
+    assert gov.baseline_step_s == pytest.approx(BASE_S)
+    loaded = StepObservation(step_s=BASE_S * 1.04, active_task_ids=tasks)
+    decisions = gov.observe(loaded) + gov.observe(loaded)
+    assert [d.sm_pct for d in decisions] == [50, 50]
+
+
+def test_waits_without_a_baseline() -> None:
+    gov, tasks = _governor(window=1, settle_steps=0)
+    assert gov.observe(StepObservation(step_s=9.0, active_task_ids=tasks)) == []
+    assert gov.overhead_ewma_frac is None
+
+
+def test_sm_clock_drop_counts_as_overload_even_without_a_slower_step() -> None:
+    gov, tasks = _governor(window=2, settle_steps=0)
+    fast = dict(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=tasks)
+    assert gov.observe(StepObservation(sm_clock_mhz=1980, **fast)) == []  # type: ignore[arg-type]
+    decisions = gov.observe(StepObservation(sm_clock_mhz=1500, **fast))  # type: ignore[arg-type]
+    assert [d.sm_pct for d in decisions] == [50, 50]
+    assert "SM clock 1500 MHz" in decisions[0].reason
+
+
+def test_power_over_the_limit_counts_as_overload() -> None:
+    gov, tasks = _governor(window=1, settle_steps=0, power_limit_w=600.0)
+    obs = StepObservation(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=tasks, power_w=650)
+    assert "power 650 W > 600 W" in gov.observe(obs)[0].reason
+
+
+def test_decision_reason_states_the_measured_overhead_and_the_change() -> None:
+    gov, tasks = _governor(window=1, settle_steps=0)
+    obs = StepObservation(step_s=BASE_S * 1.03, baseline_step_s=BASE_S, active_task_ids=tasks)
+    (first, _) = gov.observe(obs)
+    assert first == GovernorDecision(
+        "a", 50, 1.0, "overhead 3.00% > target 1.00%: SM share 100 -> 50%"
+    )
+
+
+def test_rejects_a_target_given_in_percent() -> None:
+    with pytest.raises(ValueError, match="target_frac=1 must be in"):
+        OverheadGovernor(target_frac=1)
+
+
+def test_rejects_a_start_share_outside_its_range() -> None:
+    gov = OverheadGovernor()
+    with pytest.raises(ValueError, match="sm_pct=5 outside"):
+        gov.add_task("a", sm_pct=5)

@@ -1,0 +1,266 @@
+"""Placement on stages (FreeRide §8 example included) and the per-worker priority rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from freeride_lab.core.placement import (
+    BubbleWindow,
+    NoPlacement,
+    Placement,
+    QueuedTask,
+    RefusalRule,
+    StageInfo,
+    TaskRequest,
+    WorkerAction,
+    pick_next,
+    place,
+    place_all,
+)
+from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
+
+GIB = 2**30
+FREE_GIB = (3, 9, 16, 24)  # the 3.6B model, stages 0-3 (paper notes §2); GiB, as the requests
+
+# FreeRide's six tasks: memory request (GiB) and step budget (s) from its §9 table.
+TASKS = {
+    "resnet18": (4, 0.048),
+    "resnet50": (8, 0.108),
+    "vgg19": (12, 0.216),
+    "pagerank": (2, 0.012),
+    "sgd": (2, 0.18),
+    "image": (11, 0.06),
+}
+
+
+def _stages(bubble_ms: tuple[float, ...] | None = None) -> list[StageInfo]:
+    return [
+        StageInfo(stage=s, free_bytes=f * GIB, bubble_ms=bubble_ms) for s, f in enumerate(FREE_GIB)
+    ]
+
+
+def _request(name: str, priority: int = 0) -> TaskRequest:
+    gib, budget_s = TASKS[name]
+    return TaskRequest(name=name, memory_bytes=gib * GIB, budget_s=budget_s, priority=priority)
+
+
+def _eligible_count(name: str) -> int:
+    return sum(f > TASKS[name][0] for f in FREE_GIB)
+
+
+@pytest.mark.parametrize(
+    ("name", "stages"),
+    [
+        ("resnet18", [1, 2, 3]),
+        ("resnet50", [1, 2, 3]),
+        ("vgg19", [2, 3]),
+        ("image", [2, 3]),
+        ("pagerank", [0, 1, 2, 3]),
+        ("sgd", [0, 1, 2, 3]),
+    ],
+)
+def test_one_copy_per_eligible_stage_spreads_as_in_the_paper(name: str, stages: list[int]) -> None:
+    copies = [_request(name)] * _eligible_count(name)
+    outcomes, _ = place_all(copies, _stages(bubble_ms=(500.0,)))
+    assert outcomes == [Placement(s) for s in stages]
+
+
+def test_mix_in_submission_order_lands_one_task_per_stage_as_in_the_paper() -> None:
+    order = ["pagerank", "resnet18", "image", "vgg19"]  # FreeRide's run_mix.py order
+    outcomes, _ = place_all([_request(n) for n in order], _stages())
+    assert outcomes == [Placement(0), Placement(1), Placement(2), Placement(3)]
+
+
+def test_mix_reproduces_exactly_when_image_is_submitted_before_vgg19() -> None:
+    """Of the 24 orders, the paper's layout comes out of the 12 with image before VGG-19."""
+    names = ["pagerank", "resnet18", "image", "vgg19"]
+    wanted = [Placement(0), Placement(1), Placement(2), Placement(3)]
+    good = []
+    for order in itertools.permutations(names):
+        outcomes, _ = place_all([_request(n) for n in order], _stages())
+        if [outcomes[order.index(n)] for n in names] == wanted:
+            good.append(order)
+    assert len(good) == 12
+    assert all(o.index("image") < o.index("vgg19") for o in good)
+
+
+def test_free_memory_equal_to_the_request_is_not_enough() -> None:
+    stages = [StageInfo(stage=0, free_bytes=4 * GIB)]
+    outcome = place(TaskRequest(name="t", memory_bytes=4 * GIB, budget_s=0.0), stages)
+    assert isinstance(outcome, NoPlacement)
+    assert outcome.refusals[0].rule is RefusalRule.MEMORY
+
+
+def test_no_placement_lists_every_stage_and_its_rule() -> None:
+    stages = _stages(bubble_ms=(100.0,))
+    stages[3] = StageInfo(stage=3, free_bytes=24 * GIB, bubble_ms=(10.0, 20.0))
+    outcome = place(_request("vgg19"), stages)
+    assert isinstance(outcome, NoPlacement)
+    assert [(r.stage, r.rule) for r in outcome.refusals] == [
+        (0, RefusalRule.MEMORY),
+        (1, RefusalRule.MEMORY),
+        (2, RefusalRule.BUBBLE_FIT),
+        (3, RefusalRule.BUBBLE_FIT),
+    ]
+    assert "'vgg19'" in outcome.reason and "stage 3: bubble_fit" in outcome.reason
+    assert "longest predicted bubble 20.0 ms is not > step budget 216.0 ms" in outcome.reason
+
+
+def test_bubble_fit_skips_a_stage_whose_bubbles_are_all_shorter_than_the_budget() -> None:
+    stages = _stages()
+    stages[1] = StageInfo(stage=1, free_bytes=9 * GIB, bubble_ms=(30.0, 40.0))  # < 48 ms
+    assert place(_request("resnet18"), stages) == Placement(2)
+
+
+def test_bubble_fit_needs_one_bubble_strictly_longer_than_the_budget() -> None:
+    at = [StageInfo(stage=0, free_bytes=9 * GIB, bubble_ms=(10.0, 48.0))]
+    above = [StageInfo(stage=0, free_bytes=9 * GIB, bubble_ms=(10.0, 48.5))]
+    assert isinstance(place(_request("resnet18"), at), NoPlacement)
+    assert place(_request("resnet18"), above) == Placement(0)
+
+
+def test_a_stage_without_bubbles_fits_nothing_but_unprofiled_fits_all() -> None:
+    none = [StageInfo(stage=0, free_bytes=9 * GIB, bubble_ms=())]
+    unknown = [StageInfo(stage=0, free_bytes=9 * GIB, bubble_ms=None)]
+    assert isinstance(place(_request("pagerank"), none), NoPlacement)
+    assert place(_request("pagerank"), unknown) == Placement(0)
+
+
+def test_zero_request_goes_to_the_most_free_memory_first() -> None:
+    stages = _stages()
+    busy = tuple(QueuedTask(f"q{i}") for i in range(5))
+    stages[3] = StageInfo(stage=3, free_bytes=24 * GIB, queue=busy)
+    task = TaskRequest(name="tiny", memory_bytes=0, budget_s=0.01)
+    assert place(task, stages) == Placement(3)  # free memory outranks queue length
+
+
+def test_zero_request_breaks_free_memory_ties_by_queue_length() -> None:
+    stages = [
+        StageInfo(stage=0, free_bytes=8 * GIB, queue=(QueuedTask("a"),)),
+        StageInfo(stage=1, free_bytes=8 * GIB),
+    ]
+    assert place(TaskRequest(name="tiny", memory_bytes=0, budget_s=0.01), stages) == Placement(1)
+
+
+def test_queue_length_counts_only_tasks_of_equal_or_higher_priority() -> None:
+    stages = _stages()
+    stages[1] = StageInfo(stage=1, free_bytes=9 * GIB, queue=(QueuedTask("low", priority=0),) * 3)
+    stages[2] = StageInfo(stage=2, free_bytes=16 * GIB, queue=(QueuedTask("hi", priority=5),))
+    assert place(_request("resnet18", priority=1), stages) == Placement(1)  # 0 tasks >= 1 there
+    assert place(_request("resnet18", priority=0), stages) == Placement(3)
+
+
+def test_ties_go_to_the_lowest_stage_index() -> None:
+    assert place(_request("pagerank"), _stages()) == Placement(0)
+
+
+def test_place_all_queues_placed_tasks_under_their_id() -> None:
+    _, stages = place_all([_request("vgg19"), _request("vgg19")], _stages())
+    assert [t.task_id for t in stages[2].queue] == ["vgg19#0"]
+    assert [t.task_id for t in stages[3].queue] == ["vgg19#1"]
+
+
+def test_place_all_leaves_queues_alone_for_unplaceable_tasks() -> None:
+    huge = TaskRequest(name="huge", memory_bytes=100 * GIB, budget_s=0.0)
+    outcomes, stages = place_all([huge], _stages())
+    assert isinstance(outcomes[0], NoPlacement)
+    assert all(s.queue == () for s in stages)
+
+
+# -- per-worker scheduling ---------------------------------------------------------------------
+
+BUBBLE = BubbleWindow(start_ns=1_000, predicted_end_ns=9_000)
+C, P, R = SideTaskState.CREATED, SideTaskState.PAUSED, SideTaskState.RUNNING
+
+
+def test_no_bubble_means_no_action() -> None:
+    d = pick_next(None, [QueuedTask("a")], None)
+    assert d.actions == () and d.current is None
+
+
+def test_idle_worker_with_empty_queue_does_nothing() -> None:
+    d = pick_next(None, [], BUBBLE)
+    assert d.actions == () and d.reason == "idle: nothing queued"
+
+
+def test_idle_worker_inits_and_starts_the_highest_priority_task_until_bubble_end() -> None:
+    queue = [QueuedTask("a", 0), QueuedTask("b", 2), QueuedTask("c", 2)]
+    d = pick_next(None, queue, BUBBLE)
+    assert d.actions == (
+        WorkerAction(SideTaskEvent.INIT, "b"),
+        WorkerAction(SideTaskEvent.START, "b", 9_000),
+    )
+    assert d.current == QueuedTask("b", 2, R)
+    assert [t.task_id for t in d.queue] == ["a", "c"]
+
+
+def test_equal_priority_keeps_the_current_task_and_starts_it() -> None:
+    d = pick_next(QueuedTask("cur", 1, P), [QueuedTask("other", 1)], BUBBLE)
+    assert d.actions == (WorkerAction(SideTaskEvent.START, "cur", 9_000),)
+    assert d.current == QueuedTask("cur", 1, R)
+
+
+def test_kept_current_task_is_inited_first_if_it_is_created() -> None:
+    d = pick_next(QueuedTask("cur", 1, C), [], BUBBLE)
+    assert [a.event for a in d.actions] == [SideTaskEvent.INIT, SideTaskEvent.START]
+
+
+def test_higher_priority_waiting_preempts_and_requeues_current_at_the_back() -> None:
+    queue = [QueuedTask("x", 0), QueuedTask("vip", 3)]
+    d = pick_next(QueuedTask("cur", 1, P), queue, BUBBLE)
+    assert d.actions == (
+        WorkerAction(SideTaskEvent.PREEMPT, "cur"),
+        WorkerAction(SideTaskEvent.INIT, "vip"),
+        WorkerAction(SideTaskEvent.START, "vip", 9_000),
+    )
+    assert d.current == QueuedTask("vip", 3, R)
+    assert d.queue == (QueuedTask("x", 0), QueuedTask("cur", 1, C))
+
+
+def test_preempted_task_can_wait_for_the_next_bubble_as_in_freeride() -> None:
+    d = pick_next(
+        QueuedTask("cur", 1, R), [QueuedTask("vip", 3)], BUBBLE, start_after_preempt=False
+    )
+    assert d.actions == (WorkerAction(SideTaskEvent.PREEMPT, "cur"),)
+    assert d.current == QueuedTask("vip", 3, C)
+    assert "next bubble" in d.reason
+
+
+def test_a_running_task_in_the_queue_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"'b' is RUNNING.*at most one side task runs per GPU"):
+        pick_next(QueuedTask("a", 0, R), [QueuedTask("b", 0, R)], BUBBLE)
+
+
+def test_a_finished_current_task_is_refused() -> None:
+    with pytest.raises(ValueError, match="'a' is FINISHED"):
+        pick_next(QueuedTask("a", 0, SideTaskState.FINISHED), [], BUBBLE)
+
+
+_task = st.builds(
+    QueuedTask,
+    task_id=st.text(alphabet="abcdef", min_size=1, max_size=3),
+    priority=st.integers(-2, 3),
+    state=st.sampled_from([C, P]),
+)
+
+
+@given(
+    current=st.one_of(
+        st.none(), _task, st.builds(QueuedTask, st.just("cur"), st.integers(-2, 3), st.just(R))
+    ),
+    queue=st.lists(_task, max_size=6),
+    start_after_preempt=st.booleans(),
+)
+def test_at_most_one_task_runs_and_no_task_is_lost(
+    current: QueuedTask | None, queue: list[QueuedTask], start_after_preempt: bool
+) -> None:
+    d = pick_next(current, queue, BUBBLE, start_after_preempt=start_after_preempt)
+    after = ([d.current] if d.current else []) + list(d.queue)
+    before = ([current] if current else []) + queue
+    assert sum(t.state is R for t in after) <= 1
+    assert all(t.state is not R for t in d.queue)
+    assert sorted(t.task_id for t in after) == sorted(t.task_id for t in before)
