@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "SCHEDULES",
@@ -186,6 +186,7 @@ def torch_plan(
 
         raise ValueError(f"schedule {spec.name!r} is not in the installed torch {torch.__version__}")
     plan: dict[int, list[Action | None]] = {}
+    single_order: dict[int, list[Any]] | None = None
     for rank in range(ranks):
         try:
             if spec.multi:
@@ -194,17 +195,27 @@ def torch_plan(
                     for i in stage_indices(spec, rank, ranks, v)
                 ]
                 order = cls(stages, microbatches).pipeline_order
+            elif spec.name == "1F1B":  # planned below; torch's own plan is slow and misnumbered
+                if microbatches < ranks:
+                    raise ValueError(
+                        f"Number of microbatches ({microbatches}) must be greater than or "
+                        f"equal to the number of stages ({ranks})."
+                    )
+                order = None
+            elif single_order is None:  # single-stage schedules plan every rank at once
+                single_order = cls(_StandInStage(0, ranks, 0, ranks), microbatches).pipeline_order
+                order = single_order
             else:
-                order = cls(_StandInStage(rank, ranks, rank, ranks), microbatches).pipeline_order
-                if spec.name == "1F1B":
-                    order = {rank: _executed_1f1b(rank, ranks, microbatches)}
+                order = single_order
         except (ValueError, AssertionError, RuntimeError) as e:
             raise ValueError(
                 f"{spec.name} cannot run stages={ranks}, microbatches={microbatches}, "
                 f"chunks={v}: {e}"
             ) from None
-        plan[rank] = [_convert(a) for a in order[rank]] if order else []
-        plan[rank] = [a for a in _flatten(plan[rank])]
+        if spec.name == "1F1B":
+            plan[rank] = list(_executed_1f1b(rank, ranks, microbatches))
+        else:
+            plan[rank] = _flatten([_convert(a) for a in order[rank]] if order else [])
     return plan
 
 
