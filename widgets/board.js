@@ -1,0 +1,145 @@
+// Side-task board (anywidget ESM, no framework, no CDN).
+// Reads the synced traits palette, stages, tasks and notice; writes one `request` per user
+// action ({op: attach|move|detach|tune, ...}) and lets Python validate and echo the state.
+const GIB = 1024 ** 3;
+const MIME = "application/x-freeride-board";
+// [limit, label, min, max, step, slider value -> model value, model value -> slider value]
+const LIMITS = [
+  ["memory_bytes", "memory GiB", 0, 80, 0.25, (v) => (v > 0 ? Math.round(v * GIB) : null), (v) => (v ?? 0) / GIB],
+  ["sm_pct", "SM %", 0, 100, 1, (v) => (v > 0 ? v : null), (v) => v ?? 0],
+  ["priority", "priority", 0, 1, 1, (v) => v, (v) => v ?? 1],
+  ["budget_ms", "step budget ms", 0, 500, 1, (v) => (v > 0 ? v : null), (v) => v ?? 0],
+];
+
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "class") node.className = value;
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children) if (child != null && child !== false) node.append(child); // text, never HTML
+  return node;
+}
+
+const gib = (bytes) => (bytes == null ? "?" : `${(bytes / GIB).toFixed(1)} GiB`);
+const num = (x) => (typeof x === "number" ? x.toLocaleString(undefined, { maximumFractionDigits: 1 }) : "0");
+
+let seq = 0; // makes every request a change, even when it repeats the last one
+
+function send(model, request) {
+  model.set("request", { ...request, seq: ++seq });
+  model.save_changes();
+}
+
+function drop(zone, onDrop) {
+  zone.addEventListener("dragover", (event) => {
+    if (!event.dataTransfer.types.includes(MIME)) return;
+    event.preventDefault();
+    zone.classList.add("fr-over");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("fr-over"));
+  zone.addEventListener("drop", (event) => {
+    zone.classList.remove("fr-over");
+    const data = event.dataTransfer.getData(MIME);
+    if (!data) return;
+    event.preventDefault();
+    event.stopPropagation();
+    onDrop(JSON.parse(data));
+  });
+}
+
+function draggable(node, payload, hold) {
+  node.setAttribute("draggable", "true");
+  node.addEventListener("dragstart", (event) => {
+    event.dataTransfer.setData(MIME, JSON.stringify(payload));
+    event.dataTransfer.setData("text/plain", payload.name ?? payload.id);
+    event.dataTransfer.effectAllowed = "move";
+    hold(true);
+  });
+  node.addEventListener("dragend", () => hold(false));
+  return node;
+}
+
+function sliders(model, task, hold) {
+  return LIMITS.map(([key, label, min, max, step, toModel, fromModel]) => {
+    const input = h("input", { type: "range", min, max, step, "data-testid": `slider-${task.id}-${key}` });
+    input.value = String(fromModel(task[key]));
+    const shown = h("span", { class: "fr-value" }, input.value);
+    input.addEventListener("pointerdown", () => hold(true));
+    input.addEventListener("input", () => (shown.textContent = input.value));
+    input.addEventListener("change", () => {
+      hold(false);
+      send(model, { op: "tune", id: task.id, limits: { [key]: toModel(Number(input.value)) } });
+    });
+    return h("label", { class: "fr-slider" }, h("span", {}, label), input, shown);
+  });
+}
+
+function card(model, task, open, hold, redraw) {
+  const isOpen = open.has(task.id);
+  const toggle = h("button", {
+    class: "fr-tune", title: "limits", "data-testid": `tune-${task.id}`,
+    onclick: () => { isOpen ? open.delete(task.id) : open.add(task.id); redraw(); },
+  }, isOpen ? "▾" : "⚙");
+  const state = String(task.state ?? "");
+  const node = h("div", { class: `fr-card fr-state-${state.toLowerCase()}`, "data-testid": `card-${task.id}` },
+    h("div", { class: "fr-card-head" }, h("b", {}, task.name), h("span", { class: "fr-state" }, state), toggle),
+    h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,
+      task.overruns ? ` · ${task.overruns} overrun${task.overruns === 1 ? "" : "s"}` : ""),
+    task.error && h("div", { class: "fr-error", "data-testid": `error-${task.id}` }, task.error),
+    ...(isOpen ? sliders(model, task, hold) : []));
+  return draggable(node, { kind: "card", id: task.id, stage: task.stage }, hold);
+}
+
+function render({ model, el }) {
+  const open = new Set(); // ids of cards whose sliders are shown
+  const root = h("div", { class: "fr-board", "data-testid": "board" });
+  let busy = false; // a drag or slider is in progress: redraw after it, not under the pointer
+  let pending = false;
+  const hold = (on) => {
+    busy = on;
+    if (!on && pending) draw();
+  };
+  const release = () => hold(false);
+
+  function draw() {
+    if (busy) { pending = true; return; }
+    pending = false;
+    const tasks = model.get("tasks") ?? [];
+    const palette = h("div", { class: "fr-palette", "data-testid": "palette" },
+      h("div", { class: "fr-title" }, "Side tasks: drag onto a stage, drop a card here to detach"),
+      ...(model.get("palette") ?? []).map((p) =>
+        draggable(h("div", { class: "fr-chip", title: p.unit, "data-testid": `palette-${p.name}` }, p.title),
+          { kind: "palette", name: p.name }, hold)));
+    drop(palette, (d) => d.kind === "card" && send(model, { op: "detach", id: d.id }));
+    const zones = (model.get("stages") ?? []).map((s) => {
+      const bubbles = (s.bubbles_ms ?? []).map((b) => b.toFixed(1)).join(", ") || "–";
+      const zone = h("div", { class: "fr-stage", "data-testid": `stage-${s.stage}` },
+        h("div", { class: "fr-title" }, s.label ?? `stage ${s.stage}`),
+        h("div", { class: "fr-meta" }, `free ${gib(s.free_bytes)} · bubbles ${bubbles} ms`),
+        ...tasks.filter((t) => t.stage === s.stage).map((t) => card(model, t, open, hold, draw)));
+      drop(zone, (d) => {
+        if (d.kind === "palette") send(model, { op: "attach", name: d.name, stage: s.stage });
+        else if (d.kind === "card" && d.stage !== s.stage) send(model, { op: "move", id: d.id, stage: s.stage });
+      });
+      return zone;
+    });
+    const notice = model.get("notice");
+    root.replaceChildren(palette, h("div", { class: "fr-stages" }, ...zones),
+      notice ? h("div", { class: "fr-notice", "data-testid": "notice" }, notice) : "");
+  }
+
+  const events = ["change:palette", "change:stages", "change:tasks", "change:notice"];
+  events.forEach((name) => model.on(name, draw));
+  window.addEventListener("pointerup", release);
+  el.append(root);
+  draw();
+  return () => {
+    events.forEach((name) => model.off(name, draw));
+    window.removeEventListener("pointerup", release);
+    root.remove();
+  };
+}
+
+export default { render };
