@@ -17,7 +17,8 @@ def _cuda_count() -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cuda = _cuda_count()
+    wants_gpu = any("gpu" in i.keywords or "multigpu" in i.keywords for i in items)
+    cuda = _cuda_count() if wants_gpu else 0  # importing torch costs seconds: only when needed
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     for item in items:
         if "gpu" in item.keywords and cuda < 1:
