@@ -1,0 +1,365 @@
+"""Image-processing side task: Lanczos resize plus an alpha-blended watermark, one image a step.
+
+FreeRide's image task decoded a JPEG (nvJPEG), resized it to 16384² with NPP's Lanczos filter,
+alpha-blended a watermark and encoded the result (paper §12). Here the decoded images are
+generated (nothing is read or downloaded) and the resize and blend are torch ops, so they run
+on CPU or any GPU; encoding is left out (torch has no JPEG encoder without torchvision)::
+
+    >>> task = ImageTask(source_size=64, output_size=128, logo_size=32, margin=4)
+    >>> task.setup(); task.to_device("cpu")
+    >>> task.step()
+    1.0
+    >>> tuple(task.last_output.shape), task.last_output.dtype
+    ((3, 128, 128), torch.uint8)
+
+[Note: separable Lanczos resampling]
+Output pixel i along an axis of ``n_in`` → ``n_out`` pixels samples the input at
+``c_i = (i + ½)·n_in/n_out - ½`` (pixel centres, as ``align_corners=False``). Its weights are
+``L((j - c_i)/s)`` over the input pixels j within ``a·s`` of ``c_i``, where
+``L(x) = sinc(x)·sinc(x/a)`` for |x| < a (Lanczos-``a``, a = 3 as NPP's ``NPPI_INTER_LANCZOS``)
+and ``s = max(1, n_in/n_out)`` widens the kernel when shrinking (antialiasing). Weights are
+normalised to sum to 1, so a constant image stays constant; indices past an edge repeat the
+edge pixel. The tables are (n_out, taps) index and weight tensors built once per size; a pass
+is ``taps`` gathers (``index_select``) and fused multiply-adds, one channel at a time to bound
+the memory of 16384² outputs. Rows and columns are resized in whichever order costs less.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
+
+__all__ = [
+    "METHODS",
+    "POSITIONS",
+    "ImageOptions",
+    "ImageTask",
+    "alpha_blend",
+    "lanczos_taps",
+    "make_logo",
+    "make_source_image",
+    "resize",
+    "watermark_origin",
+]
+
+#: Resampling filters ``resize`` knows.
+METHODS: tuple[str, ...] = ("lanczos", "bicubic")
+#: A Lanczos table for one axis: (n_out, taps) int64 input pixels, (n_out, taps) float32 weights.
+Taps = tuple[torch.Tensor, torch.Tensor]
+#: Where the watermark goes.
+POSITIONS: tuple[str, ...] = ("bottom-right", "bottom-left", "top-right", "top-left", "center")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageOptions:
+    """Sizes and watermark of the image task; the defaults are the "cpu" preset."""
+
+    source_size: int = 512  # px, side of each generated (decoded) input image
+    output_size: int = 1024  # px, side after resizing (FreeRide: 16384)
+    method: str = "lanczos"  # "lanczos" (Lanczos-3, as NPP) or "bicubic" (antialiased)
+    logo_size: int = 128  # px, side of the RGBA watermark
+    position: str = "bottom-right"  # one of POSITIONS
+    margin: int = 16  # px between the watermark and the image edges
+    alpha: float = 0.5  # watermark opacity multiplier, 0 (invisible) to 1 (logo's own alpha)
+    n_sources: int = 4  # distinct generated input images, cycled
+    seed: int = 0
+    max_images: int | None = None  # is_finished() after this many images; None: never
+
+    def __post_init__(self) -> None:
+        check_int("source_size", self.source_size, minimum=8)
+        check_int("output_size", self.output_size, minimum=8)
+        check_choice("method", self.method, METHODS)
+        check_int("logo_size", self.logo_size)
+        check_choice("position", self.position, POSITIONS)
+        check_int("margin", self.margin, minimum=0)
+        check_float("alpha", self.alpha, low=0.0, high=1.0)
+        check_int("n_sources", self.n_sources)
+        check_int("seed", self.seed, minimum=0)
+        check_int("max_images", self.max_images, optional=True)
+        if self.logo_size + 2 * self.margin > self.output_size:
+            raise ValueError(
+                f"logo_size={self.logo_size} + 2·margin={2 * self.margin} > "
+                f"output_size={self.output_size}: the watermark does not fit; shrink it"
+            )
+
+
+def make_source_image(size: int, *, seed: int = 0) -> torch.Tensor:
+    """A deterministic stand-in for a decoded photo: smooth colour gradients plus noise.
+
+    Returns:
+        (3, size, size) uint8.
+    """
+    g = torch.Generator().manual_seed(seed)
+    phase, freq = torch.rand(3, generator=g) * 2 * math.pi, 1 + 3 * torch.rand(3, generator=g)
+    ramp = torch.linspace(0.0, 1.0, size)
+    y, x = ramp[:, None], ramp[None, :]  # (S, 1), (1, S)
+    image = torch.empty(3, size, size)
+    image[0] = 255 * (0.2 + 0.6 * x) * (0.7 + 0.3 * y)
+    image[1] = 128 + 100 * torch.sin(2 * math.pi * freq[1] * (x + y) / 2 + phase[1])
+    image[2] = 128 + 90 * torch.cos(2 * math.pi * freq[2] * (x - y) + phase[2]) * y
+    image += 6.0 * torch.randn(3, size, size, generator=g)
+    return image.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def make_logo(size: int) -> torch.Tensor:
+    """The watermark: an opaque disc with an antialiased 1-px rim and a colour gradient.
+
+    Returns:
+        (4, size, size) uint8 RGBA; alpha is 255 inside the disc and 0 in the corners.
+    """
+    centre, radius = (size - 1) / 2, size / 2 - 1
+    coords = torch.arange(size, dtype=torch.float32) - centre
+    r = torch.sqrt(coords[:, None] ** 2 + coords[None, :] ** 2)  # (L, L) px from the centre
+    rel = (r / max(radius, 1.0)).clamp(max=1.0)
+    logo = torch.empty(4, size, size)
+    logo[0] = 250.0
+    logo[1] = 60 + 160 * (1 - rel)
+    logo[2] = 40 + 80 * rel
+    logo[3] = 255 * (radius + 0.5 - r).clamp(0.0, 1.0)
+    return logo.round_().to(torch.uint8)
+
+
+def lanczos_taps(in_size: int, out_size: int, *, a: int = 3) -> Taps:
+    """Lanczos-``a`` resampling table for one axis (see [Note: separable Lanczos resampling]).
+
+    Returns:
+        index (out_size, taps) int64 input pixels and weight (out_size, taps) float32, each
+        row summing to 1.
+    """
+    scale = in_size / out_size
+    stretch = max(scale, 1.0)  # > 1 when shrinking: widen the kernel to low-pass
+    support = a * stretch  # input px either side of the centre
+    taps = math.ceil(2 * support) + 1
+    centre = (torch.arange(out_size, dtype=torch.float64) + 0.5) * scale - 0.5  # (out,)
+    first = torch.floor(centre - support) + 1  # (out,)
+    index = first[:, None] + torch.arange(taps, dtype=torch.float64)  # (out, taps)
+    x = (index - centre[:, None]) / stretch  # (out, taps) in kernel units
+    weight = torch.where(x.abs() < a, torch.sinc(x) * torch.sinc(x / a), 0.0)
+    weight /= weight.sum(dim=1, keepdim=True)
+    return index.long().clamp_(0, in_size - 1), weight.float()
+
+
+def resize(
+    image: torch.Tensor,
+    size: tuple[int, int],
+    *,
+    method: str = "lanczos",
+    taps: tuple[Taps, Taps] | None = None,
+) -> torch.Tensor:
+    """Resize a float (C, H, W) image to ``size`` = (height, width) px.
+
+    Args:
+        method: "lanczos" (Lanczos-3) or "bicubic" (``F.interpolate``, antialiased).
+        taps: precomputed ``(lanczos_taps(H, height), lanczos_taps(W, width))`` on the
+            image's device, to skip rebuilding them for every image of one size.
+
+    Returns:
+        (C, height, width) float32; values may overshoot the input range slightly.
+    """
+    if method == "bicubic":
+        out = F.interpolate(
+            image[None].float(), size=size, mode="bicubic", align_corners=False, antialias=True
+        )
+        return out[0]  # (C, height, width)
+    if method != "lanczos":
+        raise ValueError(f"method={method!r} is unknown; valid: {', '.join(map(repr, METHODS))}")
+    _, in_h, in_w = image.shape
+    out_h, out_w = size
+    if taps is None:
+        taps = (
+            _taps_to(lanczos_taps(in_h, out_h), image.device),
+            _taps_to(lanczos_taps(in_w, out_w), image.device),
+        )
+    rows, cols = taps
+    n_rows, n_cols = rows[0].shape[1], cols[0].shape[1]
+    # gathered elements per order; a column gather is strided, so it counts double
+    rows_first = out_h * in_w * n_rows + 2 * out_h * out_w * n_cols
+    cols_first = 2 * in_h * out_w * n_cols + out_h * out_w * n_rows
+    out = torch.empty(image.shape[0], out_h, out_w, device=image.device)
+    for c in range(image.shape[0]):  # one channel at a time bounds temporaries
+        channel = image[c].float()  # (H, W)
+        if rows_first <= cols_first:
+            out[c] = _resample(_resample(channel, rows, dim=0), cols, dim=1)
+        else:
+            out[c] = _resample(_resample(channel, cols, dim=1), rows, dim=0)
+    return out
+
+
+def _taps_to(taps: Taps, device: torch.device | str) -> Taps:
+    return taps[0].to(device), taps[1].to(device)
+
+
+def _resample(channel: torch.Tensor, table: Taps, *, dim: int) -> torch.Tensor:
+    """Resample a (H, W) float channel along ``dim`` with an (n_out, taps) table."""
+    index, weight = table  # (n_out, taps), (n_out, taps)
+    shape = list(channel.shape)
+    shape[dim] = index.shape[0]
+    out = torch.zeros(shape, device=channel.device)  # (n_out, W) or (H, n_out)
+    for t in range(index.shape[1]):
+        w = weight[:, t, None] if dim == 0 else weight[None, :, t]
+        out.addcmul_(channel.index_select(dim, index[:, t]), w)
+    return out
+
+
+def watermark_origin(
+    image_size: tuple[int, int], logo_size: int, position: str, margin: int
+) -> tuple[int, int]:
+    """(top, left) px of the watermark for ``position`` in an image of (height, width) px."""
+    height, width = image_size
+    bottom, right = height - margin - logo_size, width - margin - logo_size
+    origins = {
+        "top-left": (margin, margin),
+        "top-right": (margin, right),
+        "bottom-left": (bottom, margin),
+        "bottom-right": (bottom, right),
+        "center": ((height - logo_size) // 2, (width - logo_size) // 2),
+    }
+    if position not in origins:
+        raise ValueError(
+            f"position={position!r} is unknown; valid: {', '.join(map(repr, POSITIONS))}"
+        )
+    return origins[position]
+
+
+def alpha_blend(
+    image: torch.Tensor, logo: torch.Tensor, *, top: int, left: int, alpha: float = 1.0
+) -> torch.Tensor:
+    """Blend an RGBA ``logo`` (4, h, w) uint8 into ``image`` (3, H, W) uint8, in place.
+
+    Each pixel of the covered region becomes ``round(image + (logo_rgb - image)·a)`` with
+    ``a = alpha · logo_alpha / 255``: ``alpha=0`` leaves the image as it was, and ``alpha=1``
+    puts the logo's colour wherever the logo is opaque.
+
+    Returns:
+        ``image``.
+    """
+    _, h, w = logo.shape
+    region = image[:, top : top + h, left : left + w]  # (3, h, w) view
+    if region.shape[1:] != (h, w) or top < 0 or left < 0:
+        raise ValueError(
+            f"logo of {h}x{w} px at (top={top}, left={left}) leaves the "
+            f"{image.shape[1]}x{image.shape[2]} image; move or shrink it"
+        )
+    a = logo[3:].float() * (alpha / 255.0)  # (1, h, w)
+    blended = region.float()
+    blended += (logo[:3].float() - blended) * a
+    region.copy_(blended.round_().clamp_(0, 255))
+    return image
+
+
+class ImageTask(IterativeSideTask):
+    """Resize a generated image and watermark it; one step = one image (unit: images)."""
+
+    unit: ClassVar[str] = "images"
+    #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
+    reference_key: ClassVar[str] = "image"
+    cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: preset="gpu": FreeRide's 16384² outputs (inputs of 4096² stand for decoded photos).
+    gpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType(
+        {"source_size": 4096, "output_size": 16384, "logo_size": 2048, "margin": 256}
+    )
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        presets = {"cpu": self.cpu_defaults, "gpu": self.gpu_defaults}
+        self.config: ImageOptions = resolve_options(
+            type(self).__name__, ImageOptions, presets, options
+        )
+        self.images_done = 0
+        self.sources: torch.Tensor | None = None  # (n_sources, 3, S, S) uint8
+        self.logo: torch.Tensor | None = None  # (4, L, L) uint8
+        self.last_output: torch.Tensor | None = None  # (3, O, O) uint8, the latest image
+        self._taps: tuple[Taps, Taps] | None = None  # (rows, columns), for "lanczos"
+
+    def __repr__(self) -> str:
+        return (
+            f"<ImageTask {self.config.source_size}² → {self.config.output_size}² "
+            f"{self.config.method} images_done={self.images_done} device={self.device!r}>"
+        )
+
+    def setup(self) -> None:
+        """Generate the input images and the logo, and build the Lanczos tables, on the host."""
+        cfg = self.config
+        self.sources = torch.stack(
+            [make_source_image(cfg.source_size, seed=cfg.seed + i) for i in range(cfg.n_sources)]
+        )
+        self.logo = make_logo(cfg.logo_size)
+        if cfg.method == "lanczos":
+            table = lanczos_taps(cfg.source_size, cfg.output_size)  # square: rows = columns
+            self._taps = (table, table)
+        self.device = "cpu"
+
+    def to_device(self, device: str) -> None:
+        """Move images, logo and tables onto ``device`` ("cpu", "cuda", "cuda:1")."""
+        sources, logo = self._require_setup()
+        target = torch.device(device)
+        self.sources, self.logo = sources.to(target), logo.to(target)
+        if self._taps is not None:
+            self._taps = (_taps_to(self._taps[0], target), _taps_to(self._taps[1], target))
+        self.last_output = None
+        self.device = str(target)
+
+    def to_host(self) -> None:
+        """Move everything back to host memory and release the device's cached blocks."""
+        was_cuda = torch.device(self.device).type == "cuda"
+        self.to_device("cpu")
+        if was_cuda:
+            torch.cuda.empty_cache()
+
+    def process(self, index: int) -> torch.Tensor:
+        """Resize source ``index % n_sources`` and watermark it.
+
+        Returns:
+            (3, output_size, output_size) uint8 on the task's device.
+        """
+        sources, logo = self._require_setup()
+        cfg = self.config
+        size = (cfg.output_size, cfg.output_size)
+        source = sources[index % cfg.n_sources]  # (3, S, S) uint8
+        resized = resize(source, size, method=cfg.method, taps=self._taps)  # (3, O, O) float
+        out = resized.round_().clamp_(0, 255).to(torch.uint8)  # (3, O, O)
+        del resized
+        top, left = watermark_origin(size, cfg.logo_size, cfg.position, cfg.margin)
+        return alpha_blend(out, logo, top=top, left=left, alpha=cfg.alpha)
+
+    def step(self) -> float:
+        """Process the next image into ``last_output``; returns 1 (image)."""
+        self.last_output = None  # free the previous output before making the next
+        self.last_output = self.process(self.images_done)
+        self.images_done += 1
+        return 1.0
+
+    def is_finished(self) -> bool:
+        """True once ``max_images`` images are done (never when it is None)."""
+        return self.config.max_images is not None and self.images_done >= self.config.max_images
+
+    def teardown(self) -> None:
+        """Drop images, logo and tables."""
+        was_cuda = torch.device(self.device).type == "cuda"
+        self.sources = self.logo = self.last_output = None
+        self._taps = None
+        if was_cuda:
+            torch.cuda.empty_cache()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Images done (all else is regenerated by ``setup()``)."""
+        return {"progress": self.progress, "images_done": self.images_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``."""
+        self.progress = float(state.get("progress", 0.0))
+        self.images_done = int(state["images_done"])
+
+    def _require_setup(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sources is None or self.logo is None:
+            raise RuntimeError("ImageTask has no images yet; call setup() first")
+        return self.sources, self.logo

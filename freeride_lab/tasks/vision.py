@@ -1,0 +1,319 @@
+"""Image-classifier training side tasks: ResNet-18, ResNet-50 and VGG-19 (FreeRide §12).
+
+One ``step()`` is one training iteration (forward, cross-entropy, backward, Adam step) on one
+batch of generated images and returns ``batch_size`` samples. FreeRide trained torchvision
+models on MNIST resized to 3x224x224 with batch 64 and Adam lr 1e-3; here the images are made
+deterministically from ``seed`` (nothing is downloaded), and the networks come from
+``tasks.nets``::
+
+    >>> task = ResNet18Task(batch_size=4, image_size=32, width_mult=0.25)
+    >>> task.setup(); task.to_device("cpu")
+    >>> task.step()
+    4.0
+
+[Note: generated images]
+``n_batches`` fixed batches are drawn once in ``setup()`` and cycled. Every class has a smooth
+random prototype (a 4x4 pattern upsampled to the image size); an image is its class prototype
+plus unit Gaussian noise, so the labels are learnable and the loss falls as training goes on.
+
+[Note: the task's own random stream]
+Dropout (VGG-19) draws random numbers. Each step runs inside ``torch.random.fork_rng`` with the
+task's saved generator states, which ``state_dict()`` returns, so a task restored from a state
+dict takes exactly the steps the original would have, and the process's global RNG is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.tasks.nets import IMPLS, build_model
+from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
+
+__all__ = [
+    "ResNet18Task",
+    "ResNet50Task",
+    "VGG19Task",
+    "VGGOptions",
+    "VisionOptions",
+    "make_image_batches",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionOptions:
+    """Sizes of a classifier-training side task; the defaults are the "cpu" preset's base."""
+
+    batch_size: int = 8  # images per step (FreeRide: 64)
+    image_size: int = 64  # px, square inputs (FreeRide: 224)
+    num_classes: int = 10  # classifier outputs (FreeRide's MNIST labels: 10)
+    width_mult: float = 1.0  # channel-width multiplier; 1.0 is the canonical network
+    lr: float = 1e-3  # Adam learning rate (FreeRide: 1e-3)
+    n_batches: int = 4  # distinct generated batches, cycled
+    seed: int = 0  # weights, images and the task's random stream
+    max_steps: int | None = None  # is_finished() after this many steps; None: never
+    impl: str = "own"  # "own" (tasks.nets), "torchvision" or "auto"
+
+    def __post_init__(self) -> None:
+        check_int("batch_size", self.batch_size)
+        check_int("image_size", self.image_size, minimum=32)
+        check_int("num_classes", self.num_classes, minimum=2)
+        check_float("width_mult", self.width_mult, low=0.0, high=4.0, low_open=True)
+        check_float("lr", self.lr, low=0.0, high=1.0, low_open=True)
+        check_int("n_batches", self.n_batches)
+        check_int("seed", self.seed, minimum=0)
+        check_int("max_steps", self.max_steps, optional=True)
+        check_choice("impl", self.impl, IMPLS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VGGOptions(VisionOptions):
+    """``VisionOptions`` plus VGG's optional BatchNorm."""
+
+    batch_norm: bool = False  # vgg19_bn when True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.batch_norm, bool):
+            raise TypeError(f"batch_norm={self.batch_norm!r} must be True or False")
+
+
+def make_image_batches(
+    *, n_batches: int, batch_size: int, image_size: int, num_classes: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic labelled images (see [Note: generated images]).
+
+    Returns:
+        images (n_batches, batch_size, 3, image_size, image_size) float32, about unit scale,
+        and labels (n_batches, batch_size) int64 in ``[0, num_classes)``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(num_classes, (n_batches, batch_size), generator=g)  # (N, B)
+    prototypes = torch.randn(num_classes, 3, 4, 4, generator=g)  # (K, 3, 4, 4)
+    images = torch.randn(n_batches, batch_size, 3, image_size, image_size, generator=g)
+    for n in range(n_batches):  # upsample per batch: bounded temporary memory
+        smooth = F.interpolate(
+            prototypes[labels[n]], size=(image_size, image_size), mode="bilinear"
+        )  # (B, 3, H, W)
+        images[n] += smooth
+    return images, labels
+
+
+class _VisionTask(IterativeSideTask):
+    """Shared training loop; subclasses name the architecture and their presets."""
+
+    unit: ClassVar[str] = "samples"
+    arch: ClassVar[str]
+    #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
+    reference_key: ClassVar[str]
+    options_type: ClassVar[type[VisionOptions]] = VisionOptions
+    #: preset="cpu": overrides of the ``VisionOptions`` defaults, sized for a CPU step.
+    cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: preset="gpu": FreeRide's sizes (batch 64 at 224², 1000-way head, full width).
+    gpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType(
+        {"batch_size": 64, "image_size": 224, "num_classes": 1000, "width_mult": 1.0,
+         "n_batches": 8}
+    )  # fmt: skip
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        presets = {"cpu": self.cpu_defaults, "gpu": self.gpu_defaults}
+        self.config: VisionOptions = resolve_options(
+            type(self).__name__, self.options_type, presets, options
+        )
+        self.steps_done = 0
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.images: torch.Tensor | None = None  # (N, B, 3, H, W) float32
+        self.labels: torch.Tensor | None = None  # (N, B) int64
+        self._rng_cpu: torch.Tensor | None = None
+        self._rng_cuda: torch.Tensor | None = None
+        self._last_loss: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} batch_size={self.config.batch_size} "
+            f"image_size={self.config.image_size} steps_done={self.steps_done} "
+            f"device={self.device!r}>"
+        )
+
+    @property
+    def last_loss(self) -> float | None:
+        """Cross-entropy of the latest step (reading it waits for that step on a GPU)."""
+        return None if self._last_loss is None else float(self._last_loss)
+
+    def setup(self) -> None:
+        """Build the model, Adam and the generated batches in host memory."""
+        cfg = self.config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.model = build_model(
+                self.arch,
+                num_classes=cfg.num_classes,
+                width_mult=cfg.width_mult,
+                batch_norm=getattr(cfg, "batch_norm", False),
+                impl=cfg.impl,
+            )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.images, self.labels = make_image_batches(
+            n_batches=cfg.n_batches,
+            batch_size=cfg.batch_size,
+            image_size=cfg.image_size,
+            num_classes=cfg.num_classes,
+            seed=cfg.seed + 1,
+        )
+        self._rng_cpu = torch.Generator().manual_seed(cfg.seed + 2).get_state()
+        self.device = "cpu"
+
+    def to_device(self, device: str) -> None:
+        """Move model, optimizer state and batches onto ``device`` ("cpu", "cuda", "cuda:1")."""
+        model, optimizer, images, labels = self._require_setup()
+        target = torch.device(device)
+        model.to(target)
+        _move_optimizer_state(optimizer, target)
+        self.images, self.labels = images.to(target), labels.to(target)
+        self.device = str(target)
+
+    def to_host(self) -> None:
+        """Move everything back to host memory and release the device's cached blocks."""
+        was_cuda = torch.device(self.device).type == "cuda"
+        self.to_device("cpu")
+        if was_cuda:
+            torch.cuda.empty_cache()
+
+    def step(self) -> float:
+        """One training iteration on the next batch; returns ``batch_size`` samples."""
+        model, optimizer, images, labels = self._require_setup()
+        i = self.steps_done % self.config.n_batches
+        x, y = images[i], labels[i]  # (B, 3, H, W), (B,)
+        with self._own_rng():
+            model.train()
+            logits = model(x)  # (B, classes)
+            loss = F.cross_entropy(logits, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+        self._last_loss = loss.detach()
+        self.steps_done += 1
+        return float(self.config.batch_size)
+
+    def is_finished(self) -> bool:
+        """True once ``max_steps`` steps are done (never when it is None)."""
+        return self.config.max_steps is not None and self.steps_done >= self.config.max_steps
+
+    def teardown(self) -> None:
+        """Drop model, optimizer and data."""
+        was_cuda = torch.device(self.device).type == "cuda"
+        self.model = self.optimizer = self.images = self.labels = None
+        self._last_loss = None
+        if was_cuda:
+            torch.cuda.empty_cache()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies of model, Adam state, step count and random streams: exact resume."""
+        model, optimizer, _, _ = self._require_setup()
+        state: dict[str, Any] = _host_copy(
+            {
+                "progress": self.progress,
+                "steps_done": self.steps_done,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng_cpu": self._rng_cpu,
+                "rng_cuda": self._rng_cuda,
+            }
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` (after ``setup()``, on any device)."""
+        model, optimizer, _, _ = self._require_setup()
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        self.progress = float(state.get("progress", 0.0))
+        self.steps_done = int(state["steps_done"])
+        self._rng_cpu = state["rng_cpu"].clone()
+        rng_cuda = state.get("rng_cuda")
+        self._rng_cuda = None if rng_cuda is None else rng_cuda.clone()
+
+    def _require_setup(
+        self,
+    ) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+        if (
+            self.model is None
+            or self.optimizer is None
+            or self.images is None
+            or self.labels is None
+        ):
+            raise RuntimeError(f"{type(self).__name__} has no model yet; call setup() first")
+        return self.model, self.optimizer, self.images, self.labels
+
+    @contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run the body on the task's random streams (see [Note: the task's own random stream])."""
+        device = torch.device(self.device)
+        cuda = device.type == "cuda"
+        index = (device.index or 0) if cuda else None
+        with torch.random.fork_rng(devices=[index] if cuda else []):
+            assert self._rng_cpu is not None  # set by setup()
+            torch.set_rng_state(self._rng_cpu)
+            if cuda:
+                if self._rng_cuda is None:
+                    g = torch.Generator(device=device).manual_seed(self.config.seed + 3)
+                    self._rng_cuda = g.get_state()
+                torch.cuda.set_rng_state(self._rng_cuda, device)
+            yield
+            self._rng_cpu = torch.get_rng_state()
+            if cuda:
+                self._rng_cuda = torch.cuda.get_rng_state(device)
+
+
+class ResNet18Task(_VisionTask):
+    """Train ResNet-18 on generated images; one step = one batch (unit: samples)."""
+
+    arch = "resnet18"
+    reference_key = "resnet18"
+    cpu_defaults = MappingProxyType({"width_mult": 1.0})
+
+
+class ResNet50Task(_VisionTask):
+    """Train ResNet-50 on generated images; one step = one batch (unit: samples)."""
+
+    arch = "resnet50"
+    reference_key = "resnet50"
+    cpu_defaults = MappingProxyType({"width_mult": 0.5})
+
+
+class VGG19Task(_VisionTask):
+    """Train VGG-19 (``batch_norm`` option) on generated images; one step = one batch."""
+
+    arch = "vgg19"
+    reference_key = "vgg19"
+    options_type = VGGOptions
+    cpu_defaults = MappingProxyType({"width_mult": 0.25})
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move optimizer state tensors to ``device``; Adam's scalar ``step`` stays on the host."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device)
+
+
+def _host_copy(obj: Any) -> Any:
+    """``obj`` with every tensor replaced by a detached copy in host memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, _host_copy(v)) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return type(obj)(_host_copy(v) for v in obj)
+    return obj

@@ -1,0 +1,213 @@
+"""ResNet-18/50 and VGG-19 side tasks: canonical networks, learning, exact resume, options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from freeride_lab.tasks.nets import build_model, resnet18, resnet50, vgg19
+from freeride_lab.tasks.vision import ResNet18Task, ResNet50Task, VGG19Task
+
+TASKS = [ResNet18Task, ResNet50Task, VGG19Task]
+TINY = {"batch_size": 4, "image_size": 32, "width_mult": 0.25, "n_batches": 1}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: spinning OpenMP workers crawl on a shared, contended box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _ready(cls: type, **options: object) -> ResNet18Task:
+    task = cls(**{**TINY, **options})
+    task.setup()
+    task.to_device("cpu")
+    return task
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (resnet18, 11_689_512),
+        (resnet50, 25_557_032),
+        (vgg19, 143_667_240),
+        (lambda: vgg19(batch_norm=True), 143_678_248),
+    ],
+    ids=["resnet18", "resnet50", "vgg19", "vgg19_bn"],
+)
+def test_own_networks_have_the_canonical_parameter_counts(build: object, expected: int) -> None:
+    with torch.device("meta"):  # shapes only: no 575 MB of VGG weights
+        model = build()  # type: ignore[operator]
+    assert _n_params(model) == expected
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "resnet50", "vgg19"])
+def test_own_networks_have_torchvisions_parameter_names_and_shapes(arch: str) -> None:
+    try:
+        import torchvision.models as tv
+    except Exception:
+        pytest.skip("torchvision does not import here")
+    with torch.device("meta"):
+        own = build_model(arch, impl="own").state_dict()
+        theirs = getattr(tv, arch)(weights=None).state_dict()
+    assert [(k, v.shape) for k, v in own.items()] == [(k, v.shape) for k, v in theirs.items()]
+
+
+def test_networks_map_images_to_class_logits() -> None:
+    model = build_model("resnet50", num_classes=7, width_mult=0.25)
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 7)
+
+
+def test_own_implementation_is_the_default() -> None:
+    assert ResNet18Task().config.impl == "own"
+
+
+def test_torchvision_impl_without_torchvision_says_to_use_own() -> None:
+    try:
+        import torchvision.models  # noqa: F401
+    except Exception:
+        pass
+    else:
+        pytest.skip("torchvision imports here")
+    with pytest.raises(ImportError, match="impl='own'"):
+        build_model("resnet18", impl="torchvision")
+
+
+def test_batch_norm_on_a_resnet_is_rejected() -> None:
+    with pytest.raises(ValueError, match="vgg19 only"):
+        build_model("resnet18", batch_norm=True)
+
+
+@pytest.mark.parametrize("cls", TASKS, ids=lambda c: c.__name__)
+def test_loss_falls_when_overfitting_one_batch(cls: type) -> None:
+    task = _ready(cls)
+    losses = []
+    for _ in range(8):
+        assert task.step() == 4.0
+        losses.append(task.last_loss)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("cls", TASKS, ids=lambda c: c.__name__)
+def test_state_dict_round_trip_resumes_with_the_same_losses(cls: type) -> None:
+    original = _ready(cls, n_batches=2)
+    original.step()
+    original.step()
+    state = original.state_dict()
+    expected = []
+    for _ in range(2):
+        original.step()
+        expected.append(original.last_loss)
+
+    resumed = _ready(cls, n_batches=2)
+    resumed.load_state_dict(state)
+    got = []
+    for _ in range(2):
+        resumed.step()
+        got.append(resumed.last_loss)
+    assert got == expected
+    assert resumed.steps_done == original.steps_done == 4
+
+
+def test_state_dict_is_a_snapshot_not_a_view() -> None:
+    task = _ready(ResNet18Task)
+    state = task.state_dict()
+    before = state["model"]["fc.weight"].clone()
+    task.step()
+    assert torch.equal(state["model"]["fc.weight"], before)
+
+
+def test_dropout_does_not_touch_the_global_rng() -> None:
+    task = _ready(VGG19Task)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    task.step()
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_to_host_after_to_device_keeps_training() -> None:
+    task = _ready(ResNet50Task)
+    task.step()
+    task.to_host()
+    assert task.device == "cpu"
+    task.to_device("cpu")
+    task.step()
+    assert all(p.device.type == "cpu" for p in task.model.parameters())
+    assert task.steps_done == 2
+
+
+def test_step_before_setup_says_to_call_setup() -> None:
+    with pytest.raises(RuntimeError, match=r"setup\(\)"):
+        ResNet18Task().step()
+
+
+def test_is_finished_after_max_steps() -> None:
+    task = _ready(ResNet18Task, max_steps=2)
+    task.step()
+    assert not task.is_finished()
+    task.step()
+    assert task.is_finished()
+
+
+def test_gpu_preset_has_freeride_sizes() -> None:
+    cfg = VGG19Task(preset="gpu").config
+    assert (cfg.batch_size, cfg.image_size, cfg.num_classes, cfg.width_mult) == (64, 224, 1000, 1)
+    assert cfg.lr == 1e-3
+
+
+def test_explicit_options_override_the_preset() -> None:
+    assert ResNet18Task(preset="gpu", batch_size=16).config.batch_size == 16
+
+
+def test_unknown_option_is_rejected_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"'batchsize'.*valid: preset, batch_size"):
+        ResNet18Task(batchsize=8)
+
+
+def test_bad_batch_size_names_the_value() -> None:
+    with pytest.raises(ValueError, match=r"ResNet18Task: batch_size=0 must be >= 1"):
+        ResNet18Task(batch_size=0)
+
+
+def test_a_string_batch_size_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"batch_size='8' must be an int, not str"):
+        ResNet18Task(batch_size="8")
+
+
+def test_unknown_preset_lists_the_presets() -> None:
+    with pytest.raises(ValueError, match=r"preset='tpu'.*'cpu', 'gpu'"):
+        ResNet50Task(preset="tpu")
+
+
+def test_batch_norm_option_exists_only_for_vgg() -> None:
+    assert VGG19Task(batch_norm=True).config.batch_norm is True  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="'batch_norm'"):
+        ResNet18Task(batch_norm=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", TASKS, ids=lambda c: c.__name__)
+def test_tasks_train_and_resume_on_cuda(cls: type) -> None:
+    task = _ready(cls, n_batches=2)
+    task.to_device("cuda")
+    task.step()
+    state = task.state_dict()
+    task.step()
+    expected = task.last_loss
+    task.to_host()
+    assert next(task.model.parameters()).device.type == "cpu"
+    resumed = _ready(cls, n_batches=2)
+    resumed.to_device("cuda")
+    resumed.load_state_dict(state)
+    resumed.step()
+    assert resumed.last_loss == pytest.approx(expected, rel=1e-4)
