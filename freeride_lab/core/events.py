@@ -151,6 +151,7 @@ class SideTaskState(Event):
     event: str = ""
     accepted: bool = True
     reason: str = ""
+    traceback: str = ""  # full text for FAILED; ``reason`` is its one-line summary
 
 
 @dataclass(frozen=True, kw_only=True)

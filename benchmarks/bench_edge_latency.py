@@ -1,0 +1,298 @@
+"""How long a bubble edge takes from the rank's ``EdgeWriter`` to a reader in another process.
+
+The writer (this process) publishes alternating bubble start/end edges at random 1-3 ms gaps,
+each stamped with ``time.time_ns()``; a reader process records when it sees each one. Readers:
+
+- ``futex``: ``EdgeReader.wait`` (sleeps on the edge file's futex, see runtime/signal.py);
+- ``poll-1ms``: a naive reader that checks ``EdgeReader.latest()`` and sleeps 1 ms;
+- ``poll-10ms``: the same at 10 ms, the tick of FreeRide's reference manager (paper notes §5).
+
+Each reader runs twice: with a writer that spins between edges (a rank that computes) and with
+one that sleeps (cold caches, an idle CPU to wake).
+
+Latency of edge i = when the reader first saw edge i or a newer one, minus the edge's time, both
+``time.time_ns()`` of one host (a polling reader may never see an edge that a newer one replaced
+before its next look: "superseded"; it learns the newer state then). It also reports what one
+``bubble_start``/``bubble_end`` call costs the writer (the training hot path): after the 1-3 ms
+idle gaps of the run (cold caches, a reader to wake) and back to back (warm, nobody waiting).
+
+    python benchmarks/bench_edge_latency.py                  # 2000 edges per reader
+    python benchmarks/bench_edge_latency.py --edges 500 --out /tmp/edge.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from freeride_lab.runtime.signal import EdgeReader, EdgeWriter, Phase, futex_available
+
+MODES = ("futex", "poll-1ms", "poll-10ms")
+WRITERS = ("busy", "sleep")
+RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
+
+
+def run_reader(path: Path, mode: str, out: Path) -> None:
+    """Reader process: record (seq, seen time) of every observation until CLOSED."""
+    reader = EdgeReader.open(path, timeout_s=10)
+    poll_s = {"poll-1ms": 0.001, "poll-10ms": 0.010}.get(mode)
+    seen: list[tuple[int, int]] = []
+    last = reader.latest()
+    last_seq = 0 if last is None else last.seq
+    print("ready", flush=True)
+    while True:
+        if poll_s is None:
+            edge = reader.wait(timeout_s=30, after_seq=last_seq)
+        else:
+            edge = reader.latest()
+            if edge is None or edge.seq <= last_seq:
+                time.sleep(poll_s)
+                continue
+        seen_ns = time.time_ns()
+        if edge is None or edge.phase is Phase.CLOSED:
+            break
+        last_seq = edge.seq
+        seen.append((edge.seq, seen_ns))
+    out.write_text(json.dumps(seen))
+
+
+def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -> dict[str, Any]:
+    """One writer → one reader run; latency and writer-cost statistics in µs."""
+    path = workdir / f"{writer_mode}-{mode}.edge"
+    out = workdir / f"{writer_mode}-{mode}.json"
+    writer = EdgeWriter.create(path)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--reader", mode, "--path", str(path), "--reader-out", str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"reader {mode} did not start; exit code {proc.wait()}")
+    rng = random.Random(seed)
+    sent: dict[int, int] = {}
+    cost_ns: list[int] = []
+    for i in range(edges):
+        gap_s = rng.uniform(0.001, 0.003)
+        if writer_mode == "sleep":
+            time.sleep(gap_s)
+        else:  # a rank computing between edges: its CPU stays busy and warm
+            until = time.perf_counter() + gap_s
+            while time.perf_counter() < until:
+                pass
+        t_ns = time.time_ns()
+        c0 = time.perf_counter_ns()
+        if i % 2 == 0:
+            writer.bubble_start(step=i // 2, slot=0, t_ns=t_ns, predicted_end_ns=t_ns + 2_000_000)
+        else:
+            writer.bubble_end(step=i // 2, slot=0, t_ns=t_ns)
+        cost_ns.append(time.perf_counter_ns() - c0)
+        sent[i + 1] = t_ns
+    time.sleep(0.05)
+    writer.close()
+    proc.wait(timeout=60)
+    seen = json.loads(out.read_text())
+    # Latency of edge i = when the reader first saw edge i or a later one (a polling reader
+    # can miss an edge that a newer one replaced; it still learns the newer state then).
+    lat_us, j = [], 0
+    for seq in sorted(sent):
+        while j < len(seen) and seen[j][0] < seq:
+            j += 1
+        if j < len(seen):
+            lat_us.append((seen[j][1] - sent[seq]) / 1e3)
+    observed = {seq for seq, _ in seen}
+    return {
+        "reader": mode,
+        "writer": writer_mode,
+        "edges_sent": edges,
+        "edges_seen_exactly": len(observed & set(sent)),
+        "edges_superseded": edges - len(observed & set(sent)),
+        "latency_us": _stats(np.array(lat_us)),
+        "writer_call_us": _stats(np.array(cost_ns) / 1e3),
+    }
+
+
+_PIPE_READER = """
+import json, os, sys, time
+seen = []
+while True:
+    b = os.read(0, 1)
+    t = time.time_ns()
+    if not b or b == b"q":
+        break
+    seen.append(t)
+sys.stdout.write(json.dumps(seen))
+"""
+
+
+def measure_pipe_floor(edges: int, seed: int) -> dict[str, Any]:
+    """The wake-up floor of this machine: a busy writer writes a byte, a reader blocks in read.
+
+    No shared memory and no record, just the kernel waking a sleeping Python process (the path
+    an eventfd or pipe design would take); the futex runs above it by the record's own work.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PIPE_READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    fd = proc.stdin.fileno()
+    time.sleep(0.5)  # let the reader start and block (a warm-up, not a synchronisation)
+    rng = random.Random(seed)
+    sent = []
+    for _ in range(edges):
+        until = time.perf_counter() + rng.uniform(0.001, 0.003)
+        while time.perf_counter() < until:
+            pass
+        sent.append(time.time_ns())
+        os.write(fd, b"x")
+    os.write(fd, b"q")
+    out, _ = proc.communicate(timeout=60)
+    seen = json.loads(out)
+    lat_us = np.array([(s - t) / 1e3 for s, t in zip(seen, sent, strict=False)])
+    return {"reader": "pipe read (floor)", "writer": "busy", "latency_us": _stats(lat_us)}
+
+
+def writer_cost_hot(workdir: Path, calls: int = 20_000) -> dict[str, float]:
+    """One writer call back to back (warm caches, no reader waiting), in µs."""
+    writer = EdgeWriter.create(workdir / "hot.edge")
+    cost_ns = []
+    for i in range(calls):
+        c0 = time.perf_counter_ns()
+        writer.bubble_start(step=i, slot=0, t_ns=i, predicted_end_ns=i + 1)
+        cost_ns.append(time.perf_counter_ns() - c0)
+    writer.close()
+    return _stats(np.array(cost_ns) / 1e3)
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    if x.size == 0:
+        return {k: float("nan") for k in ("p50", "p90", "p99", "max", "mean")}
+    return {
+        "p50": round(float(np.percentile(x, 50)), 1),
+        "p90": round(float(np.percentile(x, 90)), 1),
+        "p99": round(float(np.percentile(x, 99)), 1),
+        "max": round(float(x.max()), 1),
+        "mean": round(float(x.mean()), 1),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What this ran on, for the results file."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "futex_wake_up": futex_available(),
+    }
+
+
+def _default_note(info: dict[str, Any]) -> str:
+    if (info["cpu_count"] or 0) <= 2:
+        return (
+            "Shared 2-core CPU box (no GPU), with other engineers' builds and tests running at "
+            "the same time: wake-up latency here is mostly scheduler delay and varies between "
+            "runs; a busy writer takes one of the two cores."
+        )
+    return (
+        f"{info['cpu_count']}-core machine, load average {info['load_avg_1m_at_start']} at start."
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--edges", type=int, default=2000, help="edges per reader mode")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", default="", help="what to say about the machine in the results")
+    ap.add_argument("--reader", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--path", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--reader-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.reader:
+        run_reader(args.path, args.reader, args.reader_out)
+        return
+    info = machine()
+    with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
+        runs = {
+            f"{writer}/{mode}": measure(mode, writer, args.edges, Path(tmp), args.seed)
+            for writer in WRITERS
+            for mode in MODES
+        }
+        hot = writer_cost_hot(Path(tmp))
+        floor = measure_pipe_floor(args.edges, args.seed)
+    ratios = {
+        f"{writer}/{mode}": {
+            f"{q}_vs_futex": round(
+                runs[f"{writer}/{mode}"]["latency_us"][q]
+                / runs[f"{writer}/futex"]["latency_us"][q],
+                1,
+            )
+            for q in ("p50", "p99")
+        }
+        for writer in WRITERS
+        for mode in MODES
+        if mode != "futex"
+    }
+    result = {
+        "benchmark": "edge_latency",
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": info,
+        "note": args.note or _default_note(info),
+        "goal": "futex p50 <= 50 us, p99 <= 200 us; FreeRide's reference needs 5-15 ms "
+        "(5 ms runner poll, 10 ms manager tick, synchronous gRPC)",
+        "writers": {
+            "busy": "the writer spins between edges, like a rank that computes (warm CPU)",
+            "sleep": "the writer sleeps between edges (cold caches and an idle vCPU to wake)",
+        },
+        "runs": runs,
+        "ratios": ratios,
+        "writer_call_back_to_back_us": hot,
+        "wake_up_floor": floor,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    cpus = f"{info['cpu_count']} CPUs ({info['cpu_model']}), load {info['load_avg_1m_at_start']}"
+    print(f"edge latency, {args.edges} edges per run, {cpus}")
+    head = f"{'writer/reader':<16} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'max us':>9}"
+    print(f"{head} {'superseded':>11} {'write p50 us':>13}")
+    for name, run in runs.items():
+        lat = run["latency_us"]
+        print(
+            f"{name:<16} {lat['p50']:>9.1f} {lat['p90']:>9.1f} {lat['p99']:>9.1f} "
+            f"{lat['max']:>9.1f} {run['edges_superseded']:>11} {run['writer_call_us']['p50']:>13}"
+        )
+    for name, r in ratios.items():
+        print(f"{name} / futex: p50 x{r['p50_vs_futex']}, p99 x{r['p99_vs_futex']}")
+    print(f"writer call back to back (warm, no waiter): p50 {hot['p50']} us, p99 {hot['p99']} us")
+    fl = floor["latency_us"]
+    print(f"wake-up floor (pipe byte, blocking read): p50 {fl['p50']} us, p99 {fl['p99']} us")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

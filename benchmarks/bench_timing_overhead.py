@@ -1,0 +1,256 @@
+"""What timing every pipeline action costs training: TimedPipelineStage vs plain PipelineStage.
+
+One torchrun job per case runs ``extra={"timed": "alternate", "alternate_every": k}``: blocks
+of k steps alternate between ``TimedPipelineStage`` (A) and plain ``PipelineStage`` (B) in the
+same processes with the same model, A B A B, so drift and machine load hit both alike. Per step
+the global window (earliest window start to latest window end over ranks) is compared. The
+first ``--warmup`` steps are dropped, and so is the first step of every block: the event sink
+writes a step's events in the background during the *next* step, so that step carries the
+previous block's telemetry cost (with k = 1 the timed steps' writing lands in the plain steps
+and timed looks faster than plain).
+
+It also times the recorder's own ``start``/``stop`` pair in this process (no torch call), with
+and without a live-edges receiver: the instrumentation cost per action (min and median of
+repeats, since a shared box preempts single runs).
+
+Cases: "text" (byte-level GPT, real compute) and "synthetic" (sleep-timed stages: fixed
+compute, so the overhead is not buried in compute noise).
+
+Run from the repository root with the package importable (``pip install -e .`` or
+``PYTHONPATH=.``)::
+
+    python benchmarks/bench_timing_overhead.py                         # CPU, gloo, 2 ranks
+    python benchmarks/bench_timing_overhead.py --device cuda --stages 1  # one GPU
+    python benchmarks/bench_timing_overhead.py --case synthetic --steps 30 --out /tmp/t.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median, quantiles
+from typing import Any
+
+import torch
+
+from freeride_lab.core.config import RunConfig
+from freeride_lab.core.schedule import ActionKind
+from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.timed_stage import ActionRecorder
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results"
+
+
+def case_config(case: str, args: argparse.Namespace) -> RunConfig:
+    common: dict[str, Any] = dict(
+        schedule=args.schedule,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        steps=args.steps,
+        device=args.device,
+        extra={"timed": "alternate", "alternate_every": args.block},
+    )
+    if case == "text":
+        return RunConfig(
+            workload="text",
+            layers=max(2, args.stages),
+            d_model=args.d_model,
+            heads=4,
+            seq_len=64,
+            microbatch_size=4,
+            **common,
+        )
+    return RunConfig(
+        workload="synthetic",
+        t_forward_ms=5,
+        t_backward_input_ms=5,
+        t_backward_weight_ms=5,
+        d_model=64,
+        seq_len=64,
+        microbatch_size=4,
+        **common,
+    )
+
+
+def run_case(case: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    cfg = case_config(case, args)
+    run_dir = RunDir(root / case)
+    run_dir.create()
+    run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": f"bench-{case}"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={args.stages}",
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "-m",
+        "freeride_lab.runtime.rank",
+        "--run-dir",
+        str(run_dir.path),
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), FREERIDE_LOG_LEVEL="WARNING")
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout_s)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"case {case}: torchrun exited {proc.returncode}\n{proc.stdout[-3000:]}"
+            f"\n{proc.stderr[-3000:]}"
+        )
+    windows: dict[int, list[int]] = {}
+    actions_per_step: dict[int, int] = {}
+    for path in run_dir.events_dir.glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines():
+            ev = json.loads(line)
+            if ev["kind"] == "step":
+                w = windows.setdefault(ev["step"], [ev["start_ns"], ev["end_ns"]])
+                w[0], w[1] = min(w[0], ev["start_ns"]), max(w[1], ev["end_ns"])
+            elif ev["kind"] == "action":
+                actions_per_step[ev["step"]] = actions_per_step.get(ev["step"], 0) + 1
+    ms = {step: (end - start) / 1e6 for step, (start, end) in windows.items()}
+    k = args.block
+    kept = {s: v for s, v in ms.items() if s >= args.warmup and s % k != 0}
+    timed = [v for s, v in kept.items() if (s // k) % 2 == 0]
+    plain = [v for s, v in kept.items() if (s // k) % 2 == 1]
+    n_actions = median(actions_per_step.values())
+    a, b = median(timed), median(plain)
+    return {
+        "case": case,
+        "config": cfg.to_dict(),
+        "steps_compared": {"timed": len(timed), "plain": len(plain)},
+        "median_step_ms": {"timed": round(a, 3), "plain": round(b, 3)},
+        "iqr_step_ms": {"timed": _iqr(timed), "plain": _iqr(plain)},
+        "overhead_ratio": round(a / b, 4),
+        "overhead_ms_per_step": round(a - b, 3),
+        "actions_per_step_all_ranks": n_actions,
+        "overhead_us_per_action": round((a - b) * 1e3 / n_actions * args.stages, 1),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def _iqr(values: list[float]) -> list[float]:
+    """25th and 75th percentile (ms): how noisy the machine was."""
+    q = quantiles(values, n=4)
+    return [round(q[0], 3), round(q[2], 3)]
+
+
+class _NullEdges:
+    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
+        pass
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
+        pass
+
+
+class _LastPredictor:
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}
+
+    def observe(self, slot: int, duration_ns: int) -> None:
+        self.seen[slot] = duration_ns
+
+    def predict(self, slot: int) -> int | None:
+        return self.seen.get(slot)
+
+
+def recorder_cost_ns(edges: bool, device: str, n: int = 2_000, repeats: int = 9) -> dict[str, int]:
+    """Cost of one recorder start+stop pair (ns) in this process: min and median of repeats."""
+    rec = ActionRecorder(
+        device=device,
+        edges=_NullEdges() if edges else None,
+        predictor=_LastPredictor() if edges else None,
+    )
+    costs = []
+    for r in range(repeats):
+        rec.begin_step(r)
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            rec.stop(rec.start(ActionKind.FORWARD, 0, i % 16))
+        costs.append((time.perf_counter_ns() - t0) / n)
+        rec.end_window()
+        rec.finish_step()
+        rec.drain_edges()
+    rec.close()
+    return {"min": round(min(costs)), "median": round(median(costs))}
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpus"] = torch.cuda.device_count()
+    return info
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--schedule", default="1F1B")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--block", type=int, default=4, help="steps per A or B block")
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--case", choices=("text", "synthetic", "both"), default="both")
+    p.add_argument("--timeout-s", type=float, default=600)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    cases = ("text", "synthetic") if args.case == "both" else (args.case,)
+    started = datetime.now(UTC)
+    results = {
+        "benchmark": "timing_overhead",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "recorder_ns_per_action": {
+            "no_edges": recorder_cost_ns(False, args.device),
+            "edges_and_predictor": recorder_cost_ns(True, args.device),
+        },
+        "cases": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-timing-") as tmp:
+        for case in cases:
+            r = run_case(case, args, Path(tmp))
+            results["cases"].append(r)
+            print(
+                f"{case:10s} timed {r['median_step_ms']['timed']:9.3f} ms  plain "
+                f"{r['median_step_ms']['plain']:9.3f} ms  ratio {r['overhead_ratio']:.4f}  "
+                f"({r['overhead_us_per_action']:+.1f} us/action, "
+                f"{r['steps_compared']['timed']}+{r['steps_compared']['plain']} steps)"
+            )
+    rc = results["recorder_ns_per_action"]
+    print(
+        f"recorder start+stop per action (min/median ns): {rc['no_edges']['min']}/"
+        f"{rc['no_edges']['median']}; with edges and predictor "
+        f"{rc['edges_and_predictor']['min']}/{rc['edges_and_predictor']['median']}"
+    )
+    out = args.out or RESULTS / f"timing-overhead-{args.device}-{started.date().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,609 @@
+"""``Session``: one pipeline training run, owned from a notebook kernel or the CLI.
+
+    >>> s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=8))  # doctest: +SKIP
+    >>> s                                    # returns at once; training runs in the background
+    <Session run_id='20250101-120000-1f1b-p4m8-1a2b' state=running step=3/20>
+    >>> s.bubbles.head(); s.summary()        # tables fill while the run goes on
+    >>> s.wait()                             # 'finished' | 'failed' | 'stopped'
+    >>> s.stop()                             # TERM → grace → KILL; idempotent
+
+    >>> with Session.launch(config) as s:    # stop() on exit, whatever happens
+    ...     s.wait()
+
+    >>> Session.open("runs/20250101-…")      # a finished or running run, from its files alone
+
+Processes: the Session starts one launcher (``python -m freeride_lab.runtime.launcher``) in the
+caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping
+walks the whole process tree first, sends SIGTERM to all of it, waits ``grace_s`` (plus a few
+seconds for the launcher to write its status) and SIGKILLs what is left. A module-level
+``WeakSet`` of live sessions and one ``atexit`` handler stop what the process still owns when it
+exits; if the process is killed instead, the launcher's parent-death watchdog stops the run.
+
+Data: ranks write events to ``events/*.jsonl`` (the source of truth) and forward the same
+bytes over the session's authenticated bus; the session merges both exactly once
+(``EventTailer``), so tables are live when the bus works and complete when it does not.
+
+[Note: owner and observers]
+Only the process that launched a run owns it. While the run is alive, ``Session.open`` in that
+process returns the owning ``Session`` itself; otherwise, and in any other process, it returns a
+read-only observer: its tables and state come from the files, ``wait()`` works, and ``stop()``
+raises ``RuntimeError`` while the run is alive (naming the owner, and the launcher pid to
+signal instead). An observer never stops a run at exit, so opening a run can never kill what
+another process started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import errno
+import importlib.metadata
+import logging
+import os
+import platform
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+
+from freeride_lab.core import bubbles as core_bubbles
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.preflight import check_environment
+from freeride_lab.lab.tables import EventTables, EventTailer
+from freeride_lab.runtime.bus import BusBatch, BusServer
+from freeride_lab.runtime.launcher import (
+    DEFAULT_RANK_ENTRY,
+    RunState,
+    free_port,
+    stop_processes,
+)
+from freeride_lab.runtime.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunFailure", "Session"]
+
+LAUNCHER_STATUS_MARGIN_S = 3.0  # extra time stop() gives the launcher to write its status
+INBOX_BATCHES = 10_000  # bus batches kept between two reads of the tables
+
+# The one piece of global state (house rule 14): sessions this process owns and must stop at exit.
+_live_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _stop_live_sessions() -> None:
+    for session in list(_live_sessions):
+        try:
+            session.stop()
+        except Exception:
+            log.exception("could not stop %r at exit", session)
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """Why a run failed: the rank that failed first (None if unknown) and a one-line reason."""
+
+    rank: int | None
+    reason: str
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _parse_state(value: object) -> RunState:
+    try:
+        return RunState(str(value))
+    except ValueError:
+        return RunState.STARTING  # no status yet (or one this version does not know)
+
+
+def _new_run_id(config: RunConfig) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    shape = f"{config.schedule.lower()}-p{config.stages}m{config.microbatches}"
+    return f"{stamp}-{shape}-{secrets.token_hex(2)}"
+
+
+def _versions() -> dict[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "freeride_lab": version("freeride-lab"),
+    }
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for the launcher: ours, with this package importable for sure."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding freeride_lab/
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([*parts, root])
+    return env
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while starting a child, so that it starts with SIGINT ignored.
+
+    An ignored signal stays ignored across exec and Python then installs no KeyboardInterrupt
+    handler, so an Interrupt that arrives while the launcher is still importing cannot kill it.
+    Signal handlers can only be changed on the main thread; elsewhere this does nothing and the
+    launcher ignores SIGINT itself a moment later.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
+class Session:
+    """A pipeline training run: its processes (if this process owns it), state and tables.
+
+    Make one with ``Session.launch(config)`` or ``Session.open(run_dir)``, not directly.
+    """
+
+    bubble_min_ms: float = 0.0  # gaps shorter than this are left out of ``bubbles``
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        *,
+        config: RunConfig,
+        run_id: str,
+        owner: bool,
+        grace_s: float = 10.0,
+    ) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.run_id = run_id
+        self.owner = owner
+        self.grace_s = grace_s
+        self._launcher: subprocess.Popen[bytes] | None = None
+        self._bus: BusServer | None = None
+        # Bounded: when nobody reads the tables for a while, the oldest batches go; the tailer
+        # reads what they held from the files (see EventTailer.feed).
+        self._inbox: collections.deque[BusBatch] = collections.deque(maxlen=INBOX_BATCHES)
+        self._tailer = EventTailer(run_dir)
+        self._tables = EventTables()
+        self._lock = threading.RLock()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._stop_requested = False
+        self._live_events = 0
+        nproc = config.stages // config.nnodes
+        self._ranks = range(config.node_rank * nproc, (config.node_rank + 1) * nproc)
+
+    # -- making sessions -----------------------------------------------------------------------
+
+    @classmethod
+    def launch(
+        cls,
+        config: RunConfig,
+        *,
+        run_dir: str | Path | None = None,
+        grace_s: float = 10.0,
+        rank_entry: Sequence[str] | None = None,
+    ) -> Session:
+        """Start a run in the background and return its owning Session at once.
+
+        Args:
+            run_dir: the run directory to create; None uses ``config.run_dir``, else
+                ``./runs/<run_id>``.
+            grace_s: SIGTERM → SIGKILL delay when the run is stopped.
+            rank_entry: what torchrun runs per rank, before ``--run-dir DIR``; default
+                ``-m freeride_lab.runtime.rank`` (a script path works too).
+
+        Raises:
+            ValueError, OSError, RuntimeError: from ``check_environment``; nothing was started.
+        """
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, not {type(config).__name__}")
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s={grace_s!r} must be >= 0 (seconds)")
+        run_id = _new_run_id(config)
+        chosen = run_dir if run_dir is not None else config.run_dir
+        path = Path(chosen) if chosen is not None else Path("runs") / run_id
+        path = path.expanduser().absolute()
+        check_environment(config, path)
+        if config.master_port is None:
+            config = config.replace(master_port=free_port(config.master_addr))
+        config = config.replace(run_dir=str(path))
+
+        rd = RunDir(path)
+        try:
+            rd.create()
+        except OSError as e:
+            raise type(e)(
+                e.errno,
+                f"cannot create run directory {path}: {e.strerror or e}; "
+                "pass run_dir= a writable path",
+            ) from None
+        session = cls(rd, config=config, run_id=run_id, owner=True, grace_s=grace_s)
+        session._start(rank_entry or DEFAULT_RANK_ENTRY)
+        return session
+
+    def _start(self, rank_entry: Sequence[str]) -> None:
+        rd = self.run_dir
+        self._bus = BusServer(rd.secret(), host=self.config.bus_host, on_batch=self._on_batch)
+        try:
+            self._bus.start()
+            run = {
+                "run_id": self.run_id,
+                "created_ns": time.time_ns(),
+                "config": self.config.to_dict(),
+                "bus": {"address": list(self._bus.address)},
+                "owner_pid": os.getpid(),
+                "launcher_pid": None,
+                "rank_entry": list(rank_entry),
+                "grace_s": self.grace_s,
+                "host": socket.gethostname(),
+                "versions": _versions(),
+            }
+            rd.write_json(rd.run_json, run)
+            cmd = [
+                sys.executable, "-m", "freeride_lab.runtime.launcher",
+                "--run-dir", str(rd.path),
+                "--parent-pid", str(os.getpid()),
+                "--grace-s", str(self.grace_s),
+            ]  # fmt: skip
+            with open(rd.logs_dir / "launcher.log", "ab") as out, _sigint_ignored():
+                # Same process group as the caller, on purpose: a kernel restart reaches it.
+                self._launcher = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=_child_env(),
+                    close_fds=True,
+                )
+            run["launcher_pid"] = self._launcher.pid
+            rd.write_json(rd.run_json, run)
+        except BaseException:
+            if self._launcher is not None:
+                self._stop_requested = True
+                stop_processes([psutil.Process(self._launcher.pid)], self.grace_s)
+                self._launcher.wait()
+            self._bus.stop()
+            raise
+        _live_sessions.add(self)
+        atexit.unregister(_stop_live_sessions)  # registered once, however many sessions
+        atexit.register(_stop_live_sessions)
+        log.info("launched %s in %s (launcher pid %d)", self.run_id, rd.path, self._launcher.pid)
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> Session:
+        """The run in ``run_dir``, from its files (see [Note: owner and observers]).
+
+        Raises:
+            FileNotFoundError: ``run_dir`` has no run.json.
+        """
+        rd = RunDir(Path(run_dir).expanduser().absolute())
+        if not rd.run_json.is_file():
+            raise FileNotFoundError(
+                errno.ENOENT, f"{rd.path} is not a run directory (no run.json)", str(rd.run_json)
+            )
+        for live in list(_live_sessions):
+            if live.run_dir.path.resolve() == rd.path.resolve():
+                return live
+        run = rd.read_run()
+        config = RunConfig.from_dict(run["config"])
+        session = cls(
+            rd,
+            config=config,
+            run_id=str(run["run_id"]),
+            owner=False,
+            grace_s=float(run.get("grace_s", 10.0)),
+        )
+        session._refresh()
+        return session
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> RunState:
+        """Where the run is now; FAILED as soon as any rank reports a failure."""
+        return self._state(poll_files=True)
+
+    @property
+    def steps_done(self) -> int:
+        """Steps completed by every rank of this node."""
+        self._refresh()
+        return min((self._tables.steps_by_rank.get(r, 0) for r in self._ranks), default=0)
+
+    @property
+    def live_events(self) -> int:
+        """Events that reached this session over the live bus before it read them from the files
+        (0 for an observer, or while the bus is not getting through)."""
+        self._refresh(poll_files=False)
+        return self._live_events
+
+    @property
+    def failure(self) -> RunFailure | None:
+        """Which rank failed and why: the launcher's verdict once the run has ended (see
+        [Note: finding the failing rank] in ``runtime.launcher``), before that the earliest
+        RankFailed event; None if nothing failed."""
+        self._refresh()
+        by_rank: dict[int, dict[str, Any]] = {}
+        for e in sorted(self._tables.failures, key=lambda e: int(e.get("t_ns", 0))):
+            by_rank.setdefault(int(e.get("rank", -1)), e)
+        status = self.run_dir.read_status()
+        if status.get("state") == RunState.FAILED:
+            rank = status.get("failed_rank")
+            event = by_rank.get(rank, {}) if rank is not None else {}
+            return RunFailure(
+                rank=None if rank is None else int(rank),
+                reason=str(status.get("reason", "unknown")),
+                traceback=str(event.get("traceback", "")),
+            )
+        if by_rank:
+            first = next(iter(by_rank.values()))
+            rank = int(first.get("rank", -1))
+            return RunFailure(
+                rank=rank,
+                reason=f"rank {rank} failed: {first.get('error', '?')}",
+                traceback=str(first.get("traceback", "")),
+            )
+        if self._state(poll_files=False) == RunState.FAILED:
+            return RunFailure(
+                rank=None,
+                reason=f"the launcher (pid {self._launcher_pid()}) is gone without a final status",
+            )
+        return None
+
+    def wait(self, timeout_s: float | None = None) -> RunState:
+        """Block until the run has ended and its processes are gone; returns the final state.
+
+        Raises:
+            TimeoutError: still running after ``timeout_s``; the run goes on (``stop()`` ends it).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._launcher is not None:
+            try:
+                self._launcher.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise self._timeout(timeout_s) from None
+        else:
+            while not self._state(poll_files=False).done:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._timeout(timeout_s)
+                time.sleep(0.1)  # an observer can only poll the files
+        self._settle()
+        return self.state
+
+    def _timeout(self, timeout_s: float | None) -> TimeoutError:
+        return TimeoutError(
+            f"run {self.run_id} is still {self._state(poll_files=False)} after {timeout_s} s "
+            f"(step {self.steps_done}/{self.config.steps}); wait longer or call stop()"
+        )
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the run: SIGTERM to its whole process tree, ``grace_s``, then SIGKILL. Idempotent.
+
+        Raises:
+            RuntimeError: on an observer while the run is alive (see [Note: owner and observers]).
+        """
+        if not self.owner:
+            if self._state(poll_files=False).done:
+                return
+            run = self.run_dir.read_run()
+            raise RuntimeError(
+                f"run {self.run_id} belongs to pid {run.get('owner_pid')}; this Session came from "
+                "Session.open and is read-only. Stop it from its owner, or send SIGTERM to its "
+                f"launcher: kill -TERM {self._launcher_pid()}"
+            )
+        with self._stop_lock:
+            if self._stopped:
+                return
+            grace = self.grace_s if grace_s is None else grace_s
+            launcher = self._launcher
+            if launcher is not None and launcher.poll() is None:
+                procs = self._run_processes()  # the whole tree, before any signal
+                self._stop_requested = True
+                log.info(
+                    "stopping %s: SIGTERM to %d process(es), grace %.1f s",
+                    self.run_id,
+                    len(procs),
+                    grace,
+                )
+                stop_processes(procs, grace + LAUNCHER_STATUS_MARGIN_S, poll=launcher.poll)
+                leftovers = [p for p in self._run_processes() if p.pid != launcher.pid]
+                if leftovers:
+                    stop_processes(leftovers, 0.0)
+                launcher.wait()
+            self._settle()
+            self._stopped = True
+        _live_sessions.discard(self)
+
+    def _run_processes(self) -> list[psutil.Process]:
+        """The launcher, all its descendants, and any process naming this run directory."""
+        found: dict[int, psutil.Process] = {}
+        if self._launcher is not None:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(self._launcher.pid)
+                found[root.pid] = root
+                for p in root.children(recursive=True):
+                    found[p.pid] = p
+        needle = str(self.run_dir.path)
+        me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        for p in psutil.process_iter(["cmdline"]):
+            cmdline = p.info.get("cmdline") or []
+            if p.pid not in me and p.pid not in found and any(needle in a for a in cmdline):
+                found[p.pid] = p
+        return list(found.values())
+
+    def _launcher_pid(self) -> int | None:
+        if self._launcher is not None:
+            return self._launcher.pid
+        pid = self.run_dir.read_status().get("launcher_pid")
+        if pid is None:
+            with contextlib.suppress(OSError, ValueError):
+                pid = self.run_dir.read_run().get("launcher_pid")
+        return int(pid) if pid is not None else None
+
+    def _launcher_alive(self) -> bool:
+        if self._launcher is not None:
+            return self._launcher.poll() is None
+        pid = self._launcher_pid()
+        if pid is None:
+            return False
+        try:
+            p = psutil.Process(pid)
+            return p.status() != psutil.STATUS_ZOMBIE and str(self.run_dir.path) in " ".join(
+                p.cmdline()
+            )
+        except psutil.Error:
+            return False
+
+    def _state(self, *, poll_files: bool) -> RunState:
+        status = self.run_dir.read_status()
+        state = _parse_state(status.get("state"))
+        if state.done:
+            return state
+        if not self._launcher_alive():
+            if self._launcher is not None:  # owner: the launcher ended; settle writes a status
+                self._settle()
+                return _parse_state(self.run_dir.read_status().get("state"))
+            if self._launcher_pid() is not None:  # observer: the launcher is gone, no status
+                return RunState.FAILED
+        self._refresh(poll_files=poll_files)
+        return RunState.FAILED if self._tables.failures else state
+
+    def _settle(self) -> None:
+        """After the launcher ended: final read, bus off, and a status if it left none."""
+        with self._lock:
+            if self._launcher is not None and self._launcher.poll() is None:
+                return
+            _live_sessions.discard(self)  # nothing left to stop at exit
+            self._refresh()
+            if self._bus is not None:
+                self._bus.stop()
+                self._bus = None
+                self._refresh()
+            status = self.run_dir.read_status()
+            if _parse_state(status.get("state")).done or not self.owner:
+                return
+            code = self._launcher.returncode if self._launcher is not None else None
+            if self._stop_requested:
+                state = RunState.STOPPED
+                reason = "stopped by the session (the launcher left no status)"
+            else:
+                state = RunState.FAILED
+                reason = f"the launcher exited with code {code} and left no status"
+            status.update(state=str(state), reason=reason, exit_code=code, ended_ns=time.time_ns())
+            self.run_dir.write_json(self.run_dir.status_json, status)
+
+    # -- tables --------------------------------------------------------------------------------
+
+    def _on_batch(self, batch: BusBatch) -> None:
+        self._inbox.append(batch)  # bus thread: just hand over; merged on the next read
+
+    def _refresh(self, *, poll_files: bool = True) -> None:
+        with self._lock:
+            while self._inbox:
+                self._live_events += self._tables.add(self._tailer.feed(self._inbox.popleft()))
+            if poll_files:
+                self._tables.add(self._tailer.poll())
+
+    @property
+    def actions(self) -> pd.DataFrame:
+        """One row per timed action (see ``freeride_lab.lab.tables.actions_frame``)."""
+        self._refresh()
+        return self._tables.actions()
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per (step, rank) (see ``freeride_lab.lab.tables.steps_frame``)."""
+        self._refresh()
+        return self._tables.steps()
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        """One row per (step, rank) memory report (see ``tables.memory_frame``)."""
+        self._refresh()
+        return self._tables.memory()
+
+    @property
+    def side_task_steps(self) -> pd.DataFrame:
+        """One row per side-task step (see ``tables.side_task_steps_frame``)."""
+        self._refresh()
+        return self._tables.side_task_steps()
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """Every event recorded so far, one row each (see ``tables.events_frame``)."""
+        self._refresh()
+        return self._tables.frame()
+
+    @property
+    def bubbles(self) -> pd.DataFrame:
+        """Idle gaps per (step, rank), from ``freeride_lab.core.bubbles.extract_bubbles``."""
+        cfg = self.config
+        return core_bubbles.extract_bubbles(
+            self.actions,
+            schedule=cfg.schedule,
+            stages=cfg.stages,
+            microbatches=cfg.microbatches,
+            chunks=cfg.chunks,
+            min_ms=self.bubble_min_ms,
+        )
+
+    def summary(
+        self, *, skip_steps: int | None = None, min_ms: float | None = None
+    ) -> pd.DataFrame:
+        """Measured vs theory bubble fraction per rank (``freeride_lab.core.bubbles.summary``).
+
+        Args:
+            skip_steps: leading steps left out as warm-up; None leaves out step 0 once a
+                second step is recorded (so a live run has a summary from its first step on).
+            min_ms: shortest gap counted in ``n_bubbles``; None uses ``bubble_min_ms``.
+        """
+        cfg = self.config
+        actions = self.actions
+        if skip_steps is None:
+            skip_steps = 1 if actions["step"].nunique() > 1 else 0
+        return core_bubbles.summary(
+            actions,
+            cfg.schedule,
+            cfg.stages,
+            cfg.microbatches,
+            cfg.chunks,
+            skip_steps=skip_steps,
+            min_ms=self.bubble_min_ms if min_ms is None else min_ms,
+        )
+
+    # -- protocol ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owner:
+            self.stop()
+
+    def __repr__(self) -> str:
+        state = self._state(poll_files=False)
+        steps = min((self._tables.steps_by_rank.get(r, 0) for r in self._ranks), default=0)
+        return f"<Session run_id={self.run_id!r} state={state} step={steps}/{self.config.steps}>"

@@ -1,0 +1,137 @@
+"""``StopControl``: how a training rank stops. SIGINT is ignored, SIGTERM is a graceful stop,
+and the launcher's death counts as SIGTERM.
+
+    stop = StopControl(grace_s=10)
+    stop.install()                 # main thread, before training
+    stop.on_abort = write_failure  # called if a stop is not honoured within grace_s
+    ... if stop.requested.is_set(): finish the step and leave ...
+    stop.done()                    # training loop ended: no abort
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StopControl"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StopControl:
+    """SIGINT immunity, SIGTERM as a graceful stop, and a parent-death watchdog.
+
+    A stop request sets ``requested``; the training loop stops at the next step boundary and
+    calls ``done()``. If it has not within ``grace_s``, ``on_abort`` runs on a helper thread
+    (it writes RankFailed) and the process exits with code 1.
+
+    [Note: SIGTERM while blocked in a collective]
+    Python runs signal handlers on the main thread between bytecodes, so a handler cannot run
+    while the main thread waits inside a gloo/NCCL call (for a peer that died, say). The C-level
+    handler does write the signal number to ``signal.set_wakeup_fd`` at once, though, so a
+    helper thread reading that socket sees SIGTERM immediately and can start the grace timer.
+    """
+
+    def __init__(self, *, grace_s: float = 10.0, poll_parent_s: float = 1.0) -> None:
+        self.grace_s = grace_s
+        self.poll_parent_s = poll_parent_s
+        self.requested = threading.Event()
+        self.reason = ""
+        self.on_abort: Callable[[str], None] | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._timer: threading.Thread | None = None
+        self._parent_pid = os.getppid()
+
+    def __repr__(self) -> str:
+        return f"StopControl(requested={self.requested.is_set()}, reason={self.reason!r})"
+
+    def install(self) -> None:
+        """Install the handlers and watcher threads (call on the main thread)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        rsock, wsock = socket.socketpair()
+        rsock.setblocking(True)
+        wsock.setblocking(False)
+        signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+        self._sockets = (rsock, wsock)  # keep both alive
+        threading.Thread(
+            target=self._read_wakeups, args=(rsock,), name="sigterm-watch", daemon=True
+        ).start()
+        _set_parent_death_signal(signal.SIGTERM)
+        threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
+
+    def request(self, reason: str) -> None:
+        """Ask for a graceful stop (idempotent); starts the grace timer."""
+        with self._lock:
+            if self.requested.is_set():
+                return
+            self.reason = reason
+            self.requested.set()
+            self._timer = threading.Thread(
+                target=self._abort_after_grace, name="stop-grace", daemon=True
+            )
+            self._timer.start()
+        log.warning(
+            "stop requested (%s); finishing the current step, grace %.1f s", reason, self.grace_s
+        )
+
+    def done(self) -> None:
+        """The training loop has ended; the grace timer will not abort."""
+        self._done.set()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.request("SIGTERM")
+
+    def _read_wakeups(self, rsock: socket.socket) -> None:
+        while True:
+            try:
+                data = rsock.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                self.request("SIGTERM")
+
+    def _watch_parent(self) -> None:
+        while not self._done.is_set():
+            if os.getppid() != self._parent_pid:
+                self.request(f"parent {self._parent_pid} died")
+                return
+            self._done.wait(self.poll_parent_s)
+
+    def _abort_after_grace(self) -> None:
+        if self._done.wait(self.grace_s):
+            return
+        message = (
+            f"stopped by {self.reason}: the current step did not finish within "
+            f"stop_grace_s={self.grace_s}; aborted"
+        )
+        log.error("%s", message)
+        try:
+            if self.on_abort is not None:
+                self.on_abort(message)
+        finally:
+            os._exit(1)
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send ``sig`` when the parent exits (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError):
+        log.warning("prctl unavailable; relying on the parent-pid watcher")

@@ -1,0 +1,718 @@
+"""One side task in its own process, driven by its worker and by the rank's bubble edges.
+
+    python -m freeride_lab.runtime.task_host --spec '{"task": {"task": "resnet18"}, ...}'
+
+The worker starts it through ``TaskProcess`` (limits already in the environment, before any CUDA
+call). The host loads the task class, applies the in-process limits, runs ``setup()`` and
+restores the task's checkpoint, then runs the state machine of ``core.sidetask_state``:
+
+- **iterative:** inside a bubble it calls ``step()`` while ``should_step(now, predicted end,
+  budget, observed end)`` holds; it stops launching as soon as the bubble is seen to end, even
+  before its predicted end. Every step becomes a ``SideTaskStep`` event; a step that ends after
+  the observed end carries ``overrun_ns``. A watcher thread reports a step still running
+  ``hang_after_s`` past the end to the worker, which alone can stop or kill the process.
+- **imperative:** ``run()`` runs in a thread from the first bubble on. At a bubble end the host
+  closes the gate that ``pause_point()`` waits on, runs ``on_pause`` and tells the worker, which
+  then stops the whole process with SIGSTOP (after ``pause_grace_s`` at the latest); at the next
+  bubble start the worker sends SIGCONT and the host reopens the gate.
+
+Errors in any hook end the task FAILED with a one-line reason and the traceback (an OOM reads
+"out of memory: …"); the process exits non-zero and nothing else is affected.
+
+# [Note: host protocol]
+JSON objects over a socketpair (``multiprocessing.connection`` framing; never pickle).
+worker → host: ``{"cmd": "activate"}`` (CREATED → PAUSED: take bubbles), ``{"cmd": "tune",
+"budget_s": s|null, "overrun_policy": p}``, ``{"cmd": "resume"}`` (after an overrun PAUSE),
+``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``, ``{"cmd": "stop", "reason": r, "restart": b}``.
+host → worker: ``{"type": "state", "state", "event", "accepted", "reason", "mode"}``,
+``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me),
+``{"type": "hung", "overrun_ns", "step_start_ns", "step"}``. End of file = worker gone: stop.
+
+# [Note: checkpoint format]
+``<run_dir>/tasks/<task_id>/checkpoint.pt``, replaced atomically. It is a ``torch.save`` file
+when the task process has imported torch (then it may hold tensors) and JSON otherwise, so a
+task without torch never pays for importing it; loading tells them apart by the zip magic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import queue
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from freeride_lab.core import events as ev
+from freeride_lab.core.budget import (
+    OverrunActionKind,
+    OverrunStats,
+    apply_overrun_policy,
+    should_step,
+    step_budget_s,
+)
+from freeride_lab.core.sidetask_state import (
+    Rejected,
+    SideTaskEvent,
+    SideTaskMachine,
+    SideTaskState,
+    transition,
+)
+from freeride_lab.runtime.imperative import ImperativeDriver
+from freeride_lab.runtime.limits import apply_in_process, support_summary
+from freeride_lab.runtime.loader import load_task_class
+from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask, SideTaskBase
+from freeride_lab.runtime.signal import Edge, EdgeReader, Phase
+from freeride_lab.runtime.sink import EventSink
+from freeride_lab.runtime.taskspec import HostSpec, checkpoint_path, parse_overrun_policy
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TaskHost", "load_checkpoint", "main", "save_checkpoint"]
+
+_WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
+_HUNG_REPORT_EVERY_NS = 250_000_000
+_DURATION_WINDOW = 50  # steps whose median sets the automatic step guard
+_OVERRUN_WINDOW = 100  # steps the overrun policy looks at
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` atomically (see [Note: checkpoint format])."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.save(state, tmp)
+    else:
+        tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The saved state, or None if there is no checkpoint."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except FileNotFoundError:
+        return None
+    if head == b"PK":
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        state = json.loads(path.read_text())
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict")
+    return state
+
+
+# --- the host -----------------------------------------------------------------------------
+
+
+class TaskHost:
+    """Runs one side task: its state machine, its steps in bubbles, its checkpoints."""
+
+    def __init__(self, spec: HostSpec, *, conn: Connection | None, sink: EventSink) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.sink = sink
+        self._reader: EdgeReader | None = None  # opened once the rank's edge file exists
+        self.machine = SideTaskMachine()
+        self.task: SideTaskBase | None = None
+        self.mode = "iterative"
+        self.steps = 0
+        self.overruns = 0
+        self._cmds: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._send_lock = threading.Lock()
+        self._done = threading.Event()
+        self._exit = False  # leave without a terminal state (restart)
+        self._where = "loading the task"
+        self._policy = spec.task.overrun_policy
+        self._budget_fixed_ns: int | None = (
+            None if spec.task.limits.budget_s is None else int(spec.task.limits.budget_s * 1e9)
+        )
+        self._durations: collections.deque[int] = collections.deque(maxlen=_DURATION_WINDOW)
+        self._window: collections.deque[int] = collections.deque(maxlen=_OVERRUN_WINDOW)
+        self._policy_paused = False
+        self._warned_at_step = -(10**9)
+        self._in_flight: tuple[int, Edge] | None = None  # (start_ns, bubble) of a running step
+        # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
+        self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+        self._bubble: Edge | None = None
+        self._last_checkpoint_s = time.monotonic()
+        self._saved_progress: float | None = None
+        self._driver: ImperativeDriver | None = None  # imperative tasks only
+        self._last_report_ns = 0
+
+    # -- outside world --
+
+    @property
+    def reader(self) -> EdgeReader:
+        """The rank's edges (only used once ``_open_reader`` succeeded)."""
+        if self._reader is None:
+            raise RuntimeError("the edge file is not open yet")
+        return self._reader
+
+    def _now_ns(self) -> int:
+        return self._reader.now_ns() if self._reader is not None else time.time_ns()
+
+    def _wake(self) -> None:
+        """Cut the main loop's wait short (a command came in, run() ended)."""
+        if self._reader is not None:
+            self._reader.interrupt()
+
+    def _open_reader(self) -> bool:
+        if self._reader is not None:
+            return True
+        try:
+            self._reader = EdgeReader.open(self.spec.edges)
+        except FileNotFoundError:
+            return False  # the rank has not created it yet
+        if self._driver is None:
+            threading.Thread(target=self._watch_hangs, name="task-hang-watch", daemon=True).start()
+        return True
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the main loop to stop the task (thread- and signal-safe)."""
+        self._cmds.put({"cmd": "stop", "reason": reason})
+        self._wake()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.conn is None:
+            return
+        try:
+            with self._send_lock:
+                self.conn.send_bytes(json.dumps(message).encode())
+        except OSError:
+            pass  # the worker is gone; the control thread turns that into a stop
+
+    def _emit_state(self, event: str, accepted: bool, reason: str = "", tb: str = "") -> None:
+        state = str(self.machine.state)
+        self.sink.emit(
+            ev.SideTaskState(
+                task_id=self.spec.task.task_id,
+                name=self.spec.task.display_name,
+                stage=self.spec.stage,
+                state=state,
+                t_ns=self._now_ns(),
+                event=event,
+                accepted=accepted,
+                reason=reason,
+                traceback=tb,
+            )
+        )
+        self._send(
+            {
+                "type": "state",
+                "state": state,
+                "event": event,
+                "accepted": accepted,
+                "reason": reason,
+                "mode": self.mode,
+            }
+        )
+
+    def _control_loop(self) -> None:
+        assert self.conn is not None
+        while not self._done.is_set():
+            try:
+                message = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                if not self._done.is_set():
+                    self.request_stop("worker exited")
+                return
+            except ValueError as exc:
+                log.warning("ignoring a control message that is not JSON: %s", exc)
+                continue
+            self._cmds.put(message)
+            self._wake()
+
+    # -- state machine --
+
+    def _apply(self, event: SideTaskEvent, reason: str | Callable[[], str] = "") -> bool:
+        outcome = transition(self.machine.state, event)
+        if isinstance(outcome, Rejected):
+            self.machine.apply(event, t_ns=self._now_ns())
+            log.info("task %s: %s", self.spec.task.task_id, outcome.reason)
+            self._emit_state(str(event), False, outcome.reason)
+            return False
+        for hook in outcome.hooks:
+            self._hook(hook)
+        text = reason() if callable(reason) else reason
+        self.machine.apply(event, t_ns=self._now_ns())
+        self._emit_state(str(event), True, text)
+        return True
+
+    def _hook(self, name: str) -> None:
+        task = self.task
+        if task is None:
+            return
+        self._where = name
+        if name == "to_device":
+            task.to_device(self.spec.device)
+        else:
+            getattr(task, name)()
+
+    def _fail(self, exc: BaseException, tb: str) -> None:
+        reason = _failure_reason(exc, self._where)
+        log.error("task %s failed: %s", self.spec.task.task_id, reason)
+        outcome = transition(self.machine.state, SideTaskEvent.FAIL)
+        if isinstance(outcome, Rejected):
+            return
+        for hook in outcome.hooks:
+            try:
+                self._hook(hook)
+            except Exception:
+                log.exception("task %s: %s failed while failing", self.spec.task.task_id, hook)
+        self.machine.apply(SideTaskEvent.FAIL, t_ns=self._now_ns())
+        self._emit_state(str(SideTaskEvent.FAIL), True, reason, tb)
+
+    # -- main --
+
+    def run(self) -> int:
+        """Run until the task ends (or is restarted); the process exit code."""
+        if self.conn is not None:
+            threading.Thread(target=self._control_loop, name="task-control", daemon=True).start()
+        try:
+            cls = load_task_class(self.spec.task.task)
+            self.mode = "imperative" if issubclass(cls, ImperativeSideTask) else "iterative"
+            self._where = "applying limits"
+            limits = self.spec.task.limits
+            apply_in_process(limits, device=self.spec.device, mps_active=self.spec.mps_active)
+            limits_note = f"limits {json.dumps(limits.to_dict())}; " + support_summary(
+                device=self.spec.device, mps_active=self.spec.mps_active
+            )
+            self._where = "__init__"
+            self.task = cls(**self.spec.task.options)
+            if isinstance(self.task, ImperativeSideTask):
+                self._driver = ImperativeDriver(
+                    self.task, on_report=self._report, on_exit=self._wake
+                )
+            self._apply(SideTaskEvent.CREATE, lambda: f"{limits_note}; {self._restore()}")
+            while not self.machine.terminal and not self._exit:
+                self._turn()
+        except Exception as exc:
+            self._fail(exc, traceback.format_exc())
+        finally:
+            self._done.set()
+        state = self.machine.state
+        return 1 if state is SideTaskState.FAILED else 0
+
+    def _turn(self) -> None:
+        """One pass of the loop: commands, then a bubble or a wait."""
+        self._handle_commands()
+        if self.machine.terminal or self._exit:
+            return
+        if self._driver is not None:
+            self._check_run_thread(self._driver)
+            if self.machine.terminal:
+                return
+        if not self._open_reader():
+            self._wait_command(0.1)
+            return
+        state = self.machine.state
+        if state is SideTaskState.PAUSED and not self._policy_paused:
+            edge = self.reader.wait(timeout_s=_WAIT_S)
+            if edge is not None and edge.in_bubble and self._cmds.empty():
+                if self._driver is None:
+                    self._run_bubble(edge)
+                else:
+                    self._resume_imperative(self._driver, edge)
+        elif state is SideTaskState.RUNNING:  # imperative: runs until the bubble ends
+            edge = self.reader.wait(timeout_s=_WAIT_S)
+            if edge is not None and edge.in_bubble:
+                self._bubble = edge
+            elif edge is not None and self._driver is not None:
+                self._pause_imperative(self._driver)
+        else:
+            self._wait_command(_WAIT_S)
+        self._maybe_checkpoint()
+
+    def _wait_command(self, timeout_s: float) -> None:
+        """Sleep until a command arrives (then carry it out) or ``timeout_s`` passes."""
+        try:
+            message = self._cmds.get(timeout=timeout_s)
+        except queue.Empty:
+            return
+        self._handle(message)
+
+    def _handle_commands(self) -> None:
+        while not self.machine.terminal and not self._exit:
+            try:
+                message = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(message)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        cmd = str(message.get("cmd", ""))
+        ok, text = self._command(cmd, message)
+        self._send({"type": "ack", "cmd": cmd, "ok": ok, "message": text})
+
+    def _command(self, cmd: str, message: dict[str, Any]) -> tuple[bool, str]:
+        state = self.machine.state
+        if cmd == "activate":
+            self._where = "to_device"
+            return self._apply(SideTaskEvent.INIT), str(self.machine.state)
+        if cmd == "preempt":
+            if self._driver is not None:
+                return False, "imperative tasks cannot be preempted; detach them instead"
+            if state is SideTaskState.RUNNING:
+                self._apply(SideTaskEvent.PAUSE)
+            ok = self._apply(SideTaskEvent.PREEMPT, "preempted")
+            if ok:
+                self._checkpoint()
+            return ok, str(self.machine.state)
+        if cmd == "tune":
+            if "budget_s" in message:
+                budget = message["budget_s"]
+                self._budget_fixed_ns = None if budget is None else int(float(budget) * 1e9)
+            if "overrun_policy" in message:
+                self._policy = parse_overrun_policy(message["overrun_policy"])
+            return True, f"budget_ns={self._budget_ns()} policy={self._policy}"
+        if cmd == "resume":
+            self._policy_paused = False
+            return True, "taking bubbles again"
+        if cmd == "checkpoint":
+            self._checkpoint()
+            return True, str(checkpoint_path(self.spec.run_dir, self.spec.task.task_id))
+        if cmd == "stop":
+            self._stop(str(message.get("reason", "stopped")), restart=bool(message.get("restart")))
+            return True, str(self.machine.state)
+        return (
+            False,
+            f"unknown command {cmd!r}; valid: activate, preempt, tune, resume, checkpoint, stop",
+        )
+
+    def _stop(self, reason: str, *, restart: bool) -> None:
+        if self._driver is not None:
+            self._driver.quiesce(timeout_s=5.0)
+        state = self.machine.state
+        if state is not SideTaskState.SUBMITTED and self.task is not None:
+            self._checkpoint()
+        if restart:
+            if state is SideTaskState.RUNNING:
+                self._apply(SideTaskEvent.PAUSE)
+            if self.machine.state is SideTaskState.PAUSED:
+                self._apply(SideTaskEvent.PREEMPT, reason)
+            self._exit = True
+            return
+        self._apply(SideTaskEvent.STOP, reason)
+
+    # -- iterative --
+
+    def _budget_ns(self) -> int:
+        if self._budget_fixed_ns is not None:
+            return self._budget_fixed_ns
+        if not self._durations:
+            return 0  # nothing measured yet: the first step is the profile
+        return int(step_budget_s(statistics.median(self._durations) / 1e9) * 1e9)
+
+    def _note_ends(self, cur: Edge | None) -> None:
+        """Remember the bubble ends that ``cur`` reveals (its own and the one before it)."""
+        if cur is None:
+            return
+        if cur.phase is Phase.BUSY and cur.observed_end_ns is not None:
+            self._ends.setdefault((cur.step, cur.slot), cur.observed_end_ns)
+        if cur.previous_end_ns is not None:
+            self._ends.setdefault((cur.previous_step, cur.previous_slot), cur.previous_end_ns)
+        while len(self._ends) > 256:
+            self._ends.popitem(last=False)
+
+    def _observed_end_ns(self, bubble: Edge, cur: Edge | None) -> int | None:
+        """When ``bubble`` was seen to end, or None while it lasts (see ``Edge``)."""
+        if cur is None or cur.seq <= bubble.seq:
+            return None
+        self._note_ends(cur)
+        key = (bubble.step, bubble.slot)
+        if key not in self._ends:
+            # Both its end edge and the next one were replaced before anyone looked: it ended
+            # no later than the newest edge began. Keep that bound so it does not drift.
+            later = [t for t in (cur.start_ns, cur.observed_end_ns) if t is not None and t > 0]
+            fallback = bubble.predicted_end_ns or bubble.start_ns
+            self._ends[key] = min(later) if later else fallback
+        return self._ends[key]
+
+    def _run_bubble(self, bubble: Edge) -> None:
+        task = self.task
+        assert isinstance(task, IterativeSideTask)
+        self._bubble = bubble
+        predicted_end_ns = bubble.predicted_end_ns
+        if predicted_end_ns is None:
+            return  # no prediction yet: a step could not be checked against the bubble's length
+        if not should_step(self.reader.now_ns(), predicted_end_ns, self._budget_ns(), False):
+            return  # too short (or seen too late) for one step: leave it without events
+        if not self._apply(SideTaskEvent.START):
+            return
+        while self._cmds.empty():
+            cur = self.reader.latest()
+            ended = cur is not None and cur.seq > bubble.seq
+            start_ns = self.reader.now_ns()
+            if not should_step(start_ns, predicted_end_ns, self._budget_ns(), ended):
+                break
+            self._where = "step"
+            self._in_flight = (start_ns, bubble)
+            progress = float(task.step() or 0.0)
+            end_ns = self.reader.now_ns()
+            self._in_flight = None
+            observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
+            overrun_ns = max(0, end_ns - observed_end_ns) if observed_end_ns is not None else 0
+            task.progress += progress
+            self._record_step(bubble, start_ns, end_ns, progress, overrun_ns)
+            if task.is_finished():
+                self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
+                return
+            if self.machine.terminal or self._policy_paused:
+                break
+        self._apply(SideTaskEvent.PAUSE)
+
+    def _record_step(
+        self, bubble: Edge, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+    ) -> None:
+        """An iterative step: its event, the automatic guard's sample, the overrun policy."""
+        self._durations.append(end_ns - start_ns)
+        self._emit_step(bubble, start_ns, end_ns, progress, overrun_ns)
+        self._window.append(overrun_ns)
+        if overrun_ns > 0:
+            self._apply_overrun_policy()
+
+    def _emit_step(
+        self, bubble: Edge, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+    ) -> None:
+        task = self.task
+        assert task is not None
+        self.steps += 1
+        self.overruns += overrun_ns > 0
+        self.sink.emit(
+            ev.SideTaskStep(
+                task_id=self.spec.task.task_id,
+                name=self.spec.task.display_name,
+                stage=self.spec.stage,
+                rank=self.spec.rank,
+                step=bubble.step,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                progress=progress,
+                unit=task.unit,
+                overrun_ns=overrun_ns,
+            )
+        )
+
+    def _apply_overrun_policy(self) -> None:
+        stats = OverrunStats(
+            steps=len(self._window),
+            overruns=sum(1 for o in self._window if o > 0),
+            overrun_ns_total=sum(self._window),
+            budget_ns=self._budget_ns(),
+        )
+        action = apply_overrun_policy(self._policy, stats)
+        if action.kind is OverrunActionKind.NONE:
+            return
+        if action.kind is OverrunActionKind.WARN:
+            if self.steps - self._warned_at_step < _OVERRUN_WINDOW:
+                return  # once per window
+            self._warned_at_step = self.steps
+            log.warning("task %s overruns bubbles: %s", self.spec.task.task_id, action.reason)
+            self._emit_state("OVERRUN", True, f"overrun policy WARN: {action.reason}")
+            return
+        self._window.clear()
+        if action.kind is OverrunActionKind.SET_BUDGET:
+            self._budget_fixed_ns = action.budget_ns
+            self._emit_state("OVERRUN", True, f"overrun policy SHRINK_BUDGET: {action.reason}")
+        elif action.kind is OverrunActionKind.PAUSE:
+            self._policy_paused = True
+            self._emit_state(
+                "OVERRUN", True, f"overrun policy PAUSE (resume() to continue): {action.reason}"
+            )
+        elif action.kind is OverrunActionKind.STOP:
+            self._checkpoint()
+            self._apply(SideTaskEvent.STOP, f"overrun policy KILL: {action.reason}")
+
+    def _watch_hangs(self) -> None:
+        """Tell the worker about a step still running ``hang_after_s`` after its bubble ended."""
+        reader = EdgeReader.open(self.reader.path)
+        hang_ns = int(self.spec.task.hang_after_s * 1e9)
+        last_report_ns = 0
+        try:
+            while not self._done.is_set():
+                self._note_ends(reader.wait(timeout_s=0.05))
+                in_flight = self._in_flight
+                if in_flight is None:
+                    continue
+                start_ns, bubble = in_flight
+                end_ns = self._observed_end_ns(bubble, reader.latest())
+                now_ns = reader.now_ns()
+                if end_ns is None or now_ns - end_ns < hang_ns:
+                    continue
+                if now_ns - last_report_ns >= _HUNG_REPORT_EVERY_NS:
+                    last_report_ns = now_ns
+                    self._send(
+                        {
+                            "type": "hung",
+                            "overrun_ns": now_ns - end_ns,
+                            "step_start_ns": start_ns,
+                            "step": bubble.step,
+                        }
+                    )
+        finally:
+            reader.close()
+
+    # -- imperative --
+
+    def _resume_imperative(self, driver: ImperativeDriver, bubble: Edge) -> None:
+        self._bubble = bubble
+        if not self._apply(SideTaskEvent.START):
+            return
+        if driver.done:
+            self._check_run_thread(driver)
+            return
+        self._last_report_ns = self.reader.now_ns()
+        driver.resume()
+
+    def _pause_imperative(self, driver: ImperativeDriver) -> None:
+        driver.pause()
+        self._apply(SideTaskEvent.PAUSE)
+        self._send({"type": "paused"})  # the worker may SIGSTOP this process now
+
+    def _check_run_thread(self, driver: ImperativeDriver) -> None:
+        """Turn ``run()``'s return or error into FINISH or FAIL (FINISH only while RUNNING)."""
+        if not driver.done or self.machine.terminal:
+            return
+        if driver.error is not None:
+            exc, tb = driver.error
+            self._where = "run"
+            self._fail(exc, tb)
+        elif driver.finished and self.machine.state is SideTaskState.RUNNING:
+            task = self.task
+            assert task is not None
+            self._apply(
+                SideTaskEvent.FINISH, f"run() returned; progress {task.progress:g} {task.unit}"
+            )
+
+    def _report(self, progress: float) -> None:
+        """An imperative task's ``report``: one ``SideTaskStep`` since the previous report."""
+        bubble = self._bubble
+        if bubble is None:
+            return
+        now_ns = self.reader.now_ns()
+        end_ns = self._observed_end_ns(bubble, self.reader.latest())
+        overrun_ns = max(0, now_ns - end_ns) if end_ns is not None else 0
+        start_ns = max(self._last_report_ns, bubble.start_ns)
+        self._last_report_ns = now_ns
+        self._emit_step(bubble, start_ns, now_ns, float(progress), overrun_ns)
+
+    # -- limits and checkpoints --
+
+    def _restore(self) -> str:
+        task = self.task
+        assert task is not None
+        self._where = "restoring the checkpoint"
+        path = checkpoint_path(self.spec.run_dir, self.spec.task.task_id)
+        state = load_checkpoint(path)
+        if state is None:
+            return "no checkpoint"
+        task.load_state_dict(state)
+        self._saved_progress = task.progress
+        return f"restored progress {task.progress:g} {task.unit} from checkpoint"
+
+    def _checkpoint(self) -> None:
+        task = self.task
+        if task is None:
+            return
+        self._where = "state_dict"
+        save_checkpoint(
+            checkpoint_path(self.spec.run_dir, self.spec.task.task_id), task.state_dict()
+        )
+        self._saved_progress = task.progress
+        self._last_checkpoint_s = time.monotonic()
+
+    def _maybe_checkpoint(self) -> None:
+        task = self.task
+        if task is None or self.machine.state not in (SideTaskState.PAUSED, SideTaskState.CREATED):
+            return
+        if time.monotonic() - self._last_checkpoint_s < self.spec.task.checkpoint_interval_s:
+            return
+        if task.progress == self._saved_progress:
+            self._last_checkpoint_s = time.monotonic()
+            return
+        driver = self._driver
+        if driver is not None and driver.started and not driver.parked:
+            return  # run() is between pause points; wait for a clean boundary
+        self._checkpoint()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return (
+        "out of memory" in text
+        or "can't allocate memory" in text
+        or "cannot allocate memory" in text
+    )
+
+
+def _failure_reason(exc: BaseException, where: str) -> str:
+    lines = str(exc).strip().splitlines()
+    message = lines[0][:300] if lines else ""
+    if _is_oom(exc):
+        return f"out of memory: {type(exc).__name__}: {message} (in {where})"
+    return f"{where} raised {type(exc).__name__}: {message}"
+
+
+def _task_sink(spec: HostSpec) -> EventSink:
+    """The task's own event file, ``events/task-<id>.jsonl``, wired to the run's bus if any."""
+    run_dir = RunDir(Path(spec.run_dir))
+    path = run_dir.events_dir / f"task-{spec.task.task_id}.jsonl"
+    bus = None
+    try:
+        address = run_dir.read_run().get("bus", {}).get("address")
+        if address:
+            bus = ((str(address[0]), int(address[1])), run_dir.secret())
+    except (OSError, ValueError):
+        bus = None
+    return EventSink(path, bus=bus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m freeride_lab.runtime.task_host``."""
+    parser = argparse.ArgumentParser(prog="python -m freeride_lab.runtime.task_host")
+    parser.add_argument("--spec", required=True, help="HostSpec as JSON (see HostSpec.to_dict)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook Interrupt must not kill side tasks
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s task_host[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    spec = HostSpec.from_dict(json.loads(args.spec))
+    conn = Connection(spec.control_fd) if spec.control_fd >= 0 else None
+    sink = _task_sink(spec)
+    host = TaskHost(spec, conn=conn, sink=sink)
+    signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
+    try:
+        code = host.run()
+    finally:
+        sink.close()
+    log.info("task %s exits in state %s", spec.task.task_id, host.machine.state)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
