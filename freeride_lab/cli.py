@@ -3,6 +3,7 @@
 
     freeride-lab run --schedule 1F1B --stages 4 --microbatches 8 --steps 20
     freeride-lab simulate --schedule Interleaved1F1B --stages 4 --microbatches 8
+    freeride-lab launch --steps 500; freeride-lab attach RUN_DIR pagerank   (see cli_runs)
 
 Adding a subcommand: write ``add_<name>(subparsers) -> ArgumentParser`` and
 ``cmd_<name>(args) -> int`` in any module (keep its top-level imports light: ``--help`` imports
@@ -18,6 +19,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from freeride_lab.core.schedule import SCHEDULES
@@ -32,7 +34,16 @@ PROG = "freeride-lab"
 # name -> module defining add_<name>(subparsers) and cmd_<name>(args); in help order.
 SUBCOMMANDS: dict[str, str] = {
     "run": "freeride_lab.cli",
+    "launch": "freeride_lab.cli_runs",
+    "status": "freeride_lab.cli_runs",
+    "list": "freeride_lab.cli_runs",
+    "attach": "freeride_lab.cli_runs",
+    "tune": "freeride_lab.cli_runs",
+    "detach": "freeride_lab.cli_runs",
+    "stop": "freeride_lab.cli_runs",
+    "report": "freeride_lab.cli_runs",
     "simulate": "freeride_lab.cli",
+    "bench": "freeride_lab.cli",
 }
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -119,6 +130,19 @@ def add_run(subparsers: Any) -> argparse.ArgumentParser:
         description="Launch a pipeline training run (torchrun, one process per stage), show "
         "progress, then print per-rank bubbles and measured vs theory. Ctrl-C stops the run.",
     )
+    add_run_options(p)
+    p.add_argument(
+        "--min-bubble-ms",
+        type=float,
+        default=0.0,
+        help="leave gaps shorter than this out of the bubble table (default 0)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """What defines a run (``RunConfig``) and how it stops; shared by ``run`` and ``launch``."""
     _add_shape_options(p)
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--workload", choices=["text", "synthetic"], default=None)
@@ -137,20 +161,34 @@ def add_run(subparsers: Any) -> argparse.ArgumentParser:
         "--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL delay on stop (default 10)"
     )
     p.add_argument(
-        "--min-bubble-ms",
-        type=float,
-        default=0.0,
-        help="leave gaps shorter than this out of the bubble table (default 0)",
+        "--no-side-tasks",
+        dest="side_tasks",
+        action="store_false",
+        default=None,
+        help="no side-task workers beside the ranks (vanilla; attach is then refused)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    p.add_argument(
+        "--mps",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="a private CUDA MPS daemon for the run (default auto: when available on CUDA)",
+    )
 
 
 _CONFIG_OPTIONS = (
     "schedule", "stages", "microbatches", "chunks", "steps", "workload", "device", "layers",
     "d_model", "seq_len", "microbatch_size", "seed", "nnodes", "node_rank", "master_addr",
-    "master_port", "t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms",
+    "master_port", "t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms", "side_tasks",
 )  # fmt: skip
+_MPS = {"auto": None, "on": True, "off": False}
+
+
+def run_config_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``RunConfig`` fields that ``add_run_options`` arguments set."""
+    given = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k, None) is not None}
+    if _MPS.get(getattr(args, "mps", "auto")) is not None:
+        given["mps"] = _MPS[args.mps]
+    return given
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -158,9 +196,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from freeride_lab.core.config import RunConfig
     from freeride_lab.lab.session import Session
 
-    given = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k, None) is not None}
     try:
-        config = RunConfig(**given)
+        config = RunConfig(**run_config_fields(args))
         session = Session.launch(config, run_dir=args.run_dir, grace_s=args.grace_s)
     except (ValueError, TypeError, OSError, RuntimeError) as e:
         raise UsageError(str(e)) from None
@@ -302,6 +339,105 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"{spec.name}, S={args.stages}, M={args.microbatches}, V={v}: one step, costs in ms")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     return EXIT_OK
+
+
+# -- bench ---------------------------------------------------------------------------------------
+
+
+def add_bench(subparsers: Any) -> argparse.ArgumentParser:
+    """``bench``: vanilla / managed / governed / naive side tasks side by side on one GPU."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="benchmark side-task co-location against vanilla training (one GPU, emulated peers)",
+        description="In one process tree per run, interleave blocks of training steps with side "
+        "tasks parked (vanilla), gated by bubbles (managed, with and without the overhead "
+        "governor) and running continuously (naive); report medians and ratios: overhead, "
+        "harvest vs the bubble limit, FreeRide's cost saving, signal latency. See BENCHMARKS.md.",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", dest="profile", action="store_const", const="quick",
+                       help="the ~6-minute GPU plan (default)")  # fmt: skip
+    which.add_argument("--full", dest="profile", action="store_const", const="full",
+                       help="every task, M=4 and 8, with and without MPS (hours)")  # fmt: skip
+    which.add_argument("--profile", dest="profile", help="a profile by name (e.g. tiny)")
+    p.add_argument("--emulate-peers", action="store_true",
+                   help="one rank computes on the GPU, its peers replay calibrated costs "
+                   "(required: the single-GPU harness is the only one so far)")  # fmt: skip
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="where the real stage computes (default: cuda if present)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default benchmarks/results/<h200|cpu>-<date>.json); "
+                   "the markdown table goes beside it")  # fmt: skip
+    p.add_argument("--run-root", type=Path, default=None, help="where run directories go")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="skip what would not finish within this many seconds")  # fmt: skip
+    p.add_argument("--runs", default=None, help="only these runs of the profile (comma list)")
+    p.add_argument("--cases", default=None, help="side-task cases: mix and/or task names")
+    p.add_argument("--real-stage", default=None, help="'all' or a comma list of stages")
+    p.add_argument("--repeats", type=int, default=None, help="repeats of the mode sequence")
+    p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
+    return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark, print progress with time stamps, then the markdown tables."""
+    import dataclasses
+    import time
+
+    from freeride_lab.lab import bench, bench_results
+
+    if not args.emulate_peers:
+        raise UsageError(
+            "bench needs --emulate-peers: the single-GPU harness (one real stage, emulated "
+            "peers) is the only one so far; a real multi-GPU run is a separate issue"
+        )
+    device = args.device or ("cuda" if _cuda_present() else "cpu")
+    try:
+        profile = bench.bench_profile(args.profile or "quick", device)
+        runs = profile.runs
+        if args.runs:
+            wanted = [x.strip() for x in args.runs.split(",") if x.strip()]
+            unknown = sorted(set(wanted) - {r.name for r in runs})
+            if unknown:
+                valid = ", ".join(r.name for r in runs)
+                raise ValueError(
+                    f"unknown run(s) {unknown} in profile {profile.name}; valid: {valid}"
+                )
+            runs = tuple(r for r in runs if r.name in wanted)
+        changes: dict[str, Any] = {}
+        if args.cases:
+            cases = tuple(x.strip() for x in args.cases.split(",") if x.strip())
+            runs = tuple(dataclasses.replace(r, cases=cases) for r in runs)
+        if args.real_stage and args.real_stage != "all":
+            stages = tuple(int(x) for x in args.real_stage.split(","))
+            runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
+        for name in ("time_budget_s", "repeats", "block_steps"):
+            if getattr(args, name) is not None:
+                changes[name] = getattr(args, name)
+        profile = profile.replace(runs=runs, **changes)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out = args.out or bench_results.default_out(device)
+    t0 = time.monotonic()
+
+    def progress(line: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        print(f"[{stamp} +{time.monotonic() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
+
+    progress(f"bench {profile.name} on {device}: {len(profile.runs)} run(s), "
+             f"time budget {profile.time_budget_s:.0f} s, results -> {out}")  # fmt: skip
+    result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
+                             command=[PROG, *sys.argv[1:]])  # fmt: skip
+    print(bench_results.markdown(result))
+    progress(f"done in {result.get('elapsed_s')} s; wrote {out} and {out.with_suffix('.md')}")
+    return EXIT_OK if result.get("blocks") else EXIT_FAILED
+
+
+def _cuda_present() -> bool:
+    """A CUDA device is visible (without initialising CUDA in this process)."""
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 if __name__ == "__main__":

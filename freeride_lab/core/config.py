@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal
 
 from freeride_lab.core.schedule import Schedule, torch_plan
@@ -45,6 +45,15 @@ class RunConfig:
         nnodes, node_rank, master_addr, master_port: rendezvous; port None picks a free one.
         bus_host: address the event bus binds to (loopback by default).
         run_dir: where the run directory goes; None makes one under ./runs.
+        side_tasks: start a side-task worker beside every rank, so side tasks can be attached
+            while the run trains (``Session.attach``); False is the ``vanilla`` mode: no
+            worker, no live bubble edges.
+        mps: serve the run with a private CUDA MPS daemon (side tasks then get MPS memory caps,
+            SM shares and priorities); None starts one when ``device="cuda"`` and MPS is
+            available here, False never does. Only meaningful with ``device="cuda"``.
+        check_plan: build torch's plan to check that the schedule can run (imports torch,
+            seconds); False only for a config that was checked before (a run's run.json).
+            Not a field: it is not stored.
     """
 
     schedule: str = "1F1B"
@@ -73,9 +82,12 @@ class RunConfig:
     master_port: int | None = None
     bus_host: str = "127.0.0.1"
     run_dir: str | None = None
+    side_tasks: bool = True
+    mps: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    check_plan: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, check_plan: bool = True) -> None:
         spec = Schedule.from_name(self.schedule)
         object.__setattr__(self, "schedule", spec.name)
         for name in ("stages", "microbatches", "steps", "layers", "d_model", "heads",
@@ -106,6 +118,12 @@ class RunConfig:
                 f"stages={self.stages} must divide evenly over nnodes={self.nnodes} "
                 "(one rank per stage, the same number per node)"
             )
+        if not isinstance(self.side_tasks, bool):
+            raise ValueError(f"side_tasks={self.side_tasks!r} must be True or False")
+        if self.mps is not None and not isinstance(self.mps, bool):
+            raise ValueError(f"mps={self.mps!r} must be True, False or None (auto)")
+        if self.mps is True and self.device != "cuda":
+            raise ValueError("mps=True needs device='cuda'; MPS shares GPUs, use mps=None on CPU")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ValueError(f"master_port={self.master_port} must be in 1..65535 (or None)")
         v = spec.resolve_chunks(self.chunks)
@@ -118,7 +136,8 @@ class RunConfig:
                 )
             if self.d_model % self.heads:
                 raise ValueError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
-        torch_plan(spec, self.stages, self.microbatches, v)  # raises ValueError with torch's reason
+        if check_plan:
+            torch_plan(spec, self.stages, self.microbatches, v)  # ValueError with torch's reason
 
     @property
     def stage_count(self) -> int:
@@ -133,13 +152,13 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, data: dict[str, Any], *, check_plan: bool = True) -> RunConfig:
         """Rebuild from ``to_dict`` output; unknown keys raise with the valid ones listed."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown RunConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
-        return cls(**data)
+        return cls(**data, check_plan=check_plan)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -26,7 +26,7 @@ __all__ = [
     "RankFailed",
     "RankFinished",
     "RankStarted",
-    "SideTaskState",
+    "SideTaskStateChanged",
     "SideTaskStep",
     "StepTimed",
     "from_dict",
@@ -139,8 +139,9 @@ class RankFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SideTaskState(Event):
-    """A side task changed state (``state`` is a ``SideTaskState`` value) or a change was refused."""
+class SideTaskStateChanged(Event):
+    """A side task changed state (``state`` is a ``sidetask_state.SideTaskState`` value) or a
+    change was refused."""
 
     kind: ClassVar[str] = "side_task_state"
     task_id: str
@@ -193,7 +194,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BubbleEdge,
         RankFinished,
         RankFailed,
-        SideTaskState,
+        SideTaskStateChanged,
         SideTaskStep,
         ControlAck,
     )

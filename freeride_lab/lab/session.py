@@ -12,6 +12,9 @@
 
     >>> Session.open("runs/20250101-…")      # a finished or running run, from its files alone
 
+    >>> s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
+    >>> s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
+
 Processes: the Session starts one launcher (``python -m freeride_lab.runtime.launcher``) in the
 caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping
 walks the whole process tree first, sends SIGTERM to all of it, waits ``grace_s`` (plus a few
@@ -29,7 +32,26 @@ process returns the owning ``Session`` itself; otherwise, and in any other proce
 read-only observer: its tables and state come from the files, ``wait()`` works, and ``stop()``
 raises ``RuntimeError`` while the run is alive (naming the owner, and the launcher pid to
 signal instead). An observer never stops a run at exit, so opening a run can never kill what
-another process started.
+another process started. The exception is a *detached* run (``freeride-lab launch``, owned by a
+background ``lab.keeper`` process): any observer may stop it, by asking its keeper.
+
+[Note: side tasks]
+With ``RunConfig(side_tasks=True)`` (the default) every rank starts a side-task worker
+(``extra["edges_factory"]``), and ``attach``/``tune``/``move``/``detach``/``tasks`` go through a
+``lab.manager.SideTaskManager``. They work from observers too (the CLI attaches to runs it did
+not launch): the workers authenticate with the run's secret, and the manager keeps its records
+in the run directory.
+
+[Note: MPS daemon]
+On CUDA (``RunConfig.mps`` True, or None when MPS is available here) the owner starts a private
+MPS control daemon before the launcher (``lab.run_mps.RunMps``: pipe/log directories under
+``<run_dir>/mps``), gives the launcher its client environment, and stops it once every process
+of the run has exited: in ``stop()``, when the run ends by itself, when launching fails, and at
+exit. run.json's ``mps`` records whether it served the run.
+
+[Note: upward hooks]
+``report`` and ``_repr_mimebundle_`` are the only places where ``lab`` touches ``ui``; both
+import it lazily, so a headless Session never loads widgets.
 """
 
 from __future__ import annotations
@@ -39,6 +61,8 @@ import collections
 import contextlib
 import errno
 import importlib.metadata
+import itertools
+import json
 import logging
 import os
 import platform
@@ -50,18 +74,21 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import psutil
 
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.preflight import check_environment
+from freeride_lab.lab.run_mps import RunMps
+from freeride_lab.lab.side_tasks import SideTaskControls
 from freeride_lab.lab.tables import EventTables, EventTailer
 from freeride_lab.runtime.bus import BusBatch, BusServer
 from freeride_lab.runtime.launcher import (
@@ -72,12 +99,16 @@ from freeride_lab.runtime.launcher import (
 )
 from freeride_lab.runtime.rundir import RunDir
 
+if TYPE_CHECKING:
+    from freeride_lab.lab.governor import GovernorLoop
+
 log = logging.getLogger(__name__)
 
 __all__ = ["RunFailure", "Session"]
 
 LAUNCHER_STATUS_MARGIN_S = 3.0  # extra time stop() gives the launcher to write its status
 INBOX_BATCHES = 10_000  # bus batches kept between two reads of the tables
+EDGES_FACTORY = "freeride_lab.runtime.worker_client:open_edges"  # a worker beside each rank
 
 # The one piece of global state (house rule 14): sessions this process owns and must stop at exit.
 _live_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -140,6 +171,35 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _with_side_tasks(config: RunConfig) -> RunConfig:
+    """``config`` with the edges factory that starts a worker beside each rank, if wanted."""
+    if not config.side_tasks or "edges_factory" in config.extra:
+        return config
+    return config.replace(extra={**config.extra, "edges_factory": EDGES_FACTORY})
+
+
+def _of_run(cmdline: Sequence[str], path: str) -> bool:
+    """Whether a command line is one of the run's processes: ``--run-dir PATH`` (launcher,
+    torchrun, ranks, side-task workers) or a task host whose spec names the run directory."""
+    if any(a == "--run-dir" and b == path for a, b in itertools.pairwise(cmdline)):
+        return True
+    spec = f'"run_dir": {json.dumps(path)}'
+    return any(a.startswith("{") and spec in a for a in cmdline)
+
+
+def _process(pid: object, *, needle: str) -> psutil.Process | None:
+    """The live process ``pid`` if its command line mentions ``needle`` (guards pid reuse)."""
+    if pid is None:
+        return None
+    try:
+        p = psutil.Process(int(str(pid)))
+        if p.status() != psutil.STATUS_ZOMBIE and needle in " ".join(p.cmdline()):
+            return p
+    except (psutil.Error, ValueError):
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def _sigint_ignored() -> Iterator[None]:
     """Ignore SIGINT while starting a child, so that it starts with SIGINT ignored.
@@ -159,8 +219,9 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
-class Session:
-    """A pipeline training run: its processes (if this process owns it), state and tables.
+class Session(SideTaskControls):
+    """A pipeline training run: its processes (if this process owns it), state and tables;
+    its side tasks come from ``SideTaskControls`` (``attach``, ``tasks``, …).
 
     Make one with ``Session.launch(config)`` or ``Session.open(run_dir)``, not directly.
     """
@@ -193,6 +254,9 @@ class Session:
         self._stopped = False
         self._stop_requested = False
         self._live_events = 0
+        self._manager: SideTaskManager | None = None
+        self._governor: GovernorLoop | None = None
+        self._mps = RunMps(config, run_dir)
         nproc = config.stages // config.nnodes
         self._ranks = range(config.node_rank * nproc, (config.node_rank + 1) * nproc)
 
@@ -206,6 +270,7 @@ class Session:
         run_dir: str | Path | None = None,
         grace_s: float = 10.0,
         rank_entry: Sequence[str] | None = None,
+        detached: bool = False,
     ) -> Session:
         """Start a run in the background and return its owning Session at once.
 
@@ -215,6 +280,8 @@ class Session:
             grace_s: SIGTERM → SIGKILL delay when the run is stopped.
             rank_entry: what torchrun runs per rank, before ``--run-dir DIR``; default
                 ``-m freeride_lab.runtime.rank`` (a script path works too).
+            detached: this process is a keeper of a detached run (``lab.keeper``); any
+                observer may then stop it (see [Note: owner and observers]).
 
         Raises:
             ValueError, OSError, RuntimeError: from ``check_environment``; nothing was started.
@@ -228,6 +295,8 @@ class Session:
         path = Path(chosen) if chosen is not None else Path("runs") / run_id
         path = path.expanduser().absolute()
         check_environment(config, path)
+        RunMps.wanted(config)  # mps=True where MPS cannot run: refuse before anything exists
+        config = _with_side_tasks(config)
         if config.master_port is None:
             config = config.replace(master_port=free_port(config.master_addr))
         config = config.replace(run_dir=str(path))
@@ -242,14 +311,16 @@ class Session:
                 "pass run_dir= a writable path",
             ) from None
         session = cls(rd, config=config, run_id=run_id, owner=True, grace_s=grace_s)
-        session._start(rank_entry or DEFAULT_RANK_ENTRY)
+        session._start(rank_entry or DEFAULT_RANK_ENTRY, detached=detached)
         return session
 
-    def _start(self, rank_entry: Sequence[str]) -> None:
+    def _start(self, rank_entry: Sequence[str], *, detached: bool = False) -> None:
         rd = self.run_dir
         self._bus = BusServer(rd.secret(), host=self.config.bus_host, on_batch=self._on_batch)
         try:
             self._bus.start()
+            mps = self._mps.start()
+            env = {**_child_env(), **self._mps.client_env()}
             run = {
                 "run_id": self.run_id,
                 "created_ns": time.time_ns(),
@@ -261,6 +332,8 @@ class Session:
                 "grace_s": self.grace_s,
                 "host": socket.gethostname(),
                 "versions": _versions(),
+                "mps": mps,
+                "detached": detached,
             }
             rd.write_json(rd.run_json, run)
             cmd = [
@@ -276,7 +349,7 @@ class Session:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env=_child_env(),
+                    env=env,
                     close_fds=True,
                 )
             run["launcher_pid"] = self._launcher.pid
@@ -287,11 +360,26 @@ class Session:
                 stop_processes([psutil.Process(self._launcher.pid)], self.grace_s)
                 self._launcher.wait()
             self._bus.stop()
+            self._stop_mps()
             raise
         _live_sessions.add(self)
         atexit.unregister(_stop_live_sessions)  # registered once, however many sessions
         atexit.register(_stop_live_sessions)
         log.info("launched %s in %s (launcher pid %d)", self.run_id, rd.path, self._launcher.pid)
+
+    def _stop_mps(self) -> None:
+        launcher = self._launcher.pid if self._launcher is not None else None
+        self._mps.stop(
+            leftovers=lambda: [p for p in self._run_processes() if p.pid != launcher],
+            grace_s=self.grace_s,
+        )
+
+    @property
+    def mps_active(self) -> bool:
+        """Whether a private MPS daemon served this run (run.json's ``mps.active``)."""
+        with contextlib.suppress(OSError, ValueError):
+            return bool(self.run_dir.read_run().get("mps", {}).get("active", False))
+        return False
 
     @classmethod
     def open(cls, run_dir: str | Path) -> Session:
@@ -309,7 +397,8 @@ class Session:
             if live.run_dir.path.resolve() == rd.path.resolve():
                 return live
         run = rd.read_run()
-        config = RunConfig.from_dict(run["config"])
+        # checked when the run was launched; checking again would import torch (seconds)
+        config = RunConfig.from_dict(run["config"], check_plan=False)
         session = cls(
             rd,
             config=config,
@@ -409,6 +498,9 @@ class Session:
             if self._state(poll_files=False).done:
                 return
             run = self.run_dir.read_run()
+            if run.get("detached"):
+                self._stop_detached(run, self.grace_s if grace_s is None else grace_s)
+                return
             raise RuntimeError(
                 f"run {self.run_id} belongs to pid {run.get('owner_pid')}; this Session came from "
                 "Session.open and is read-only. Stop it from its owner, or send SIGTERM to its "
@@ -437,8 +529,26 @@ class Session:
             self._stopped = True
         _live_sessions.discard(self)
 
+    def _stop_detached(self, run: Mapping[str, Any], grace_s: float) -> None:
+        """Stop a detached run from an observer: SIGTERM to its keeper (which stops the run
+        like an owner, MPS included), then to what is left after the grace."""
+        keeper = _process(run.get("owner_pid"), needle="freeride_lab.lab.keeper")
+        if keeper is not None:
+            log.info("stopping detached run %s via its keeper (pid %d)", self.run_id, keeper.pid)
+            stop_processes([keeper], 2 * (grace_s + LAUNCHER_STATUS_MARGIN_S) + 10.0)
+        leftovers = self._run_processes()
+        if leftovers:
+            stop_processes(leftovers, grace_s + LAUNCHER_STATUS_MARGIN_S)
+        if not _parse_state(self.run_dir.read_status().get("state")).done:
+            status = self.run_dir.read_status()
+            status.update(state=str(RunState.STOPPED), reason="stopped by an observer")
+            status.setdefault("ended_ns", time.time_ns())
+            self.run_dir.write_json(self.run_dir.status_json, status)
+        self._refresh()
+
     def _run_processes(self) -> list[psutil.Process]:
-        """The launcher, all its descendants, and any process naming this run directory."""
+        """The launcher, all its descendants, and any process of this run that left the tree
+        (see ``_of_run``; a shell command that merely mentions the run directory is not one)."""
         found: dict[int, psutil.Process] = {}
         if self._launcher is not None:
             with contextlib.suppress(psutil.Error):
@@ -446,11 +556,11 @@ class Session:
                 found[root.pid] = root
                 for p in root.children(recursive=True):
                     found[p.pid] = p
-        needle = str(self.run_dir.path)
+        path = str(self.run_dir.path)
         me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
         for p in psutil.process_iter(["cmdline"]):
             cmdline = p.info.get("cmdline") or []
-            if p.pid not in me and p.pid not in found and any(needle in a for a in cmdline):
+            if p.pid not in me and p.pid not in found and _of_run(cmdline, path):
                 found[p.pid] = p
         return list(found.values())
 
@@ -502,6 +612,9 @@ class Session:
                 self._bus.stop()
                 self._bus = None
                 self._refresh()
+            if self._governor is not None:
+                self._governor.stop()
+            self._stop_mps()
             status = self.run_dir.read_status()
             if _parse_state(status.get("state")).done or not self.owner:
                 return
@@ -593,6 +706,49 @@ class Session:
             skip_steps=skip_steps,
             min_ms=self.bubble_min_ms if min_ms is None else min_ms,
         )
+
+    # -- side-task plumbing (the API is ``SideTaskControls``) ---------------------------------
+
+    def _side_tasks(self) -> SideTaskManager:
+        if self._manager is None:
+            self._manager = SideTaskManager(
+                self.run_dir,
+                self.config,
+                events=self._events_since,
+                memory=lambda: self.memory,
+                bubbles=lambda: self.bubbles,
+                live=self._is_live,
+            )
+        return self._manager
+
+    def _events_since(self, start: int) -> list[dict[str, Any]]:
+        self._refresh()
+        with self._lock:
+            return self._tables.events[start:]
+
+    def _is_live(self) -> bool:
+        return not self._state(poll_files=False).done
+
+    # -- ui hooks (see [Note: upward hooks]) --------------------------------------------------
+
+    def report(self, path: str | Path) -> Path:
+        """Write a self-contained report of this run to ``path``; the path written."""
+        from freeride_lab.ui.report import write_session_report
+
+        written: Path = write_session_report(self, path)
+        return written
+
+    def _repr_mimebundle_(
+        self, include: Sequence[str] | None = None, exclude: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """The notebook's view of this session: the dashboard (``ui.dashboard``)."""
+        try:
+            from freeride_lab.ui.dashboard import mimebundle
+        except ImportError:
+            return {"text/plain": repr(self)}
+        # ui.dashboard.DashboardSession spells attach/tune as **kwargs: not a structural match
+        bundle: dict[str, Any] = mimebundle(cast(Any, self), include, exclude)
+        return bundle
 
     # -- protocol ------------------------------------------------------------------------------
 

@@ -64,6 +64,9 @@ _UNITS: dict[str, int] = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
+#: Largest size a cap can carry (RLIMIT_AS and CUDA's sizes are 64-bit).
+_MAX_BYTES = 2**63
+
 #: Limits CUDA (or the task host) reads only when the task process starts.
 _RESTART_FIELDS = ("memory_bytes", "sm_pct", "priority")
 
@@ -96,6 +99,11 @@ def parse_bytes(value: int | float | str) -> int:
         size = float(value)
     if not math.isfinite(size) or size < 0:
         raise ValueError(f"memory size {value!r} must be a finite number of bytes >= 0")
+    if size >= _MAX_BYTES:
+        raise ValueError(
+            f"memory size {value!r} is {size:.3g} bytes, more than any device holds (at most "
+            "2**63 - 1); give the cap in the device's range, or None for no memory cap"
+        )
     return int(size)
 
 
@@ -132,7 +140,7 @@ class GpuLimits:
                     "use None for the whole GPU"
                 )
             object.__setattr__(self, "sm_pct", pct)
-        if isinstance(self.priority, bool) or self.priority not in (0, 1):
+        if type(self.priority) is not int or self.priority not in (0, 1):  # not bool, not 1.0
             raise ValueError(
                 f"priority={self.priority!r} must be 0 (normal) or 1 (below normal, the default "
                 "for side tasks); MPS knows no other client priorities"

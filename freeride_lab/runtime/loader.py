@@ -140,7 +140,7 @@ def _load_module(ref: str, name: str) -> ModuleType:
                 "a file path 'path/to/file.py:Class'"
             ) from exc
         raise ValueError(f"task {ref!r}: importing {name!r} failed: {exc}") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a module that calls sys.exit() is refused too
         raise ValueError(
             f"task {ref!r}: importing {name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
@@ -162,7 +162,7 @@ def _load_file(ref: str, where: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a file that calls sys.exit() is refused too
         del sys.modules[name]
         raise ValueError(
             f"task {ref!r}: running {where!r} failed: {type(exc).__name__}: {exc}"

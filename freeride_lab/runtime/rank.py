@@ -27,6 +27,9 @@ writes RankFailed and exits. A parent-death watchdog turns the launcher's death 
     stop_grace_s: float, default 10
     pg_timeout_s: float, default 600 (collective timeout)
     edges_factory: "module:callable" called as ``f(run_dir=RunDir, rank=int)`` → BubbleEdges
+    emulate: dict of ``runtime.emulate.EmulateSpec`` fields: single-GPU emulation (every rank
+        builds its real chunk on one device, one rank computes per step, the others sleep its
+        calibrated costs; see that module)
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from freeride_lab.core.models import GPTConfig, build_stage_chunks
 from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.runtime.clock import sync_clock
 from freeride_lab.runtime.data import SyntheticBatches, TextBatches
+from freeride_lab.runtime.emulate import EMULATE_KEY, Emulation
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.sink import EventSink
 from freeride_lab.runtime.stop import StopControl
@@ -155,6 +159,7 @@ class RankRunner:
         self.recorder: ActionRecorder | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.edges: BubbleEdges | None = None
+        self.emulation: Emulation | None = None  # emulate mode only (runtime/emulate.py)
 
     def __repr__(self) -> str:
         return (
@@ -246,6 +251,12 @@ class RankRunner:
 
     def _build_modules(self) -> list[nn.Module]:
         cfg = self.config
+        if cfg.extra.get(EMULATE_KEY):  # emulate mode: real chunks on one device, calibrated
+            self.emulation = Emulation.build(
+                cfg, self.env.rank, self.stage_ids, self.n_stages, self.run_dir
+            )
+            self.emulation.calibrate()  # collective; the process group is up by now
+            return list(self.emulation.chunks)
         if cfg.workload == "synthetic":
             return list(
                 build_sleep_chunks(
@@ -368,6 +379,8 @@ class RankRunner:
     def run(self) -> int:
         """Train ``config.steps`` steps (fewer after an agreed stop); returns steps done."""
         for step in range(self.config.steps):
+            if self.emulation is not None:  # emulate mode: who computes this step, gates, hold
+                self.emulation.before_step(self, step)
             if self._agree_stop():
                 log.warning("rank %d stopping after %d steps", self.env.rank, self.steps_done)
                 break
@@ -464,6 +477,16 @@ class RankRunner:
             )
 
     def _memory(self, step: int) -> MemoryReport:
+        emulated = self.emulation.memory() if self.emulation is not None else None
+        if emulated is not None:  # emulate mode on CUDA: this rank's chunks on the device
+            peak, total, device = emulated
+            return MemoryReport(
+                rank=self.env.rank,
+                step=step,
+                peak_reserved_bytes=peak,
+                capacity_bytes=total,
+                device=device,
+            )
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_reserved(self.device)
             total = torch.cuda.get_device_properties(self.device).total_memory

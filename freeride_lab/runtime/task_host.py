@@ -8,13 +8,18 @@ restores the task's checkpoint, then runs the state machine of ``core.sidetask_s
 
 - **iterative:** inside a bubble it calls ``step()`` while ``should_step(now, predicted end,
   budget, observed end)`` holds; it stops launching as soon as the bubble is seen to end, even
-  before its predicted end. Every step becomes a ``SideTaskStep`` event; a step that ends after
+  before its predicted end. Without a fixed budget the first steps profile the task (see
+  [Note: profiling in bubbles]). Every step becomes a ``SideTaskStep`` event; a step that ends after
   the observed end carries ``overrun_ns``. A watcher thread reports a step still running
   ``hang_after_s`` past the end to the worker, which alone can stop or kill the process.
 - **imperative:** ``run()`` runs in a thread from the first bubble on. At a bubble end the host
   closes the gate that ``pause_point()`` waits on, runs ``on_pause`` and tells the worker, which
   then stops the whole process with SIGSTOP (after ``pause_grace_s`` at the latest); at the next
   bubble start the worker sends SIGCONT and the host reopens the gate.
+
+- **gating "none"** (naive co-location, for comparisons): an iterative task steps continuously
+  and an imperative one is never paused; steps still become events, and the part of a step
+  during which training computed counts as its overrun (no overrun policy, no hang check).
 
 Errors in any hook end the task FAILED with a one-line reason and the traceback (an OOM reads
 "out of memory: …"); the process exits non-zero and nothing else is affected.
@@ -27,6 +32,21 @@ worker → host: ``{"cmd": "activate"}`` (CREATED → PAUSED: take bubbles), ``{
 host → worker: ``{"type": "state", "state", "event", "accepted", "reason", "mode"}``,
 ``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me),
 ``{"type": "hung", "overrun_ns", "step_start_ns", "step"}``. End of file = worker gone: stop.
+
+# [Note: profiling in bubbles]
+FreeRide profiles a task alone before placing it (paper notes §9). Here the task is measured
+where it will run, under the limits it will run with, without hurting training: while the step
+budget is unknown, the host launches one step per bubble, and only in a bubble whose predicted
+length is at least the largest predicted length of the rank's bubbles seen so far (so never in
+the first step it watches, which it needs to see every slot once). After ``profile_steps``
+steps the median step time and the peak memory make a ``core.budget.Profile``; the budget is
+then ``Profile.budget_s()`` (median rounded up to 10 ms x 1.2). With a fixed budget (given, or
+set by a tune) the task steps normally and the profile is taken from its first steps. Either
+way the profile is reported once per process, as a ``SideTaskStateChanged`` note (event
+"PROFILE") and as ``<run_dir>/tasks/<task_id>/profile.json`` (``taskspec.profile_path``), which
+holds the numbers (``Profile`` fields plus budget_s, memory_request_bytes, t_ns). A new process
+(a restart for new limits) profiles again. Peak memory is the process's peak RSS on CPU and
+PyTorch's peak reserved memory on CUDA (the CUDA context is not included).
 
 # [Note: checkpoint format]
 ``<run_dir>/tasks/<task_id>/checkpoint.pt``, replaced atomically. It is a ``torch.save`` file
@@ -42,8 +62,8 @@ import json
 import logging
 import os
 import queue
+import resource
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -55,11 +75,13 @@ from typing import Any
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.budget import (
+    GIB,
     OverrunActionKind,
     OverrunStats,
+    Profile,
     apply_overrun_policy,
+    profile_from_steps,
     should_step,
-    step_budget_s,
 )
 from freeride_lab.core.sidetask_state import (
     Rejected,
@@ -75,7 +97,12 @@ from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask, SideTaskBase
 from freeride_lab.runtime.signal import Edge, EdgeReader, Phase
 from freeride_lab.runtime.sink import EventSink
-from freeride_lab.runtime.taskspec import HostSpec, checkpoint_path, parse_overrun_policy
+from freeride_lab.runtime.taskspec import (
+    HostSpec,
+    checkpoint_path,
+    parse_overrun_policy,
+    profile_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +110,7 @@ __all__ = ["TaskHost", "load_checkpoint", "main", "save_checkpoint"]
 
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
 _HUNG_REPORT_EVERY_NS = 250_000_000
-_DURATION_WINDOW = 50  # steps whose median sets the automatic step guard
+_FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
 _OVERRUN_WINDOW = 100  # steps the overrun policy looks at
 
 
@@ -145,7 +172,10 @@ class TaskHost:
         self._budget_fixed_ns: int | None = (
             None if spec.task.limits.budget_s is None else int(spec.task.limits.budget_s * 1e9)
         )
-        self._durations: collections.deque[int] = collections.deque(maxlen=_DURATION_WINDOW)
+        self._profile_ns: list[int] = []  # step durations measured for the profile
+        self.profile: Profile | None = None
+        self._slot_predicted_ns: dict[int, int] = {}  # slot -> its latest predicted length
+        self._first_step_seen: int | None = None
         self._window: collections.deque[int] = collections.deque(maxlen=_OVERRUN_WINDOW)
         self._policy_paused = False
         self._warned_at_step = -(10**9)
@@ -203,7 +233,7 @@ class TaskHost:
     def _emit_state(self, event: str, accepted: bool, reason: str = "", tb: str = "") -> None:
         state = str(self.machine.state)
         self.sink.emit(
-            ev.SideTaskState(
+            ev.SideTaskStateChanged(
                 task_id=self.spec.task.task_id,
                 name=self.spec.task.display_name,
                 stage=self.spec.stage,
@@ -325,7 +355,15 @@ class TaskHost:
             self._wait_command(0.1)
             return
         state = self.machine.state
-        if state is SideTaskState.PAUSED and not self._policy_paused:
+        on_device = state in (SideTaskState.PAUSED, SideTaskState.RUNNING)
+        if self.spec.task.gating == "none" and on_device and not self._policy_paused:
+            if self._driver is None:
+                self._run_free()
+            elif state is SideTaskState.PAUSED:
+                self._resume_imperative(self._driver, self.reader.latest())
+            else:
+                self._wait_command(_WAIT_S)  # run() goes on through training's compute
+        elif state is SideTaskState.PAUSED and not self._policy_paused:
             edge = self.reader.wait(timeout_s=_WAIT_S)
             if edge is not None and edge.in_bubble and self._cmds.empty():
                 if self._driver is None:
@@ -416,11 +454,34 @@ class TaskHost:
     # -- iterative --
 
     def _budget_ns(self) -> int:
+        """The step guard in force: fixed, else the profile's; 0 while profiling."""
         if self._budget_fixed_ns is not None:
             return self._budget_fixed_ns
-        if not self._durations:
-            return 0  # nothing measured yet: the first step is the profile
-        return int(step_budget_s(statistics.median(self._durations) / 1e9) * 1e9)
+        if self.profile is not None:
+            return round(self.profile.budget_s() * 1e9)
+        return 0
+
+    @property
+    def _profiling_in_bubbles(self) -> bool:
+        """No budget yet: steps are profile samples, one per largest bubble."""
+        return (
+            self.profile is None
+            and self._budget_fixed_ns is None
+            and self.spec.task.gating == "bubbles"
+        )
+
+    def _largest_bubble(self, bubble: Edge) -> bool:
+        """Note ``bubble``'s predicted length; True if it is the longest of its rank's bubbles
+        seen so far (see [Note: profiling in bubbles])."""
+        if self._first_step_seen is None:
+            self._first_step_seen = bubble.step
+        if bubble.predicted_end_ns is None:
+            return False
+        length_ns = bubble.predicted_end_ns - bubble.start_ns
+        self._slot_predicted_ns[bubble.slot] = length_ns
+        if bubble.step <= self._first_step_seen:
+            return False  # the rank's slots are not all known yet
+        return length_ns >= max(self._slot_predicted_ns.values())
 
     def _note_ends(self, cur: Edge | None) -> None:
         """Remember the bubble ends that ``cur`` reveals (its own and the one before it)."""
@@ -440,20 +501,27 @@ class TaskHost:
         self._note_ends(cur)
         key = (bubble.step, bubble.slot)
         if key not in self._ends:
-            # Both its end edge and the next one were replaced before anyone looked: it ended
-            # no later than the newest edge began. Keep that bound so it does not drift.
+            # Both its end edge and the next one were replaced before anyone looked (a step
+            # that held the GIL starves the watcher thread): it ended no later than the newest
+            # edge began, and, as far as anyone knows, at its predicted end. Take the earlier,
+            # so an overrun is rather over- than under-counted; keep it so it does not drift.
             later = [t for t in (cur.start_ns, cur.observed_end_ns) if t is not None and t > 0]
-            fallback = bubble.predicted_end_ns or bubble.start_ns
-            self._ends[key] = min(later) if later else fallback
+            if bubble.predicted_end_ns is not None:
+                later.append(max(bubble.predicted_end_ns, bubble.start_ns))
+            self._ends[key] = min(later) if later else bubble.start_ns
         return self._ends[key]
 
     def _run_bubble(self, bubble: Edge) -> None:
         task = self.task
         assert isinstance(task, IterativeSideTask)
         self._bubble = bubble
+        profiling = self._profiling_in_bubbles
+        largest = self._largest_bubble(bubble) if profiling else False
         predicted_end_ns = bubble.predicted_end_ns
         if predicted_end_ns is None:
             return  # no prediction yet: a step could not be checked against the bubble's length
+        if profiling and not largest:
+            return  # profile samples come from the largest bubbles only
         if not should_step(self.reader.now_ns(), predicted_end_ns, self._budget_ns(), False):
             return  # too short (or seen too late) for one step: leave it without events
         if not self._apply(SideTaskEvent.START):
@@ -464,34 +532,115 @@ class TaskHost:
             start_ns = self.reader.now_ns()
             if not should_step(start_ns, predicted_end_ns, self._budget_ns(), ended):
                 break
+            if not self._step_in(task, bubble, start_ns):
+                return  # finished
+            if self.machine.terminal or self._policy_paused or profiling:
+                break  # a profiling step is alone in its bubble
+        self._apply(SideTaskEvent.PAUSE)
+
+    def _step_in(self, task: IterativeSideTask, bubble: Edge, start_ns: int) -> bool:
+        """One step inside ``bubble``; False once the task has FINISHED."""
+        self._where = "step"
+        self._in_flight = (start_ns, bubble)
+        progress = float(task.step() or 0.0)
+        end_ns = self.reader.now_ns()
+        self._in_flight = None
+        observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
+        overrun_ns = max(0, end_ns - observed_end_ns) if observed_end_ns is not None else 0
+        task.progress += progress
+        self._record_step(bubble.step, start_ns, end_ns, progress, overrun_ns)
+        if task.is_finished():
+            self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
+            return False
+        return True
+
+    def _run_free(self) -> None:
+        """Gating "none": step for a short burst whatever training does (naive co-location)."""
+        task = self.task
+        assert isinstance(task, IterativeSideTask)
+        if self.machine.state is SideTaskState.PAUSED and not self._apply(SideTaskEvent.START):
+            return
+        deadline = time.monotonic() + _FREE_BURST_S
+        while self._cmds.empty() and time.monotonic() < deadline:
+            start_edge = self.reader.latest()
+            start_ns = self.reader.now_ns()
             self._where = "step"
-            self._in_flight = (start_ns, bubble)
             progress = float(task.step() or 0.0)
             end_ns = self.reader.now_ns()
-            self._in_flight = None
-            observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
-            overrun_ns = max(0, end_ns - observed_end_ns) if observed_end_ns is not None else 0
+            end_edge = self.reader.latest()
             task.progress += progress
-            self._record_step(bubble, start_ns, end_ns, progress, overrun_ns)
+            step = end_edge.step if end_edge is not None else -1
+            busy_ns = _busy_ns(start_edge, end_edge, start_ns, end_ns)
+            self._record_step(step, start_ns, end_ns, progress, busy_ns)
             if task.is_finished():
                 self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
                 return
-            if self.machine.terminal or self._policy_paused:
-                break
-        self._apply(SideTaskEvent.PAUSE)
+            if self.machine.terminal:
+                return
 
     def _record_step(
-        self, bubble: Edge, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+        self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
     ) -> None:
-        """An iterative step: its event, the automatic guard's sample, the overrun policy."""
-        self._durations.append(end_ns - start_ns)
-        self._emit_step(bubble, start_ns, end_ns, progress, overrun_ns)
+        """An iterative step: its event, a profile sample, the overrun policy."""
+        self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
+        self._sample_profile(end_ns - start_ns)
+        if self.spec.task.gating != "bubbles":
+            return  # naive co-location overruns by design; the policy would only stop it
         self._window.append(overrun_ns)
         if overrun_ns > 0:
             self._apply_overrun_policy()
 
+    def _sample_profile(self, duration_ns: int) -> None:
+        if self.profile is not None:
+            return
+        self._profile_ns.append(duration_ns)
+        if len(self._profile_ns) >= self.spec.task.profile_steps:
+            self._finish_profile()
+
+    def _finish_profile(self) -> None:
+        """Make the ``Profile`` and report it (see [Note: profiling in bubbles])."""
+        limits = self.spec.task.limits
+        profile = profile_from_steps(
+            [d / 1e9 for d in self._profile_ns],
+            _peak_memory_bytes(self.spec.device),
+            sm_pct=limits.sm_pct,
+            memory_cap_bytes=limits.memory_bytes,
+        )
+        self.profile = profile
+        budget_s = profile.budget_s()
+        request_bytes = profile.memory_request_gib * GIB
+        fixed = self._budget_fixed_ns
+        in_force = f"; budget fixed at {fixed / 1e6:g} ms" if fixed is not None else ""
+        text = (
+            f"profiled {profile.n_steps} steps: median {profile.median_step_s * 1e3:.2f} ms, "
+            f"p95 {profile.p95_step_s * 1e3:.2f} ms, peak memory "
+            f"{profile.peak_memory_bytes / 2**20:.0f} MiB -> budget {budget_s * 1e3:g} ms, "
+            f"memory request {profile.memory_request_gib} GiB{in_force}"
+        )
+        log.info("task %s %s", self.spec.task.task_id, text)
+        payload = {
+            "task_id": self.spec.task.task_id,
+            "median_step_s": profile.median_step_s,
+            "p95_step_s": profile.p95_step_s,
+            "peak_memory_bytes": profile.peak_memory_bytes,
+            "n_steps": profile.n_steps,
+            "sm_pct": profile.sm_pct,
+            "memory_cap_bytes": profile.memory_cap_bytes,
+            "budget_s": budget_s,
+            "memory_request_bytes": request_bytes,
+            "budget_in_force_s": self._budget_ns() / 1e9,
+            "t_ns": self._now_ns(),
+        }
+        path = profile_path(self.spec.run_dir, self.spec.task.task_id)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            RunDir(Path(self.spec.run_dir)).write_json(path, payload)
+        except OSError as exc:  # the note below still carries the numbers
+            log.warning("task %s: could not write its profile: %s", self.spec.task.task_id, exc)
+        self._emit_state("PROFILE", True, text)
+
     def _emit_step(
-        self, bubble: Edge, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+        self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
     ) -> None:
         task = self.task
         assert task is not None
@@ -503,7 +652,7 @@ class TaskHost:
                 name=self.spec.task.display_name,
                 stage=self.spec.stage,
                 rank=self.spec.rank,
-                step=bubble.step,
+                step=step,
                 start_ns=start_ns,
                 end_ns=end_ns,
                 progress=progress,
@@ -573,7 +722,7 @@ class TaskHost:
 
     # -- imperative --
 
-    def _resume_imperative(self, driver: ImperativeDriver, bubble: Edge) -> None:
+    def _resume_imperative(self, driver: ImperativeDriver, bubble: Edge | None) -> None:
         self._bubble = bubble
         if not self._apply(SideTaskEvent.START):
             return
@@ -606,14 +755,23 @@ class TaskHost:
     def _report(self, progress: float) -> None:
         """An imperative task's ``report``: one ``SideTaskStep`` since the previous report."""
         bubble = self._bubble
+        now_ns = self.reader.now_ns()
+        if self.spec.task.gating == "none":
+            latest = self.reader.latest()
+            start_ns = self._last_report_ns
+            self._last_report_ns = now_ns
+            busy_ns = _busy_ns(bubble, latest, start_ns, now_ns)
+            step = latest.step if latest is not None else -1
+            self._emit_step(step, start_ns, now_ns, float(progress), busy_ns)
+            self._bubble = latest
+            return
         if bubble is None:
             return
-        now_ns = self.reader.now_ns()
         end_ns = self._observed_end_ns(bubble, self.reader.latest())
         overrun_ns = max(0, now_ns - end_ns) if end_ns is not None else 0
         start_ns = max(self._last_report_ns, bubble.start_ns)
         self._last_report_ns = now_ns
-        self._emit_step(bubble, start_ns, now_ns, float(progress), overrun_ns)
+        self._emit_step(bubble.step, start_ns, now_ns, float(progress), overrun_ns)
 
     # -- limits and checkpoints --
 
@@ -656,6 +814,34 @@ class TaskHost:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _busy_ns(first: Edge | None, last: Edge | None, start_ns: int, end_ns: int) -> int:
+    """Gating "none": the part of [start_ns, end_ns] during which training computed, as far as
+    the edges seen at its start (``first``) and end (``last``) tell."""
+    idle_ns = 0
+    if first is not None and first.in_bubble:
+        # the bubble open at the start lasted until its end edge (or is still open)
+        first_end = end_ns
+        if last is not None and last.seq > first.seq:
+            same = (last.step, last.slot) == (first.step, first.slot)
+            first_end = last.observed_end_ns if same and last.observed_end_ns else start_ns
+            if not same and last.previous_end_ns is not None:
+                first_end = last.previous_end_ns
+        idle_ns += max(0, min(end_ns, first_end) - start_ns)
+    if last is not None and last.in_bubble and (first is None or last.seq != first.seq):
+        idle_ns += max(0, end_ns - max(start_ns, last.start_ns))
+    return max(0, (end_ns - start_ns) - idle_ns)
+
+
+def _peak_memory_bytes(device: str) -> int:
+    """Peak memory of this task process: PyTorch's peak reserved on CUDA, peak RSS on CPU."""
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_initialized():
+        index = torch.device(device).index or 0
+        return int(torch.cuda.max_memory_reserved(index))
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return int(peak_kib) * 1024
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -8,7 +8,8 @@
 
 Both are frozen, validated on construction and round-trip through plain JSON (``to_dict`` /
 ``from_dict``), because they cross process boundaries: notebook → worker → task process.
-A task's files live under ``<run_dir>/tasks/<task_id>/`` (``checkpoint_path``).
+A task's files live under ``<run_dir>/tasks/<task_id>/`` (``checkpoint_path``,
+``profile_path``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,18 @@ from freeride_lab.runtime.limits import GpuLimits
 from freeride_lab.runtime.loader import resolve_task_ref
 from freeride_lab.runtime.signal import edge_path
 
-__all__ = ["HostSpec", "TaskSpec", "checkpoint_path", "parse_overrun_policy"]
+__all__ = [
+    "GATINGS",
+    "HostSpec",
+    "TaskSpec",
+    "checkpoint_path",
+    "parse_overrun_policy",
+    "profile_path",
+]
+
+#: How a task meets training: "bubbles" steps only inside bubbles (managed, FreeRide);
+#: "none" runs it continuously beside training (naive co-location, for comparisons).
+GATINGS = ("bubbles", "none")
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -48,6 +60,11 @@ class TaskSpec:
         hang_after_s: a step still running this long after its bubble ended counts as hung.
         pause_grace_s: imperative tasks: time between a bubble end and SIGSTOP at the latest.
         checkpoint_interval_s: periodic checkpoints while paused.
+        gating: "bubbles" (step only inside bubbles) or "none" (run continuously; see
+            ``GATINGS``).
+        profile_steps: steps measured for the task's ``Profile`` (median step time, peak
+            memory); without a fixed budget they are taken one per bubble, in the largest
+            bubbles only (see ``task_host`` [Note: profiling in bubbles]).
     """
 
     task: str
@@ -59,6 +76,8 @@ class TaskSpec:
     hang_after_s: float = 1.0
     pause_grace_s: float = 0.005
     checkpoint_interval_s: float = 60.0
+    gating: str = "bubbles"
+    profile_steps: int = 5
 
     def __post_init__(self) -> None:
         resolve_task_ref(self.task)
@@ -82,6 +101,12 @@ class TaskSpec:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > low):
                 raise ValueError(f"{name}={value!r} must be a finite number of seconds > 0")
+        if self.gating not in GATINGS:
+            raise ValueError(f"gating={self.gating!r} is unknown; valid: {', '.join(GATINGS)}")
+        if isinstance(self.profile_steps, bool) or not isinstance(self.profile_steps, int):
+            raise ValueError(f"profile_steps={self.profile_steps!r} must be an integer >= 1")
+        if self.profile_steps < 1:
+            raise ValueError(f"profile_steps={self.profile_steps!r} must be an integer >= 1")
         if not (math.isfinite(self.pause_grace_s) and self.pause_grace_s >= 0):
             raise ValueError(f"pause_grace_s={self.pause_grace_s!r} must be >= 0 seconds")
 
@@ -162,3 +187,8 @@ class HostSpec:
 def checkpoint_path(run_dir: str | os.PathLike[str], task_id: str) -> Path:
     """Where the checkpoint of ``task_id`` lives."""
     return Path(run_dir) / "tasks" / task_id / "checkpoint.pt"
+
+
+def profile_path(run_dir: str | os.PathLike[str], task_id: str) -> Path:
+    """Where the task process of ``task_id`` writes its latest profile (JSON)."""
+    return Path(run_dir) / "tasks" / task_id / "profile.json"

@@ -340,6 +340,7 @@ class Worker:
                 "mode": t.mode,
                 "pid": t.pid,
                 "active": t is self._active,
+                "gating": t.spec.gating,
                 "limits": t.spec.limits.to_dict(),
             }
             for t in self._tasks.values()
@@ -453,6 +454,8 @@ class Worker:
                 if task.sigstopped:
                     task.signal(signal.SIGCONT)
             elif task.mode == "imperative" and task.state in _ON_DEVICE:
+                if task.spec.gating == "none":
+                    continue  # naive co-location: it runs through training's compute
                 task.paused.wait(task.spec.pause_grace_s)  # the cooperative pause first
                 if not task.busy and self._active is task:
                     task.signal(signal.SIGSTOP)
@@ -478,7 +481,7 @@ class Worker:
 
     def _emit_state(self, task: TaskProcess, event: str, reason: str) -> None:
         self._sink.emit(
-            ev.SideTaskState(
+            ev.SideTaskStateChanged(
                 task_id=task.task_id,
                 name=task.spec.display_name,
                 stage=self.stage,

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -33,7 +33,15 @@ from markupsafe import Markup
 from freeride_lab.ui.timeline import fractions_figure, safe_text, timeline_figure
 from freeride_lab.ui.trace import write_traces
 
-__all__ = ["Table", "bubble_table", "environment_info", "step_table", "write_report"]
+__all__ = [
+    "Table",
+    "bubble_table",
+    "environment_info",
+    "overheads",
+    "step_table",
+    "write_report",
+    "write_session_report",
+]
 
 TEMPLATES = Path(__file__).parent / "templates"
 SIDE_TASK_STEP_COLUMNS = [
@@ -405,3 +413,103 @@ def write_report(
     )
     html_path.write_text(page, encoding="utf-8")
     return html_path
+
+
+# -- a session's report --------------------------------------------------------------------------
+
+
+class ReportSession(Protocol):
+    """The part of ``freeride_lab.lab.session.Session`` a report reads."""
+
+    run_id: str
+    config: Any  # RunConfig
+
+    @property
+    def actions(self) -> pd.DataFrame: ...
+    @property
+    def bubbles(self) -> pd.DataFrame: ...
+    @property
+    def steps(self) -> pd.DataFrame: ...
+    @property
+    def side_task_steps(self) -> pd.DataFrame: ...
+    def summary(self) -> pd.DataFrame: ...
+
+
+def overheads(steps: pd.DataFrame, side_task_steps: pd.DataFrame) -> dict[str, float]:
+    """What side tasks cost the training run, from its own tables.
+
+    A step's time is its slowest rank's ``duration_ms``; steps that hosted a side-task step are
+    compared with those that did not (the first step, warm-up, is left out when there are more).
+    Keys: steps_without_side_tasks, steps_with_side_tasks, step_p50_ms_without_side_tasks,
+    step_p50_ms_with_side_tasks, training_overhead_frac (NaN without both kinds of step),
+    side_task_steps, side_task_overruns, side_task_overrun_ms.
+    """
+    nan = math.nan
+    per_step = steps.groupby("step")["duration_ms"].max() if len(steps) else pd.Series(dtype=float)
+    if len(per_step) > 1:
+        per_step = per_step.iloc[1:]
+    hosted = set(side_task_steps["step"].astype(int)) if len(side_task_steps) else set()
+    with_tasks = per_step[per_step.index.isin(hosted)]
+    without = per_step[~per_step.index.isin(hosted)]
+    p50_with = float(with_tasks.median()) if len(with_tasks) else nan
+    p50_without = float(without.median()) if len(without) else nan
+    overrun = (
+        side_task_steps["overrun_ms"].fillna(0.0)
+        if "overrun_ms" in side_task_steps
+        else pd.Series(dtype=float)
+    )
+    return {
+        "steps_without_side_tasks": float(len(without)),
+        "steps_with_side_tasks": float(len(with_tasks)),
+        "step_p50_ms_without_side_tasks": p50_without,
+        "step_p50_ms_with_side_tasks": p50_with,
+        "training_overhead_frac": p50_with / p50_without - 1 if p50_without > 0 else nan,
+        "side_task_steps": float(len(side_task_steps)),
+        "side_task_overruns": float((overrun > 0).sum()),
+        "side_task_overrun_ms": float(overrun.sum()),
+    }
+
+
+def write_session_report(session: ReportSession, path: str | Path) -> Path:
+    """Write a session's report (see :func:`write_report`) to ``path``; returns ``path``.
+
+    Gathers the run's config, the environment, its tables, measured-vs-theory summary, the
+    side-task ledger (``session.ledger()`` where the session has it), both cost-saving figures
+    (``session.cost_saving()``, left out while it has nothing to count) and :func:`overheads`.
+    Works on a live run (a snapshot) and on a finished one (``Session.open``).
+    """
+    actions = session.actions
+    side = session.side_task_steps
+    steps = session.steps
+    summary = session.summary() if len(actions) else None
+    ledger_fn = getattr(session, "ledger", None)
+    ledger_frame = ledger_fn() if callable(ledger_fn) else None
+    costs: Any = None
+    cost_fn = getattr(session, "cost_saving", None)
+    if callable(cost_fn) and len(side):
+        try:
+            costs = cost_fn()
+        except (ValueError, KeyError, ZeroDivisionError) as exc:  # e.g. no vanilla steps yet
+            costs = {"cost_saving": f"not available: {exc}"}
+    environment = {
+        "run_id": session.run_id,
+        "state": str(getattr(session, "state", "")),
+        "steps_done": getattr(session, "steps_done", None),
+        **environment_info(),
+    }
+    return write_report(
+        path,
+        config=session.config.to_dict(),
+        environment=environment,
+        actions=actions,
+        bubbles=session.bubbles,
+        steps=steps,
+        summary=summary,
+        side_task_steps=side,
+        side_task_ledger=ledger_frame
+        if isinstance(ledger_frame, pd.DataFrame) and len(ledger_frame)
+        else None,
+        costs=costs,
+        overheads=overheads(steps, side),
+        title=f"freeride_lab run {session.run_id}",
+    )

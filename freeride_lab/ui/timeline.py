@@ -316,7 +316,16 @@ FRACTION_COLUMNS = ["rank", "measured_frac", "theory_frac"]
 def fractions_figure(summary: pd.DataFrame | None, *, widget: bool = False) -> go.Figure:
     """Measured vs theory bubble fraction per rank, from ``summary``'s FRACTION_COLUMNS."""
     cls = go.FigureWidget if widget else go.Figure
-    fig = cls(
+    bars = [
+        go.Bar(
+            name=column.removesuffix("_frac"),
+            marker={"color": color},
+            hovertemplate="rank %{x}: %{y:.1%}<extra>%{fullData.name}</extra>",
+        )
+        for column, color in (("measured_frac", "#4c78a8"), ("theory_frac", "#bab0ac"))
+    ]
+    fig = cls(  # traces at construction: see [Note: widget messages before the front end]
+        data=bars,
         layout={
             "barmode": "group",
             "height": 260,
@@ -325,14 +334,8 @@ def fractions_figure(summary: pd.DataFrame | None, *, widget: bool = False) -> g
             "title": {"text": "bubble fraction"},
             "yaxis": {"range": [0, 1], "tickformat": ".0%"},
             "legend": {"orientation": "h", "y": -0.2},
-        }
+        },
     )
-    for column, color in (("measured_frac", "#4c78a8"), ("theory_frac", "#bab0ac")):
-        fig.add_bar(
-            name=column.removesuffix("_frac"),
-            marker={"color": color},
-            hovertemplate="rank %{x}: %{y:.1%}<extra>%{fullData.name}</extra>",
-        )
     _set_fractions(fig, summary)
     return fig
 
@@ -360,8 +363,18 @@ class Timeline:
             raise ValueError(f"window_steps={window_steps!r} must be >= 1 (steps shown at once)")
         self.window_steps = window_steps
         self.redraws = 0
-        self.figure = go.FigureWidget(layout=_layout([], title))
+        empty = timeline_traces(
+            pd.DataFrame(columns=_ACTION_COLUMNS), pd.DataFrame(columns=_BUBBLE_COLUMNS)
+        )
+        # traces at construction: see [Note: widget messages before the front end]
+        self.figure = go.FigureWidget(
+            data=[_go_bar(trace) for trace in empty], layout=_layout([], title)
+        )
         self.fractions = fractions_figure(None, widget=True)
+        self._summary: pd.DataFrame | None = None
+        self._repainted: set[int] = set()  # ids of figures repainted for their first view
+        for fig in (self.figure, self.fractions):
+            fig.observe(self._on_first_view, names="_js2py_traceDeltas")
         self._title = title
         self._side_names: list[str] = []
         self._selected: int | None = None
@@ -370,11 +383,6 @@ class Timeline:
         self._widget: ipywidgets.Box | None = None
         self._controls: tuple[ipywidgets.Checkbox, ipywidgets.IntSlider] | None = None
         self._syncing = False  # True while the controls are set from Python (ignore their events)
-        empty = timeline_traces(
-            pd.DataFrame(columns=_ACTION_COLUMNS), pd.DataFrame(columns=_BUBBLE_COLUMNS)
-        )
-        for trace in empty:
-            self.figure.add_trace(_go_bar(trace))
 
     def __repr__(self) -> str:
         mode = "latest" if self._selected is None else f"step {self._selected}"
@@ -407,9 +415,36 @@ class Timeline:
             self._tables = (actions, bubbles, side_task_steps)
             self._draw()
             if summary is not None:
+                self._summary = summary
                 with self.fractions.batch_update():
                     _set_fractions(self.fractions, summary)
         self._sync_controls()
+
+    # [Note: widget messages before the front end]
+    # A FigureWidget's front-end model only listens for plotly's restyle/relayout/addTraces
+    # messages once its ES module has loaded (several MB; seconds on a busy machine). Whatever
+    # Python sends before that is lost, so (1) both figures get their traces at construction,
+    # where they travel in the widget's initial state, and (2) when a figure's first view
+    # reports back (it sends ``_js2py_traceDeltas`` after drawing), the current drawing is sent
+    # again: cleared and redrawn, since plotly sends nothing for unchanged values.
+    def _on_first_view(self, change: dict[str, Any]) -> None:
+        fig = change["owner"]
+        if not change["new"] or id(fig) in self._repainted:
+            return
+        self._repainted.add(id(fig))
+        with self._lock:
+            if fig is self.figure and self._tables is not None:
+                with fig.batch_update():
+                    for data in fig.data:
+                        data.base, data.x, data.y, data.customdata = [], [], [], []
+                    fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext = None, None
+                    fig.layout.height = None
+                self._draw()
+            elif fig is self.fractions and self._summary is not None:
+                with fig.batch_update():
+                    _set_fractions(fig, None)
+                with fig.batch_update():
+                    _set_fractions(fig, self._summary)
 
     def select_step(self, step: int) -> None:
         """Show only ``step`` (stops following the newest steps)."""

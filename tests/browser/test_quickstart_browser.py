@@ -1,7 +1,9 @@
 """The quickstart notebook in a real JupyterLab: it runs, draws the timeline, and a side task
 dragged from the board's palette onto stage 1 is attached in the run.
 
-The notebook is run once per module (``quickstart`` fixture); each test checks one claim on it.
+The notebook is run once per module (``quickstart`` fixture): every cell above its last one, the
+``%freeride stop`` cell, so the run is still training when the tests drag cards onto it; the
+module's last test runs that cell and checks that the run stopped. Each test checks one claim.
 Artifacts: ``test-artifacts/test_quickstart_browser-*.png``, ``test-artifacts/jupyter-server.log``.
 """
 
@@ -61,11 +63,54 @@ def run_tasks(lab: Any) -> list[dict[str, Any]]:
     return list(json.loads(result.text.strip().splitlines()[-1]))
 
 
+STOP_CELL = "%freeride stop"
+
+# Make cell ``index`` the active one and run a notebook command; its outcome lands on window
+# (see [Note: driving JupyterLab] in conftest.py).
+_JS_RUN_COMMAND_AT = """
+([index, command]) => {
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  panel.content.activeCellIndex = index;
+  const run = (window.__frlCommand = {done: false, error: null});
+  app.commands.execute(command).then(
+    () => { run.done = true; },
+    (e) => { run.done = true; run.error = String(e); });
+}
+"""
+
+_JS_CELL_SOURCES = """
+() => window.jupyterapp.shell.currentWidget.content.widgets.map(
+  (cell) => cell.model.sharedModel.getSource())
+"""
+
+
+def run_command_at(lab: Any, index: int, command: str, timeout_s: float) -> None:
+    """Run ``command`` with cell ``index`` active; wait for it and an idle kernel; no errors."""
+    lab.page.evaluate(_JS_RUN_COMMAND_AT, [index, command])
+    lab.wait_until(
+        lambda: lab.page.evaluate("() => window.__frlCommand.done"),
+        timeout_s=timeout_s,
+        what=f"{command} at cell {index} of {QUICKSTART}",
+        interval_s=0.25,
+    )
+    lab.wait_kernel_idle(timeout_s)
+    failure = lab.page.evaluate("() => window.__frlCommand.error")
+    errors = lab.cell_errors()
+    assert not failure and not errors, f"{command} failed: {failure or ''} {errors}"
+
+
+def stop_cell_index(lab: Any) -> int:
+    sources = [str(s).strip() for s in lab.page.evaluate(_JS_CELL_SOURCES)]
+    assert sources[-1] == STOP_CELL, f"the quickstart must end with {STOP_CELL!r}: {sources[-1]!r}"
+    return len(sources) - 1
+
+
 @pytest.fixture(scope="module")
 def quickstart(lab_module: Any) -> Any:
-    """The quickstart, open and run to its last cell (training continues in the background)."""
+    """The quickstart, open and run up to its stop cell (training continues in the background)."""
     lab_module.open(QUICKSTART)
-    lab_module.run_all(timeout_s=RUN_S)
+    run_command_at(lab_module, stop_cell_index(lab_module), "notebook:run-all-above", RUN_S)
     return lab_module
 
 
@@ -108,3 +153,11 @@ def test_dragging_a_palette_card_onto_stage_1_attaches_that_task(quickstart: Any
         raise AssertionError(f"{exc}; session.tasks is {last}") from None
     quickstart.screenshot("after-attach")
     assert len(new) == 1, f"one drag attached {len(new)} tasks: {new}"
+
+
+def test_the_stop_cell_ends_the_run(quickstart: Any) -> None:
+    run_command_at(quickstart, stop_cell_index(quickstart), "notebook:run-cell", RUN_S)
+    result = quickstart.run_code("print(session.state.done, session.state)")
+    assert result.error is None, result.error
+    assert result.text.split()[0] == "True", result.text
+    quickstart.screenshot("after-stop")

@@ -122,8 +122,8 @@ def steps_of(events: list[ev.Event]) -> list[ev.SideTaskStep]:
     return [e for e in events if isinstance(e, ev.SideTaskStep)]
 
 
-def states_of(events: list[ev.Event]) -> list[ev.SideTaskState]:
-    return [e for e in events if isinstance(e, ev.SideTaskState)]
+def states_of(events: list[ev.Event]) -> list[ev.SideTaskStateChanged]:
+    return [e for e in events if isinstance(e, ev.SideTaskStateChanged)]
 
 
 def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[int, int]:

@@ -72,8 +72,12 @@ def steps(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStep]:
     return [e for e in found if isinstance(e, ev.SideTaskStep)]
 
 
-def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskState]:
-    return [e for e in events(run_dir) if isinstance(e, ev.SideTaskState) and e.task_id == task_id]
+def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:
+    return [
+        e
+        for e in events(run_dir)
+        if isinstance(e, ev.SideTaskStateChanged) and e.task_id == task_id
+    ]
 
 
 def has_state(run_dir: RunDir, task_id: str, state: str) -> bool:

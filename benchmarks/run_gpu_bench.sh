@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The one GPU command of issue 5 (see BENCHMARKS.md): on one H200, from the repository root,
+#
+#     bash benchmarks/run_gpu_bench.sh            # results land in $OUT (else benchmarks/results)
+#
+# 1. prints the GPU, driver, torch and the Python packages the package needs (and which wheels
+#    to carry if one is missing: the device cannot reach a registry);
+# 2. runs the GPU tests (`pytest -m gpu`, capped; UI/browser/notebook suites are not collected:
+#    plotly, ipywidgets and friends are not installed there and not needed here);
+# 3. runs `freeride-lab bench --quick --emulate-peers` with whatever time is left of
+#    FRL_TOTAL_S (default 380 s: the whole script stays under 7 minutes), writing
+#    $OUT/h200-<date>.json and .md;
+# 4. packs the runs' logs (and, separately, their event files) into $OUT, plus an
+#    `nvidia-smi dmon` trace of power and clocks over the whole benchmark.
+# Every step prints a time stamp and the seconds since the start.
+#
+# Knobs (environment): FRL_TOTAL_S (seconds for the whole script), FRL_RUNS (a comma list of the
+# quick profile's runs, e.g. "m4-mps,m8-timeslice" for a second, shorter call), FRL_SKIP_TESTS=1
+# (no pytest), FRL_RUN_ROOT (where run directories go), OUT, PYTHON.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+TOTAL_S="${FRL_TOTAL_S:-380}"
+OUT="${OUT:-$PWD/benchmarks/results}"
+PY="${PYTHON:-python3}"
+RUNS="${FRL_RUN_ROOT:-/tmp/frl-bench-runs}"   # not under $OUT: checkpoints are gigabytes
+RESULT="$OUT/h200-$(date -u +%Y-%m-%d).json"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$RUNS"
+
+elapsed() { echo $(( $(date +%s) - START )); }
+stamp() { echo "[$(date +%H:%M:%S) +$(elapsed)s] $*"; }
+
+stamp "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm,temperature.gpu \
+    --format=csv,noheader || stamp "nvidia-smi failed"
+"$PY" - <<'EOF'
+import importlib, platform, sys
+need = {  # module -> wheel to carry if it is missing
+    "torch": "torch", "numpy": "numpy", "pandas": "pandas", "psutil": "psutil",
+    "pynvml": "nvidia-ml-py", "tqdm": "tqdm",
+    "pytest": "pytest", "pytest_timeout": "pytest-timeout", "hypothesis": "hypothesis",
+}
+missing = []
+for module, wheel in need.items():
+    try:
+        m = importlib.import_module(module)
+        print(f"  {module:15s} {getattr(m, '__version__', '?')}")
+    except Exception as exc:
+        missing.append(wheel)
+        print(f"  {module:15s} MISSING ({type(exc).__name__}: {exc})")
+import torch
+print(f"  python {platform.python_version()}; torch {torch.__version__} CUDA {torch.version.cuda}; "
+      f"cuda available {torch.cuda.is_available()}")
+if missing:
+    print("  carry these wheels (pip download --no-deps -d wheels " + " ".join(missing) + ")")
+    sys.exit(3)
+EOF
+deps=$?
+if [ "$deps" -ne 0 ]; then stamp "missing Python packages (above); the bench may fail"; fi
+
+if [ "${FRL_SKIP_TESTS:-0}" = 1 ]; then
+    stamp "GPU tests skipped (FRL_SKIP_TESTS=1)"
+else
+    stamp "GPU tests (pytest -m gpu, at most 90 s)"
+    timeout -s INT 90 "$PY" -m pytest -m gpu -q -p no:cacheprovider -o addopts="" \
+        --ignore=tests/ui --ignore=tests/browser --ignore=tests/notebooks \
+        --continue-on-collection-errors tests 2>&1 | tail -n 30
+    stamp "GPU tests exit code ${PIPESTATUS[0]}"
+fi
+
+BUDGET=$(( TOTAL_S - $(elapsed) - 30 ))
+if [ "$BUDGET" -lt 60 ]; then BUDGET=60; fi
+nvidia-smi dmon -s pucm -o T > "$OUT/dmon.log" 2>&1 &
+DMON=$!
+stamp "bench --quick --emulate-peers: time budget ${BUDGET} s"
+RUN_ARGS=()
+if [ -n "${FRL_RUNS:-}" ]; then
+    RUN_ARGS=(--runs "$FRL_RUNS")
+    RESULT="${RESULT%.json}-${FRL_RUNS//,/-}.json"
+fi
+timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
+    --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"
+code=$?
+kill "$DMON" 2>/dev/null
+stamp "bench exit code $code"
+
+stamp "packing logs"
+( cd "$RUNS" && tar czf "$OUT/bench-logs.tgz" --exclude='*/events' --exclude='*/tasks' . ) \
+    || stamp "no logs packed"
+( cd "$RUNS" && tar czf "$OUT/bench-events.tgz" ./*/events ) 2>/dev/null \
+    || stamp "no events packed"
+nvidia-smi --query-gpu=temperature.gpu,power.draw,clocks.sm,memory.used --format=csv,noheader
+ls -la "$OUT"
+stamp "done"
+exit "$code"

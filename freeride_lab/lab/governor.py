@@ -1,0 +1,295 @@
+"""The overhead governor at work: a daemon thread that feeds ``core.governor`` and applies it.
+
+    session.enable_governor(target_frac=0.01)   # starts the thread in this process
+    session.governor_log                        # one row per decision (also after a restart)
+    session.disable_governor()
+
+Each tick the loop reads the training steps that every rank has finished (one step behind the
+newest, so the side-task steps of a step have arrived), turns each into a
+``StepObservation`` (the step's window across ranks; the side tasks that stepped in its
+bubbles; on CUDA the GPUs' power and SM clock from ``runtime.nvml``) and applies the
+governor's decisions through ``SideTaskManager.tune``: an SM share (only where an MPS daemon
+serves the run; elsewhere the governor is pinned at 100% and works on budgets alone) and a
+step budget = the task's base budget (set by the user, else profiled) x the decision's scale.
+
+Every decision is logged (``logging``) and appended to ``<run_dir>/governor.jsonl``, which
+``governor_log_frame`` reads; columns in ``GOVERNOR_LOG_COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from freeride_lab.core.governor import GovernorDecision, OverheadGovernor, StepObservation
+from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.lab.manager import SideTaskManager
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GOVERNOR_LOG_COLUMNS", "GovernorLoop", "governor_log_frame"]
+
+#: Columns of ``governor_log_frame``, in order: t_ns (run clock of this host), step (training
+#: step the decision followed), task_id, sm_pct, budget_scale, budget_ms (the budget applied;
+#: NaN if the task had none yet), overhead_frac (the governor's overhead estimate before the
+#: decision), applied (a tune was sent and accepted), reason, error (why it was not applied).
+GOVERNOR_LOG_COLUMNS: tuple[str, ...] = (
+    "t_ns",
+    "step",
+    "task_id",
+    "sm_pct",
+    "budget_scale",
+    "budget_ms",
+    "overhead_frac",
+    "applied",
+    "reason",
+    "error",
+)
+_SCHEMA = {
+    "t_ns": "int64",
+    "step": "int64",
+    "task_id": "str",
+    "sm_pct": "float64",
+    "budget_scale": "float64",
+    "budget_ms": "float64",
+    "overhead_frac": "float64",
+    "applied": "bool",
+    "reason": "str",
+    "error": "str",
+}
+
+
+class GovernorLoop:
+    """Runs an ``OverheadGovernor`` over a live run (see the module docstring).
+
+    Args:
+        steps, side_task_steps: the run's tables, now.
+        live: False once the run has ended (the loop then stops).
+        ranks: ranks whose step events make a step complete.
+        sm_applies: SM shares can be changed (an MPS daemon serves the run).
+        gpu_ordinals: CUDA ordinals of this node's GPUs for NVML power/clock; () = none.
+        baseline_step_s: training's step time without side tasks, if known; None lets the
+            governor learn it from steps without side-task work.
+    """
+
+    def __init__(
+        self,
+        manager: SideTaskManager,
+        *,
+        steps: Callable[[], pd.DataFrame],
+        side_task_steps: Callable[[], pd.DataFrame],
+        live: Callable[[], bool],
+        governor: OverheadGovernor,
+        ranks: int,
+        log_path: Path,
+        sm_applies: bool = False,
+        gpu_ordinals: tuple[int, ...] = (),
+        baseline_step_s: float | None = None,
+        interval_s: float = 0.5,
+    ) -> None:
+        self.manager = manager
+        self.governor = governor
+        self.ranks = ranks
+        self.log_path = log_path
+        self.sm_applies = sm_applies
+        self.gpu_ordinals = gpu_ordinals
+        self.baseline_step_s = baseline_step_s
+        self.interval_s = interval_s
+        self._steps = steps
+        self._side_task_steps = side_task_steps
+        self._live = live
+        self._governed: set[str] = set()
+        self._last_step = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"<GovernorLoop(target={self.governor.target_frac:.2%}, {state}, "
+            f"tasks={len(self._governed)}, last_step={self._last_step})>"
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> GovernorLoop:
+        """Start the daemon thread (returns at once)."""
+        if not self.running:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="freeride-governor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread; idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if not self._live():
+                log.info("governor: the run ended; stopping")
+                return
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not end the control loop
+                self.errors += 1
+                log.exception("governor tick failed")
+
+    def tick(self) -> list[dict[str, Any]]:
+        """One pass: observe the newly complete steps and apply decisions; the log records."""
+        steps = self._steps()
+        if steps.empty:
+            return []
+        counts = steps.groupby("step")["rank"].nunique()
+        complete = sorted(int(s) for s, n in counts.items() if n >= self.ranks)
+        if len(complete) < 2:
+            return []
+        ready = [s for s in complete[:-1] if s > self._last_step]  # one step behind
+        if not ready:
+            return []
+        self._sync_tasks()
+        side = self._side_task_steps()
+        active_by_step: dict[int, set[str]] = {}
+        for step, task_id in zip(side["step"], side["task_id"], strict=True):
+            active_by_step.setdefault(int(step), set()).add(str(task_id))
+        power_w, clock_mhz = self._gpu_reading()
+        windows = steps.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
+        records: list[dict[str, Any]] = []
+        for step in ready:
+            self._last_step = step
+            step_s = float(windows.loc[step, "end"] - windows.loc[step, "start"]) / 1e3
+            if not step_s > 0:
+                continue
+            active = tuple(sorted(active_by_step.get(step, set()) & self._governed))
+            obs = StepObservation(
+                step_s=step_s,
+                baseline_step_s=self.baseline_step_s,
+                active_task_ids=active,
+                power_w=power_w,
+                sm_clock_mhz=clock_mhz,
+            )
+            overhead = self.governor.overhead_ewma_frac
+            for decision in self.governor.observe(obs):
+                records.append(self._apply(step, decision, overhead))
+        return records
+
+    def _sync_tasks(self) -> None:
+        """Govern exactly the live tasks."""
+        live: dict[str, dict[str, Any]] = {}
+        for task in self.manager.tasks():
+            if not task["detached"] and not is_terminal(SideTaskState(task["state"])):
+                live[task["id"]] = task
+        for task_id in sorted(self._governed - set(live)):
+            self.governor.remove_task(task_id)
+            self._governed.discard(task_id)
+        g = self.governor
+        for task_id, task in live.items():
+            if task_id in self._governed:
+                continue
+            sm = task["sm_pct"] if self.sm_applies and task["sm_pct"] is not None else g.sm_max_pct
+            g.add_task(task_id, sm_pct=int(min(max(sm, g.sm_min_pct), g.sm_max_pct)))
+            self._governed.add(task_id)
+
+    def _gpu_reading(self) -> tuple[float | None, float | None]:
+        """Mean board power (W) and lowest SM clock (MHz) of this run's GPUs, if NVML has them."""
+        if not self.gpu_ordinals:
+            return None, None
+        from freeride_lab.runtime import nvml
+
+        samples = [s for s in nvml.read_samples() if s.cuda_ordinal in self.gpu_ordinals]
+        power = [s.power_w for s in samples if math.isfinite(s.power_w)]
+        clock = [s.sm_clock_mhz for s in samples if math.isfinite(s.sm_clock_mhz)]
+        return (sum(power) / len(power) if power else None, min(clock) if clock else None)
+
+    def _apply(
+        self, step: int, decision: GovernorDecision, overhead: float | None
+    ) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        error = ""
+        budget_ms = math.nan
+        try:
+            task = self.manager.task(decision.task_id)
+            if self.sm_applies and task["sm_pct"] != decision.sm_pct:
+                changes["sm_pct"] = decision.sm_pct
+            base_s = self.manager.base_budget_s(decision.task_id)
+            if base_s is None:
+                error = "no budget yet (still profiling): budget scale not applied"
+            else:
+                budget_ms = round(base_s * 1e3 * decision.budget_scale, 3)
+                if task["budget_ms"] is None or not math.isclose(task["budget_ms"], budget_ms):
+                    changes["budget_ms"] = budget_ms
+            if changes:
+                self.manager.tune(decision.task_id, by="governor", **changes)
+        except (ValueError, RuntimeError, OSError, TimeoutError) as exc:
+            error = str(exc)
+            changes = {}
+        record = {
+            "t_ns": time.time_ns(),
+            "step": step,
+            "task_id": decision.task_id,
+            "sm_pct": float(decision.sm_pct),
+            "budget_scale": float(decision.budget_scale),
+            "budget_ms": budget_ms,
+            "overhead_frac": math.nan if overhead is None else float(overhead),
+            "applied": bool(changes),
+            "reason": decision.reason,
+            "error": error,
+        }
+        log.info(
+            "governor after step %d: %s -> sm %d%%, budget x%g (%s)%s",
+            step,
+            decision.task_id,
+            decision.sm_pct,
+            decision.budget_scale,
+            decision.reason,
+            f"; not applied: {error}" if error else "",
+        )
+        self._write(record)
+        return record
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: (None if _nan(v) else v) for k, v in record.items()})
+        try:
+            with open(self.log_path, "a") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            log.warning("governor: could not append to %s: %s", self.log_path, exc)
+
+
+def _nan(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def governor_log_frame(path: Path) -> pd.DataFrame:
+    """The decisions in ``path`` (governor.jsonl), in order; columns ``GOVERNOR_LOG_COLUMNS``."""
+    rows: list[dict[str, Any]] = []
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        text = ""
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SCHEMA.items()})
+    frame = pd.DataFrame.from_records(rows, columns=list(GOVERNOR_LOG_COLUMNS))
+    frame["error"] = frame["error"].fillna("")
+    for column in ("sm_pct", "budget_scale", "budget_ms", "overhead_frac"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame.astype(_SCHEMA).reset_index(drop=True)

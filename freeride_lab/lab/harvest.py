@@ -1,0 +1,146 @@
+"""What side tasks harvested and where they could go: stage info, ledger, cost saving.
+
+Pure functions over a run's tables (and, for ``stage_info``, its ``SideTaskManager``); the
+Session's ``stage_info()``, ``ledger()`` and ``cost_saving()`` call them.
+
+    stage_info(manager, session.memory, session.bubbles)   # the task board's stages
+    run_ledger(session.side_task_steps, session.steps)      # one row per side task
+    run_cost_saving(session.steps, session.side_task_steps) # FreeRide's saving, both ways
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from freeride_lab.core import bubbles as core_bubbles
+from freeride_lab.core.accounting import CostModel, CostSaving, cost_saving, ledger
+from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+
+if TYPE_CHECKING:
+    from freeride_lab.lab.manager import SideTaskManager
+
+__all__ = [
+    "free_bytes_by_rank",
+    "predicted_bubbles_by_rank",
+    "run_cost_saving",
+    "run_ledger",
+    "stage_info",
+    "training_wall_s",
+]
+
+
+def free_bytes_by_rank(memory: pd.DataFrame) -> dict[int, int]:
+    """Free memory per rank (``core.bubbles.free_memory``); {} before any memory report."""
+    if memory.empty:
+        return {}
+    free = core_bubbles.free_memory(memory)
+    return {int(r): int(f) for r, f in zip(free["rank"], free["free_bytes"], strict=True)}
+
+
+def predicted_bubbles_by_rank(bubbles: pd.DataFrame) -> dict[int, list[float]]:
+    """Predicted bubble length (ms) per rank, in slot order (``core.bubbles.predict_bubbles``);
+    {} before any bubble was measured."""
+    if bubbles.empty:
+        return {}
+    predicted = core_bubbles.predict_bubbles(bubbles)
+    out: dict[int, list[float]] = {}
+    for rank, group in predicted.groupby("rank", sort=True):
+        out[int(rank)] = [float(v) for v in group.sort_values("slot")["predicted_ms"]]
+    return out
+
+
+def stage_info(
+    manager: SideTaskManager, memory: pd.DataFrame, bubbles: pd.DataFrame
+) -> list[dict[str, Any]]:
+    """One dict per rank of this node, for the task board: stage (the rank's lowest), rank,
+    stages, free_bytes (None before a step was measured), bubbles_ms (predicted length per slot,
+    in slot order), label, tasks (ids of its live tasks, FIFO order)."""
+    free = free_bytes_by_rank(memory)
+    predicted = predicted_bubbles_by_rank(bubbles)
+    live: dict[int, list[str]] = {r: [] for r in manager.ranks}
+    for task in manager.tasks():
+        if not task["detached"] and not is_terminal(SideTaskState(task["state"])):
+            live.setdefault(task["rank"], []).append(task["id"])
+    out = []
+    for rank in manager.ranks:
+        stages = manager.stages_of(rank)
+        listed = ", ".join(map(str, stages))
+        label = f"stage {stages[0]}" if len(stages) == 1 else f"stages {listed}"
+        out.append(
+            {
+                "stage": stages[0],
+                "rank": rank,
+                "stages": stages,
+                "free_bytes": free.get(rank),
+                "bubbles_ms": predicted.get(rank, []),
+                "label": label,
+                "tasks": live.get(rank, []),
+            }
+        )
+    return out
+
+
+def training_wall_s(steps: pd.DataFrame) -> float | None:
+    """First step start to last step end over all ranks, in seconds (None without steps)."""
+    if steps.empty:
+        return None
+    span_ms = float(steps["end_ms"].max()) - float(steps["start_ms"].min())
+    return span_ms / 1e3 if span_ms > 0 else None
+
+
+def run_ledger(side_task_steps: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """``core.accounting.ledger`` with throughput over the training's wall time."""
+    return ledger(side_task_steps, wall_s=training_wall_s(steps))
+
+
+def run_cost_saving(
+    steps: pd.DataFrame,
+    side_task_steps: pd.DataFrame,
+    *,
+    vanilla_step_s: float | None = None,
+    model: CostModel | None = None,
+) -> CostSaving:
+    """FreeRide's cost saving for a run, published and overhead-corrected.
+
+    T_f is the time from the start of step 1 to the start of the last step (step 0 is warm-up;
+    the last has no successor to close it); T_v is ``vanilla_step_s`` times the steps in T_f,
+    or, when None, the median period of the steps in which no side task stepped (training's own
+    pace in this run). P_k counts the side-task work done in those steps, per task name
+    (built-ins by their FreeRide reference key).
+
+    Raises:
+        ValueError: fewer than three steps, or no step without side tasks and no
+            ``vanilla_step_s``.
+        KeyError: a task without a reference throughput in ``model``.
+    """
+    from freeride_lab.tasks import REFERENCE_KEYS
+
+    if steps.empty or steps["step"].nunique() < 3:
+        n = 0 if steps.empty else steps["step"].nunique()
+        raise ValueError(f"cost saving needs >= 3 training steps; this run has {n} so far")
+    starts = steps.groupby("step")["start_ms"].min().sort_index()
+    periods_s = (starts.shift(-1) - starts).dropna() / 1e3
+    periods_s = periods_s[periods_s.index >= 1]
+    freeride_s = float(periods_s.sum())
+    window = set(int(s) for s in periods_s.index)
+    work = side_task_steps[side_task_steps["step"].isin(window)]
+    if vanilla_step_s is None:
+        quiet = periods_s[~periods_s.index.isin(set(side_task_steps["step"].astype(int)))]
+        if quiet.empty:
+            raise ValueError(
+                "every step ran side-task work, so this run has no vanilla pace; pass "
+                "vanilla_step_s= (seconds per step of the same run with side_tasks=False)"
+            )
+        vanilla_step_s = float(quiet.median())
+    if not math.isfinite(vanilla_step_s) or vanilla_step_s <= 0:
+        raise ValueError(f"vanilla_step_s={vanilla_step_s!r} must be > 0 seconds")
+    progress: dict[str, float] = {}
+    for name, value in work.groupby("name")["progress"].sum().items():
+        key = REFERENCE_KEYS.get(str(name), str(name))
+        progress[key] = progress.get(key, 0.0) + float(value)
+    return cost_saving(
+        progress, vanilla_s=vanilla_step_s * len(periods_s), freeride_s=freeride_s, model=model
+    )

@@ -1,0 +1,225 @@
+"""``SideTaskControls``: the side-task half of ``Session`` — attach, tune, move, detach, tasks,
+ledger, cost saving and the overhead governor.
+
+``Session`` inherits it; every method here delegates to the run's ``lab.manager``
+``SideTaskManager`` (requests), ``lab.harvest`` (views over the tables) or ``lab.governor``
+(the governor's thread). See ``lab.session`` [Note: side tasks] and [Note: upward hooks].
+
+    s = Session.launch(RunConfig(workload="synthetic", stages=4, microbatches=4))
+    t = s.attach("pagerank", options={"n_nodes": 2000})      # placed, profiled, then stepping
+    s.tune(t["id"], budget_ms=20); s.move(t["id"], 2); s.detach(t["id"])
+    s.tasks; s.ledger(); s.cost_saving(); s.stage_info()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
+from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.runtime.rundir import RunDir
+
+if TYPE_CHECKING:
+    from freeride_lab.core.accounting import CostModel, CostSaving
+    from freeride_lab.lab.governor import GovernorLoop
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SideTaskControls"]
+
+
+class SideTaskControls:
+    """Side tasks of a run (mixed into ``Session``, which provides the run and its tables)."""
+
+    run_dir: RunDir
+    config: RunConfig
+    run_id: str
+    _governor: GovernorLoop | None
+
+    # Provided by Session.
+    def _side_tasks(self) -> SideTaskManager:
+        raise NotImplementedError
+
+    def _is_live(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @property
+    def bubbles(self) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @property
+    def side_task_steps(self) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @property
+    def mps_active(self) -> bool:
+        raise NotImplementedError
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def attach(
+        self,
+        task: str,
+        *,
+        stage: int | None = None,
+        memory: int | str | None = None,
+        sm_pct: float | None = None,
+        priority: int = 1,
+        budget_ms: float | None = None,
+        options: dict[str, Any] | None = None,
+        policy: str = "KILL",
+        gating: str = "bubbles",
+    ) -> dict[str, Any]:
+        """Run a side task in this run's bubbles; its task dict (see ``tasks``).
+
+        ``task`` is a built-in name (resnet18, resnet50, vgg19, pagerank, sgd_mf, image),
+        "pkg.module:Class", "path/file.py:Class", or the id of a detached task, which then
+        resumes from its checkpoint (with its own options, policy and gating).
+
+        Args:
+            stage: where it runs; None places it (free memory, bubble fit, queue length).
+            memory: memory cap, bytes or "4GB"/"512MiB"; None = no cap (the profiled request
+                is reported).
+            sm_pct: SM share 0-100 (MPS only); priority: MPS client priority, 0 or 1.
+            budget_ms: step budget; None profiles the task inside bubbles first.
+            options: keyword arguments of the task class.
+            policy: overrun policy: WARN, SHRINK_BUDGET, PAUSE or KILL.
+            gating: "bubbles" (managed) or "none" (naive: runs through training's compute).
+
+        Raises:
+            ValueError: the request is invalid or no stage can take it; nothing changed.
+            RuntimeError: the run is not training, or was launched with side_tasks=False.
+        """
+        return self._side_tasks().attach(
+            task,
+            stage=stage,
+            memory=memory,
+            sm_pct=sm_pct,
+            priority=priority,
+            budget_ms=budget_ms,
+            options=options,
+            policy=policy,
+            gating=gating,
+        )
+
+    def tune(
+        self,
+        task_id: str,
+        *,
+        memory: int | str | None = None,
+        sm_pct: float | None = None,
+        priority: int | None = None,
+        budget_ms: float | None = None,
+    ) -> dict[str, Any]:
+        """Change a live task's limits (None = unchanged); its task dict. A memory, SM-share or
+        priority change restarts its process from its checkpoint and profiles it again.
+
+        Raises:
+            ValueError: unknown or ended task, or a bad limit; nothing changed.
+        """
+        return self._side_tasks().tune(
+            task_id, memory=memory, sm_pct=sm_pct, priority=priority, budget_ms=budget_ms
+        )
+
+    def move(self, task_id: str, stage: int) -> dict[str, Any]:
+        """Move a live task to ``stage`` (checkpoint, stop, resume there); its task dict.
+
+        Raises:
+            ValueError: unknown task or stage, or the stage cannot host it; nothing changed.
+        """
+        return self._side_tasks().move(task_id, stage)
+
+    def detach(self, task_id: str) -> dict[str, Any]:
+        """Checkpoint and stop a side task; its task dict (``attach(task_id)`` resumes it)."""
+        return self._side_tasks().detach(task_id)
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """Side tasks of this run, in attach order: id, name, stage, state, progress, unit,
+        overruns, memory_bytes, sm_pct, priority, budget_ms, error (and more; see
+        ``lab.manager.SideTaskManager.task``)."""
+        return self._side_tasks().tasks()
+
+    def ledger(self) -> pd.DataFrame:
+        """One row per side task: steps, progress, throughput over training's wall time, busy
+        time, overruns (``core.accounting.ledger``)."""
+        return run_ledger(self.side_task_steps, self.steps)
+
+    def cost_saving(
+        self, vanilla_step_s: float | None = None, model: CostModel | None = None
+    ) -> CostSaving:
+        """FreeRide's cost saving of this run, published and overhead-corrected
+        (``lab.manager.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
+        had no side-task work)."""
+        return run_cost_saving(
+            self.steps, self.side_task_steps, vanilla_step_s=vanilla_step_s, model=model
+        )
+
+    def stage_info(self) -> list[dict[str, Any]]:
+        """One dict per rank for the task board: stage, free_bytes, bubbles_ms, label, …"""
+        return stage_info(self._side_tasks(), self.memory, self.bubbles)
+
+    def enable_governor(
+        self,
+        target_frac: float = 0.01,
+        *,
+        baseline_step_s: float | None = None,
+        interval_s: float = 0.5,
+        **options: Any,
+    ) -> GovernorLoop:
+        """Keep side tasks' overhead on training under ``target_frac`` (a daemon thread here).
+
+        Args:
+            baseline_step_s: training's step time without side tasks; None learns it from
+                steps without side-task work.
+            options: further ``core.governor.OverheadGovernor`` settings.
+        """
+        from freeride_lab.core.governor import OverheadGovernor
+        from freeride_lab.lab.governor import GovernorLoop
+
+        self.disable_governor()
+        sm_applies = self.mps_active
+        if not sm_applies:  # SM shares need MPS: govern step budgets alone
+            options = {**options, "sm_min_pct": 100, "sm_max_pct": 100}
+        governor = OverheadGovernor(target_frac=target_frac, **options)
+        nproc = len(self._side_tasks().ranks)
+        self._governor = GovernorLoop(
+            self._side_tasks(),
+            steps=lambda: self.steps,
+            side_task_steps=lambda: self.side_task_steps,
+            live=self._is_live,
+            governor=governor,
+            ranks=nproc,
+            log_path=self.run_dir.path / "governor.jsonl",
+            sm_applies=sm_applies,
+            gpu_ordinals=tuple(range(nproc)) if self.config.device == "cuda" else (),
+            baseline_step_s=baseline_step_s,
+            interval_s=interval_s,
+        ).start()
+        log.info("governor on for %s: target %.2f%%", self.run_id, target_frac * 100)
+        return self._governor
+
+    def disable_governor(self) -> None:
+        """Stop the governor thread (idempotent); its log stays."""
+        if self._governor is not None:
+            self._governor.stop()
+            self._governor = None
+
+    @property
+    def governor_log(self) -> pd.DataFrame:
+        """The governor's decisions (``lab.governor.GOVERNOR_LOG_COLUMNS``), from the run dir."""
+        from freeride_lab.lab.governor import governor_log_frame
+
+        return governor_log_frame(self.run_dir.path / "governor.jsonl")

@@ -1,0 +1,522 @@
+"""``%load_ext freeride_lab``: the ``%freeride`` line magic and the ``%%freeride_task`` cell magic.
+
+    %load_ext freeride_lab
+    %freeride launch --schedule 1F1B --stages 4 --microbatches 4 --steps 50 --workload synthetic
+    %freeride attach pagerank --stage 1 --budget-ms 50
+    %freeride status
+    %freeride report report/run.html
+    %freeride stop
+
+``%freeride`` parses its line with the command line's own parser (``freeride_lab.cli.
+build_parser``), so the two faces share one grammar and ``%freeride?`` shows its help. One
+difference, see [Note: the current run]: where the CLI needs a ``RUN_DIR``, the notebook may leave
+it out and means the *current* session — the one ``launch`` started, held by the
+:class:`FreerideMagics` instance and named ``session`` in the notebook. ``launch`` starts the run
+in the kernel (its processes stay in the kernel's process group; the CLI's ``launch`` detaches a
+keeper instead), returns at once and displays the live dashboard (``freeride_lab.ui.dashboard``);
+running the same launch cell again while that run is live reuses it and says so. Bad input is
+one ``UsageError`` line, never a traceback.
+
+[Note: the current run]
+For a subcommand whose first positional is ``RUN_DIR`` (status, attach, tune, detach, stop,
+report), the magic inserts the current session's run directory unless the first word after the
+subcommand already is a run directory (a directory holding ``run.json``). So
+``%freeride attach pagerank --stage 1`` is ``freeride-lab attach <current run> pagerank --stage 1``
+and ``%freeride attach runs/other pagerank`` still addresses another run.
+
+``%%freeride_task NAME`` writes its cell to ``./.freeride_tasks/NAME.py`` (spawned side-task
+processes cannot unpickle classes defined in a notebook), checks that it defines exactly one
+``IterativeSideTask``/``ImperativeSideTask`` subclass, and registers it as NAME for
+``%freeride attach NAME`` and the board's palette (see [Note: user side tasks] in
+``freeride_lab.ui.dashboard``).
+
+Loading imports no torch and starts nothing; ``%unload_ext freeride_lab`` removes the magics
+and stops every dashboard pump; ``%reload_ext`` does not start a second one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from freeride_lab.lab.session import Session
+    from freeride_lab.runtime.sidetask import SideTaskBase
+
+__all__ = ["FreerideMagics", "load", "unload"]
+
+PROG = "%freeride"
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from freeride_lab.cli import build_parser
+
+    return build_parser(prog=PROG)
+
+
+def _help_text() -> str:
+    """The parser's help, then each subcommand's usage line: the magic's docstring."""
+    parser = _parser()
+    parts = [
+        "In a notebook RUN_DIR may be left out: it means the run this kernel launched "
+        "(`session`).\n`launch` keeps the run in the kernel and shows its live dashboard.\n",
+        parser.format_help(),
+    ]
+    for action in parser._actions:  # argparse has no public way to list subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                parts.append(sub.format_usage().replace("usage: ", "  ", 1).rstrip())
+    return "\n".join(parts)
+
+
+def _run_dir_commands(parser: argparse.ArgumentParser) -> set[str]:
+    """Subcommands whose first positional argument is ``run_dir``."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                positionals = [a for a in sub._actions if not a.option_strings]
+                if positionals and positionals[0].dest == "run_dir":
+                    found.add(name)
+    return found
+
+
+def _is_run_dir(word: str) -> bool:
+    return not word.startswith("-") and (Path(word).expanduser() / "run.json").is_file()
+
+
+def _is_session(value: Any) -> bool:
+    cls = type(value)
+    return cls.__name__ == "Session" and cls.__module__ == "freeride_lab.lab.session"
+
+
+@magics_class
+class FreerideMagics(Magics):
+    """The ``%freeride`` and ``%%freeride_task`` magics; holds the kernel's current session.
+
+    Args:
+        tasks_dir: where ``%%freeride_task`` writes user tasks (default ``./.freeride_tasks``).
+    """
+
+    def __init__(self, shell: InteractiveShell, *, tasks_dir: Path | None = None) -> None:
+        super().__init__(shell)
+        self._session: Session | None = None
+        self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else Path(".freeride_tasks")
+
+    def __repr__(self) -> str:
+        session = self._session
+        return f"<FreerideMagics session={getattr(session, 'run_id', None)!r}>"
+
+    # -- the current session -------------------------------------------------------------------
+
+    @property
+    def session(self) -> Session | None:
+        """The current session: the last one launched here, else a ``Session`` the notebook
+        names ``session`` (so a run survives ``%reload_ext``)."""
+        if self._session is None and self.shell is not None:
+            candidate = self.shell.user_ns.get("session")
+            if _is_session(candidate):
+                self._session = candidate
+        return self._session
+
+    @session.setter
+    def session(self, value: Session | None) -> None:
+        self._session = value
+        if value is not None and self.shell is not None:
+            self.shell.user_ns["session"] = value
+
+    def _current(self, args: argparse.Namespace) -> Session:
+        """The session a command acts on: the current one, or the run ``args.run_dir`` names."""
+        from freeride_lab.lab.session import Session
+
+        current = self.session
+        path = Path(args.run_dir).expanduser().absolute()
+        if current is not None and path == current.run_dir.path:
+            return current
+        return Session.open(path)
+
+    def _with_run_dir(self, argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+        """``argv`` with the current run's directory put in as RUN_DIR where it was left out
+        (see [Note: the current run])."""
+        commands = _run_dir_commands(parser)
+        at = next((i for i, word in enumerate(argv) if word in commands), None)
+        if at is None:
+            return argv
+        given = argv[at + 1 : at + 2]
+        if given and (_is_run_dir(given[0]) or given[0] in ("-h", "--help")):
+            return argv
+        session = self.session
+        if session is None:
+            raise UsageError(
+                f"{argv[at]}: no run in this kernel yet; start one with "
+                "`%freeride launch --stages 4 --workload synthetic`, or give its RUN_DIR"
+            )
+        return [*argv[: at + 1], str(session.run_dir.path), *argv[at + 1 :]]
+
+    # -- %freeride -----------------------------------------------------------------------------
+
+    @line_magic
+    def freeride(self, line: str) -> None:
+        """(replaced by the parser's help when the extension loads)"""
+        try:
+            argv = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"cannot split {line!r}: {exc}") from None
+        parser = _parser()
+        if not argv:
+            print(parser.format_help())
+            return
+        from freeride_lab.cli import UsageError as CliUsageError
+
+        argv = self._with_run_dir(argv, parser)
+        try:
+            args = parser.parse_args(argv)
+        except CliUsageError as exc:
+            raise UsageError(str(exc)) from None
+        except SystemExit:  # --help printed; never let argparse end the kernel
+            return
+        command = str(args.command)
+        handler = self._commands().get(command, self._delegate)
+        try:
+            handler(args)
+        except UsageError:
+            raise
+        except CliUsageError as exc:
+            raise UsageError(str(exc)) from None
+        except (ValueError, TypeError, RuntimeError, OSError, TimeoutError, LookupError) as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise UsageError(f"{command}: {message}") from None
+
+    def _commands(self) -> dict[str, Callable[[argparse.Namespace], None]]:
+        return {
+            "launch": self._launch,
+            "run": self._launch,  # in a notebook a run never blocks the kernel
+            "status": self._status,
+            "attach": self._attach,
+            "tune": self._tune,
+            "detach": self._detach,
+            "stop": self._stop,
+            "report": self._report,
+        }
+
+    def _delegate(self, args: argparse.Namespace) -> None:
+        """Commands with nothing kernel-specific (``list``, ``simulate``) run as in the CLI."""
+        spec = getattr(args, "handler", None)
+        if not spec:
+            raise UsageError(f"{args.command}: not available in the notebook")
+        module_name, _, attr = str(spec).partition(":")
+        handler = getattr(importlib.import_module(module_name), attr)
+        with contextlib.suppress(SystemExit):  # argparse-style exits must not end the kernel
+            handler(args)
+
+    # launch --------------------------------------------------------------------------------------
+
+    def _launch(self, args: argparse.Namespace) -> None:
+        from freeride_lab.cli import run_config_fields
+        from freeride_lab.core.config import RunConfig
+        from freeride_lab.lab.session import Session
+
+        config = RunConfig(**run_config_fields(args))
+        current = self.session
+        if current is not None and current.owner and not current.state.done:
+            differs = _config_changes(current, config, run_dir=args.run_dir)
+            if differs:
+                raise UsageError(
+                    f"run {current.run_id} is still running (step {current.steps_done}/"
+                    f"{current.config.steps}) with another config ({differs}); "
+                    "`%freeride stop` it first"
+                )
+            print(
+                f"run {current.run_id} is already live with this config: reusing it "
+                f"(step {current.steps_done}/{current.config.steps}); `%freeride stop` ends it"
+            )
+            self._show(current)
+            return
+        session = Session.launch(config, run_dir=args.run_dir, grace_s=args.grace_s)
+        if getattr(args, "min_bubble_ms", None):
+            session.bubble_min_ms = float(args.min_bubble_ms)
+        self.session = session
+        print(
+            f"launched run {session.run_id} in {session.run_dir.path}; it trains in the "
+            "background, `session` names it and the dashboard below follows it"
+        )
+        self._show(session)
+
+    def _show(self, session: Session) -> None:
+        """Display the session (its dashboard, where the frontend shows widgets)."""
+        from IPython.display import display
+
+        from freeride_lab.ui.dashboard import dashboard_for
+
+        dashboard_for(session, tasks_dir=self.tasks_dir)
+        display(session)  # type: ignore[no-untyped-call]
+
+    # status / stop / report ----------------------------------------------------------------------
+
+    def _status(self, args: argparse.Namespace) -> None:
+        session = self._current(args)
+        state = session.state
+        print(
+            f"run {session.run_id}: {state}, step {session.steps_done}/{session.config.steps}, "
+            f"{session.config.schedule} S={session.config.stages} M={session.config.microbatches}"
+        )
+        print(f"run directory: {session.run_dir.path}")
+        failure = session.failure
+        if failure is not None:
+            print(f"failure: {failure.reason}")
+        tasks = _tasks(session)
+        if not tasks:
+            print("side tasks: none (attach one with `%freeride attach pagerank --stage 1`)")
+            return
+        print("side tasks:")
+        for t in tasks:
+            error = f" — {t['error']}" if t.get("error") else ""
+            print(
+                f"  {t.get('id')}  {t.get('name')}  stage {t.get('stage')}  {t.get('state')}  "
+                f"{_num(t.get('progress'))} {t.get('unit') or ''}  "
+                f"overruns {t.get('overruns', 0)}{error}"
+            )
+
+    def _stop(self, args: argparse.Namespace) -> None:
+        from freeride_lab.ui.dashboard import dashboard_for
+
+        session = self._current(args)
+        session.stop(grace_s=args.grace_s)
+        dash = dashboard_for(session)
+        dash.tick()  # show the final state at once
+        dash.stop()
+        print(
+            f"run {session.run_id} {session.state} after "
+            f"{session.steps_done}/{session.config.steps} steps; its files stay in "
+            f"{session.run_dir.path}"
+        )
+
+    def _report(self, args: argparse.Namespace) -> None:
+        session = self._current(args)
+        path = session.report(args.path)
+        print(
+            f"report written to {path} (self-contained HTML; Parquet tables, summary.json and "
+            f"per-rank Chrome traces beside it in {path.parent})"
+        )
+
+    # side tasks ----------------------------------------------------------------------------------
+
+    def _task_ref(self, name: str) -> str:
+        from freeride_lab.ui.dashboard import user_tasks
+
+        task = user_tasks(self.tasks_dir).get(name)
+        return task.ref if task is not None else name
+
+    def _attach(self, args: argparse.Namespace) -> None:
+        from freeride_lab.cli_runs import _options
+
+        session = self._current(args)
+        task = session.attach(
+            self._task_ref(args.task),
+            stage=args.stage,
+            memory=args.memory,
+            sm_pct=args.sm,
+            priority=1 if args.priority is None else args.priority,
+            budget_ms=args.budget_ms,
+            options=_options(args.option) or None,
+            policy=args.policy,
+            gating=args.gating,
+        )
+        print(
+            f"attached {task['name']} as {task['id']} on stage {task['stage']} "
+            f"({task['state']}); `%freeride status` shows its progress"
+        )
+
+    def _tune(self, args: argparse.Namespace) -> None:
+        session = self._current(args)
+        limits = {
+            "memory": args.memory,
+            "sm_pct": args.sm,
+            "priority": args.priority,
+            "budget_ms": args.budget_ms,
+        }
+        if all(v is None for v in limits.values()):
+            raise UsageError(
+                "tune: nothing to change; give --memory, --sm, --priority or --budget-ms"
+            )
+        task = session.tune(args.task_id, **limits)
+        keys = ("memory_bytes", "sm_pct", "priority", "budget_ms")
+        shown = ", ".join(f"{k}={task.get(k)}" for k in keys)
+        print(f"tuned {task['id']} ({task['name']}): {shown}")
+
+    def _detach(self, args: argparse.Namespace) -> None:
+        session = self._current(args)
+        task = session.detach(args.task_id)
+        print(
+            f"detached {task['id']} ({task['name']}) after {_num(task.get('progress'))} "
+            f"{task.get('unit') or ''}; `%freeride attach {task['id']}` resumes it"
+        )
+
+    # -- %%freeride_task -----------------------------------------------------------------------
+
+    @cell_magic
+    def freeride_task(self, line: str, cell: str) -> None:
+        """%%freeride_task NAME — make this cell's side-task class attachable as NAME.
+
+        The cell must define exactly one subclass of ``IterativeSideTask`` or
+        ``ImperativeSideTask`` and import what it uses (it runs as its own module, in the
+        side-task process too). It is written to ``./.freeride_tasks/NAME.py``; then
+        ``%freeride attach NAME --stage 1`` attaches it and the dashboard's palette offers it.
+        The class is also defined in the notebook, to try it out by hand.
+        """
+        from freeride_lab.runtime.loader import load_task_class
+        from freeride_lab.tasks import BUILTIN_TASKS
+        from freeride_lab.ui.dashboard import UserTask
+
+        name = line.strip()
+        if not _NAME_RE.match(name):
+            raise UsageError(
+                f"%%freeride_task needs one NAME (letters, digits, _ or -), got {line.strip()!r}"
+            )
+        if name.lower().replace("-", "_") in BUILTIN_TASKS:
+            raise UsageError(
+                f"{name!r} is a built-in side task; pick another NAME "
+                f"(built-in: {', '.join(BUILTIN_TASKS)})"
+            )
+        try:
+            compile(cell, f"<%%freeride_task {name}>", "exec")
+        except SyntaxError as exc:
+            raise UsageError(f"{name}: line {exc.lineno}: {exc.msg}") from None
+        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        path = (self.tasks_dir / f"{name}.py").absolute()
+        path.write_text(
+            f"# written by %%freeride_task {name}; edit the notebook cell, not this file\n{cell}",
+            encoding="utf-8",
+        )
+        _forget_module(path)
+        cls = _the_task_class(name, path)
+        ref = f"{path}:{cls.__name__}"
+        try:
+            load_task_class(ref)  # what the side-task process will do
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        UserTask(name=name, ref=ref, unit=str(cls.unit), title=name).save(self.tasks_dir)
+        if self.shell is not None:
+            self.shell.user_ns[cls.__name__] = cls
+        print(
+            f"side task {name!r} ({cls.__name__}, progress in {cls.unit}) saved to {path}; "
+            f"attach it with `%freeride attach {name} --stage 1`"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> int:
+        """Stop every dashboard pump; returns how many were running."""
+        from freeride_lab.ui.dashboard import stop_all
+
+        return stop_all()
+
+
+def _config_changes(current: Session, new: Any, *, run_dir: str | None) -> str:
+    """``"steps: 20 → 30, …"``: what a launch asks for that the live run ``current`` differs in.
+
+    ``run_dir`` and ``master_port`` count only when given, ``extra`` (filled in by the session,
+    and not settable from the command line) never.
+    """
+    old, fresh = current.config.to_dict(), new.to_dict()
+    changes = [
+        f"{k}: {old.get(k)!r} → {v!r}"
+        for k, v in fresh.items()
+        if k not in ("run_dir", "master_port", "extra") and old.get(k) != v
+    ]
+    if new.master_port is not None and new.master_port != current.config.master_port:
+        changes.append(f"master_port: {current.config.master_port} → {new.master_port}")
+    if run_dir is not None and Path(run_dir).expanduser().absolute() != current.run_dir.path:
+        changes.append(f"run_dir: {str(current.run_dir.path)!r} → {run_dir!r}")
+    return ", ".join(changes)
+
+
+def _tasks(session: Any) -> list[dict[str, Any]]:
+    tasks = getattr(session, "tasks", None)
+    if tasks is None:
+        return []
+    return [dict(t) for t in (tasks() if callable(tasks) else tasks)]
+
+
+def _num(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+def _forget_module(path: Path) -> None:
+    """Drop modules loaded from ``path`` so a re-run cell is imported afresh."""
+    for key, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file is not None and Path(file).absolute() == path:
+            del sys.modules[key]
+
+
+def _the_task_class(name: str, path: Path) -> type[SideTaskBase]:
+    """Import ``path`` once, on its own, and return its one side-task class."""
+    from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask
+
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    module_name = f"freeride_cell_{name.replace('-', '_')}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{name}: {path} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"{name}: running the cell failed: {type(exc).__name__}: {exc}") from None
+    bases = (IterativeSideTask, ImperativeSideTask)
+    found = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, bases)
+        and value not in bases
+        and value.__module__ == module_name
+    ]
+    if len(found) != 1:
+        names = ", ".join(c.__name__ for c in found) or "none"
+        raise UsageError(
+            f"{name}: the cell must define exactly one IterativeSideTask or ImperativeSideTask "
+            f"subclass (from freeride_lab import IterativeSideTask); it defines {names}"
+        )
+    return found[0]
+
+
+# -- the extension hooks (called from freeride_lab/__init__.py) ----------------------------------
+
+
+def load(ipython: InteractiveShell) -> FreerideMagics:
+    """Register the magics (imports no torch, starts no thread or process)."""
+    FreerideMagics.freeride.__doc__ = _help_text()
+    magics = FreerideMagics(ipython)
+    ipython.register_magics(magics)
+    return magics
+
+
+def unload(ipython: InteractiveShell) -> None:
+    """Remove the magics and stop every dashboard pump (runs keep going; `session` stays)."""
+    manager = ipython.magics_manager
+    magics = manager.registry.pop(FreerideMagics.__name__, None)
+    if isinstance(magics, FreerideMagics):
+        magics.close()
+    else:
+        from freeride_lab.ui.dashboard import stop_all
+
+        stop_all()
+    manager.magics["line"].pop("freeride", None)
+    manager.magics["cell"].pop("freeride_task", None)

@@ -1,0 +1,119 @@
+"""``freeride-lab bench`` end to end on the CPU: emulated peers, one tiny side task.
+
+No speed is asserted (timings belong to benchmarks/); the test checks that one short run
+produces every mode's blocks and the ratios computed from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from freeride_lab.cli import main
+from freeride_lab.lab.bench import PROFILES, bench_profile
+
+MODES = {"vanilla", "managed", "governed", "naive"}
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("bench")
+    out = root / "tiny.json"
+    code = main(
+        [
+            "bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--real-stage", "1", "--out", str(out), "--run-root", str(root / "runs"),
+        ]
+    )  # fmt: skip
+    assert code == 0, (root / "runs").glob("*/logs/*")
+    data: dict[str, object] = json.loads(out.read_text())
+    data["_out"] = str(out)
+    return data
+
+
+def test_tiny_bench_records_blocks_of_every_mode(tiny_result: dict[str, object]) -> None:
+    blocks = tiny_result["blocks"]
+    assert isinstance(blocks, list)
+    modes = {b["mode"] for b in blocks if b["case"] == "pagerank"}
+    assert modes == MODES
+    assert all(len(b["step_ms"]) == b["steps"] == 2 for b in blocks)
+
+
+def test_tiny_bench_interleaves_modes_in_repeats_closed_by_vanilla(
+    tiny_result: dict[str, object],
+) -> None:
+    blocks = [b for b in tiny_result["blocks"] if b["case"] == "pagerank"]  # type: ignore[union-attr]
+    order = [b["mode"] for b in sorted(blocks, key=lambda b: b["order"])]
+    assert order == ["vanilla", "managed", "governed", "naive"] * 2 + ["vanilla"]
+
+
+def test_tiny_bench_computes_ratios_against_vanilla(tiny_result: dict[str, object]) -> None:
+    rows = [r for r in tiny_result["summary"] if r["case"] == "pagerank"]  # type: ignore[union-attr]
+    by_mode = {r["mode"]: r for r in rows}
+    assert set(by_mode) == MODES
+    assert by_mode["vanilla"]["ratio_vs_vanilla"] == 1.0
+    for mode in ("managed", "governed", "naive"):
+        ratio = by_mode[mode]["ratio_vs_vanilla"]
+        assert ratio is not None and math.isfinite(ratio) and ratio > 0
+        assert by_mode[mode]["overhead_frac"] == pytest.approx(ratio - 1.0)
+
+
+def test_tiny_bench_measures_the_side_tasks_dedicated_speed_and_harvest(
+    tiny_result: dict[str, object],
+) -> None:
+    speed = tiny_result["dedicated_per_s"]["pagerank"]  # type: ignore[index]
+    assert speed > 0
+    naive = next(
+        r
+        for r in tiny_result["summary"]  # type: ignore[union-attr]
+        if r["case"] == "pagerank" and r["mode"] == "naive"
+    )
+    assert naive["progress"] > 0 and naive["harvest_frac"] is not None
+
+
+def test_tiny_bench_reports_cost_both_ways_per_mode(tiny_result: dict[str, object]) -> None:
+    rows = {r["mode"]: r for r in tiny_result["pipeline"]}  # type: ignore[union-attr]
+    assert set(rows) == MODES - {"vanilla"}
+    naive = rows["naive"]
+    assert naive["saving_corrected_frac"] == pytest.approx(
+        naive["saving_published_frac"] - naive["overhead_sum_frac"]
+    )
+
+
+def test_tiny_bench_records_its_command_versions_and_calibration(
+    tiny_result: dict[str, object],
+) -> None:
+    assert "bench" in str(tiny_result["command"])
+    assert tiny_result["versions"]["torch"]  # type: ignore[index]
+    run = tiny_result["runs"][0]  # type: ignore[index]
+    assert [c["rank"] for c in run["calibration"]] == [0, 1]
+    assert run["errors"] == []
+
+
+def test_tiny_bench_writes_a_markdown_table_beside_the_json(
+    tiny_result: dict[str, object],
+) -> None:
+    md = Path(str(tiny_result["_out"])).with_suffix(".md").read_text()
+    assert "| m4 | pagerank | naive |" in md
+
+
+def test_bench_refuses_to_run_without_emulated_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--profile", "tiny"]) == 2
+    assert "--emulate-peers" in capsys.readouterr().err
+
+
+def test_bench_names_the_valid_profiles_for_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--profile", "huge", "--emulate-peers", "--device", "cpu"]) == 2
+    assert "'huge'" in capsys.readouterr().err and all(p in PROFILES for p in ("quick", "tiny"))
+
+
+def test_quick_gpu_profile_runs_freerides_mix_at_m4_first() -> None:
+    profile = bench_profile("quick", "cuda")
+    first = profile.runs[0]
+    assert (first.microbatches, first.cases, first.instrumentation) == (4, ("mix",), True)
+    assert profile.stages == 4 and profile.dtype == "bfloat16"

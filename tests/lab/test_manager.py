@@ -1,0 +1,477 @@
+"""Claims about ``SideTaskManager`` and its views, without processes: a fake worker takes the
+commands, plain frames stand in for the run's tables, event dicts for its event files."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from freeride_lab.core.config import RunConfig
+from freeride_lab.core.events import ControlAck
+from freeride_lab.core.governor import OverheadGovernor
+from freeride_lab.lab.governor import GOVERNOR_LOG_COLUMNS, GovernorLoop, governor_log_frame
+from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
+from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.taskspec import TaskSpec, profile_path
+
+GIB = 2**30
+TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+COUNTING = f"{TOYS}:Counting"
+
+
+class FakeWorker:
+    """Answers like a worker and remembers what it was sent."""
+
+    def __init__(self, rank: int, log: list[tuple[int, str, Any]], clock: list[int]) -> None:
+        self.rank = rank
+        self.log = log
+        self.clock = clock
+        self.refuse = ""
+
+    def _ack(self, command: str, payload: dict[str, Any]) -> ControlAck:
+        self.clock[0] += 1000
+        if self.refuse:
+            return ControlAck(command=command, t_ns=self.clock[0], ok=False, message=self.refuse)
+        return ControlAck(command=command, t_ns=self.clock[0], ok=True, payload=payload)
+
+    def attach(self, spec: TaskSpec) -> ControlAck:
+        self.log.append((self.rank, "attach", spec))
+        return self._ack("attach", {"task_id": spec.task_id, "position": 0, "pid": 1})
+
+    def tune(self, task_id: str, **limits: Any) -> ControlAck:
+        self.log.append((self.rank, "tune", (task_id, limits)))
+        restart = bool({"memory_bytes", "sm_pct", "priority"} & set(limits))
+        return self._ack("tune", {"task_id": task_id, "restarted": restart})
+
+    def detach(self, task_id: str) -> ControlAck:
+        self.log.append((self.rank, "detach", task_id))
+        return self._ack("detach", {"task_id": task_id, "state": "STOPPED"})
+
+
+class Run:
+    """What a Session gives its manager: tables, events and liveness, set by each test."""
+
+    def __init__(self, tmp_path: Path, **config: Any) -> None:
+        self.run_dir = RunDir(tmp_path / "run")
+        self.run_dir.create()
+        fields = {"schedule": "1F1B", "stages": 4, "microbatches": 4, "workload": "synthetic"}
+        self.config = RunConfig(**{**fields, **config})
+        self.events: list[dict[str, Any]] = []
+        self.memory = pd.DataFrame(
+            columns=["step", "rank", "peak_reserved_bytes", "capacity_bytes"], dtype="int64"
+        )
+        self.bubbles = pd.DataFrame(
+            {"step": [], "rank": [], "slot": [], "label": [], "duration_ms": []}
+        )
+        self.live = True
+        self.sent: list[tuple[int, str, Any]] = []
+        self.clock = [1_000_000]
+        self.workers = {r: FakeWorker(r, self.sent, self.clock) for r in range(4)}
+        self.manager = SideTaskManager(
+            self.run_dir,
+            self.config,
+            events=lambda start: self.events[start:],
+            memory=lambda: self.memory,
+            bubbles=lambda: self.bubbles,
+            live=lambda: self.live,
+            client=lambda rank: self.workers[rank],
+        )
+
+    def set_free_gib(self, *free: float) -> None:
+        cap = 64 * GIB
+        self.memory = pd.DataFrame(
+            {
+                "step": [0] * len(free),
+                "rank": list(range(len(free))),
+                "peak_reserved_bytes": [int(cap - f * GIB) for f in free],
+                "capacity_bytes": [cap] * len(free),
+            }
+        )
+
+    def set_bubbles_ms(self, per_rank: Mapping[int, list[float]]) -> None:
+        rows = [
+            {"step": 1, "rank": r, "slot": i, "label": None, "duration_ms": ms}
+            for r, lengths in per_rank.items()
+            for i, ms in enumerate(lengths)
+        ]
+        self.bubbles = pd.DataFrame(rows)
+
+    def state(self, task_id: str, state: str, event: str, reason: str = "") -> None:
+        self.clock[0] += 1000
+        self.events.append(
+            {
+                "kind": "side_task_state",
+                "task_id": task_id,
+                "state": state,
+                "event": event,
+                "accepted": True,
+                "reason": reason,
+                "t_ns": self.clock[0],
+            }
+        )
+
+    def step(self, task_id: str, *, progress: float = 1.0, overrun_ns: int = 0) -> None:
+        self.events.append(
+            {
+                "kind": "side_task_step",
+                "task_id": task_id,
+                "progress": progress,
+                "unit": "iterations",
+                "overrun_ns": overrun_ns,
+            }
+        )
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Run:
+    return Run(tmp_path)
+
+
+def task_dirs(run: Run) -> list[str]:
+    root = run.run_dir.path / "tasks"
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+# -- rejections ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_", "match"),
+    [
+        ({"task": "nosuchtask"}, "'nosuchtask' is not a known name"),
+        ({"task": f"{TOYS}:NoSuchClass"}, "has no class 'NoSuchClass'"),
+        ({"task": "/nowhere/tasks.py:Task"}, "does not exist"),
+        ({"task": COUNTING, "budget_ms": -5}, "budget_ms=-5 must be"),
+        ({"task": COUNTING, "stage": 4}, "stage=4 is out of range"),
+        ({"task": COUNTING, "stage": True}, "stage=True is out of range"),
+        ({"task": COUNTING, "memory": "100GiB"}, "memory: free"),
+        ({"task": COUNTING, "memory": "lots"}, "'lots' is not a number"),
+        ({"task": COUNTING, "sm_pct": 150}, "sm_pct=150"),
+        ({"task": COUNTING, "priority": 3}, "priority=3"),
+        ({"task": COUNTING, "gating": "sometimes"}, "gating='sometimes' is unknown"),
+        ({"task": COUNTING, "policy": "explode"}, "overrun_policy='explode' is unknown"),
+        ({"task": COUNTING, "options": {"f": object()}}, "options must be JSON"),
+    ],
+)
+def test_rejected_attach_sends_nothing_and_records_nothing(
+    run: Run, request_: dict[str, Any], match: str
+) -> None:
+    run.set_free_gib(3, 9, 16, 24)
+    with pytest.raises(ValueError, match=match):
+        run.manager.attach(**request_)
+    assert run.sent == []
+    assert task_dirs(run) == []
+
+
+def test_no_stage_with_enough_memory_is_a_rejection_naming_each_stage(run: Run) -> None:
+    run.set_free_gib(3, 9, 16, 24)
+    with pytest.raises(ValueError, match=r"no stage can host 'Counting'.*stage 3: memory"):
+        run.manager.attach(COUNTING, memory="30GiB")
+    assert run.sent == []
+
+
+def test_a_budget_longer_than_every_bubble_of_the_stage_is_refused(run: Run) -> None:
+    run.set_bubbles_ms({0: [5.0, 40.0], 1: [5.0, 10.0]})
+    with pytest.raises(ValueError, match="stage 1 cannot host 'Counting': bubble_fit"):
+        run.manager.attach(COUNTING, stage=1, budget_ms=20)
+    assert run.sent == []
+
+
+def test_attach_to_a_vanilla_run_is_a_runtime_error(tmp_path: Path) -> None:
+    run = Run(tmp_path, side_tasks=False)
+    with pytest.raises(RuntimeError, match="side_tasks=False"):
+        run.manager.attach(COUNTING, stage=0)
+
+
+def test_attach_to_an_ended_run_is_a_runtime_error(run: Run) -> None:
+    run.live = False
+    with pytest.raises(RuntimeError, match="not training"):
+        run.manager.attach(COUNTING, stage=0)
+
+
+# -- attach and placement ----------------------------------------------------------------------
+
+
+def test_attach_sends_the_spec_and_returns_the_task_dict(run: Run) -> None:
+    task = run.manager.attach(
+        COUNTING, stage=2, memory="1GiB", sm_pct=30, budget_ms=25, options={"step_s": 0.001}
+    )
+    (rank, command, spec), *_ = run.sent
+    assert (rank, command) == (2, "attach")
+    assert (spec.task_id, spec.options, spec.limits.budget_s) == (
+        task["id"],
+        {"step_s": 0.001},
+        0.025,
+    )
+    expected = {"name": "Counting", "stage": 2, "state": "SUBMITTED", "progress": 0.0}
+    expected |= {"unit": "iterations", "overruns": 0, "memory_bytes": GIB, "sm_pct": 30.0}
+    expected |= {"priority": 1, "budget_ms": 25.0, "error": ""}
+    assert {k: task[k] for k in expected} == expected
+    assert task_dirs(run) == [task["id"]]
+
+
+def test_placement_follows_free_memory_and_queue_length(run: Run) -> None:
+    run.set_free_gib(3, 9, 16, 24)
+    first = run.manager.attach(COUNTING, memory="8GiB")
+    second = run.manager.attach(COUNTING, memory="8GiB")
+    third = run.manager.attach(COUNTING, memory="8GiB")
+    assert [first["stage"], second["stage"], third["stage"]] == [1, 2, 3]
+
+
+def test_placement_without_measurements_says_what_it_skipped(run: Run) -> None:
+    task = run.manager.attach(COUNTING)
+    assert "free memory not measured yet" in task["placement"]
+    assert "bubbles not measured yet" in task["placement"]
+    assert "not known until the task is profiled" in task["placement"]
+
+
+def test_builtin_names_resolve_without_regard_to_case_and_carry_their_unit(run: Run) -> None:
+    task = run.manager.attach("ResNet18", stage=1)
+    assert (task["name"], task["task"], task["unit"]) == ("resnet18", "resnet18", "samples")
+
+
+# -- what events say -------------------------------------------------------------------------
+
+
+def test_state_progress_and_overruns_come_from_the_events(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    for state, event in (("CREATED", "CREATE"), ("PAUSED", "INIT"), ("RUNNING", "START")):
+        run.state(tid, state, event)
+    run.step(tid)
+    run.step(tid, overrun_ns=2_000_000)
+    run.state(tid, "RUNNING", "OVERRUN", "a note, not a state change")
+    task = run.manager.task(tid)
+    assert (task["state"], task["progress"], task["steps"], task["overruns"]) == (
+        "RUNNING",
+        2.0,
+        2,
+        1,
+    )
+
+
+def test_a_failed_task_shows_its_reason_as_error(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    run.state(tid, "FAILED", "FAIL", "step raised RuntimeError: boom")
+    task = run.manager.task(tid)
+    assert (task["state"], task["error"]) == ("FAILED", "step raised RuntimeError: boom")
+
+
+def test_a_state_event_read_late_does_not_override_a_newer_one(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    newer = run.events.pop()
+    run.state(tid, "CREATED", "CREATE")
+    older = run.events.pop()
+    older["t_ns"], newer["t_ns"] = 10**15, 2 * 10**15
+    run.events += [newer, older]
+    assert run.manager.task(tid)["state"] == "PAUSED"
+
+
+def test_the_profile_sets_budget_and_memory_until_limits_change(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    assert run.manager.task(tid)["budget_ms"] is None
+    path = profile_path(run.run_dir.path, tid)
+    profile = {"budget_s": 0.036, "memory_request_bytes": 2 * GIB, "t_ns": run.clock[0] + 1}
+    path.write_text(json.dumps(profile))
+    task = run.manager.task(tid)
+    assert (task["budget_ms"], task["memory_bytes"]) == (36.0, 2 * GIB)
+    run.manager.tune(tid, sm_pct=50)  # a restart: the profile is stale until measured again
+    assert run.manager.task(tid)["budget_ms"] is None
+
+
+# -- tune, move, detach, re-attach -----------------------------------------------------------
+
+
+def test_tune_sends_only_the_changed_limits_and_echoes_them(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    task = run.manager.tune(tid, budget_ms=30, sm_pct=40)
+    assert run.sent[-1] == (0, "tune", (tid, {"sm_pct": 40, "budget_s": 0.03}))
+    assert (task["budget_ms"], task["sm_pct"]) == (30.0, 40.0)
+
+
+def test_tune_of_memory_above_the_stage_free_memory_is_refused(run: Run) -> None:
+    run.set_free_gib(3, 9, 16, 24)
+    tid = run.manager.attach(COUNTING, stage=1)["id"]
+    with pytest.raises(ValueError, match="stage 1 cannot host 'Counting': memory"):
+        run.manager.tune(tid, memory="10GiB")
+    assert run.sent[-1][1] == "attach"
+    assert run.manager.task(tid)["memory_bytes"] is None
+
+
+def test_move_detaches_then_attaches_the_same_id_on_the_new_stage(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    task = run.manager.move(tid, 3)
+    assert [(r, c) for r, c, _ in run.sent] == [(0, "attach"), (0, "detach"), (3, "attach")]
+    assert run.sent[-1][2].task_id == tid
+    assert (task["id"], task["stage"], task["state"]) == (tid, 3, "SUBMITTED")
+
+
+def test_a_refused_move_puts_the_task_back(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    run.workers[3].refuse = "worker is stopping"
+    with pytest.raises(RuntimeError, match="it resumed on stage 0"):
+        run.manager.move(tid, 3)
+    assert run.sent[-1][:2] == (0, "attach")
+    assert run.manager.task(tid)["stage"] == 0
+
+
+def test_detach_then_attach_by_id_resumes_the_same_task(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, options={"step_s": 0.002})["id"]
+    run.step(tid, progress=5)
+    detached = run.manager.detach(tid)
+    assert (detached["state"], detached["detached"]) == ("STOPPED", True)
+    again = run.manager.attach(tid)
+    _, command, spec = run.sent[-1]
+    assert (command, spec.task_id, spec.options) == ("attach", tid, {"step_s": 0.002})
+    assert (again["id"], again["stage"], again["progress"], again["detached"]) == (
+        tid,
+        1,
+        5.0,
+        False,
+    )
+
+
+def test_tune_of_a_detached_task_is_refused_with_the_fix(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    run.manager.detach(tid)
+    with pytest.raises(ValueError, match=rf"attach it again with session.attach\('{tid}'\)"):
+        run.manager.tune(tid, budget_ms=10)
+
+
+def test_unknown_task_ids_are_named_with_the_known_ones(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    with pytest.raises(ValueError, match=f"no side task 'zz' in this run; attached: {tid}"):
+        run.manager.detach("zz")
+
+
+def test_a_second_manager_sees_the_same_tasks(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=2, budget_ms=15)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    other = SideTaskManager(
+        run.run_dir,
+        run.config,
+        events=lambda start: run.events[start:],
+        memory=lambda: run.memory,
+        bubbles=lambda: run.bubbles,
+        live=lambda: True,
+        client=lambda rank: run.workers[rank],
+    )
+    assert [(t["id"], t["stage"], t["state"], t["budget_ms"]) for t in other.tasks()] == [
+        (tid, 2, "PAUSED", 15.0)
+    ]
+
+
+# -- views -----------------------------------------------------------------------------------
+
+
+def test_stage_info_lists_free_memory_bubbles_and_live_tasks(run: Run) -> None:
+    run.set_free_gib(3, 9, 16, 24)
+    run.set_bubbles_ms({0: [4.0, 30.0], 3: [12.0]})
+    tid = run.manager.attach(COUNTING, stage=3)["id"]
+    info = stage_info(run.manager, run.memory, run.bubbles)
+    assert [(i["stage"], i["free_bytes"] // GIB, i["bubbles_ms"], i["tasks"]) for i in info] == [
+        (0, 3, [4.0, 30.0], []),
+        (1, 9, [], []),
+        (2, 16, [], []),
+        (3, 24, [12.0], [tid]),
+    ]
+
+
+def _steps(periods_s: list[float], ranks: int = 2) -> pd.DataFrame:
+    rows, t = [], 0.0
+    for step, period in enumerate(periods_s):
+        for rank in range(ranks):
+            rows.append({"step": step, "rank": rank, "start_ms": t, "end_ms": t + period * 800})
+        t += period * 1e3
+    return pd.DataFrame(rows)
+
+
+def _side_steps(steps: list[int], name: str = "pagerank", progress: float = 2.0) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "task_id": "t1",
+            "name": name,
+            "stage": 1,
+            "rank": 1,
+            "step": steps,
+            "start_ms": [1.0] * len(steps),
+            "end_ms": [2.0] * len(steps),
+            "duration_ms": [1.0] * len(steps),
+            "progress": [progress] * len(steps),
+            "unit": "iterations",
+            "overrun_ms": [0.0] * len(steps),
+        }
+    )
+
+
+def test_cost_saving_learns_the_vanilla_pace_from_steps_without_side_tasks() -> None:
+    steps = _steps([1.0, 1.0, 1.1, 1.1, 1.0, 1.0])  # steps 2, 3 carry work and are slower
+    saving = run_cost_saving(steps, _side_steps([2, 3]))
+    assert saving.overhead_frac == pytest.approx(0.2 / 4.0)
+    assert saving.saving_published_frac == pytest.approx((4.0 / 126.3) / (22.0 * 4.0))
+
+
+def test_cost_saving_without_a_quiet_step_asks_for_the_vanilla_pace() -> None:
+    steps = _steps([1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="pass vanilla_step_s="):
+        run_cost_saving(steps, _side_steps([0, 1, 2, 3]))
+    saving = run_cost_saving(steps, _side_steps([0, 1, 2, 3]), vanilla_step_s=0.5)
+    assert saving.overhead_frac == pytest.approx(1.0)
+
+
+def test_cost_saving_uses_freeride_reference_keys_for_builtin_names() -> None:
+    steps = _steps([1.0] * 5)
+    saving = run_cost_saving(steps, _side_steps([1], name="sgd_mf"), vanilla_step_s=1.0)
+    assert saving.reference_gpus == pytest.approx((2.0 / 1.5) / 3.0)
+
+
+def test_ledger_takes_throughput_over_training_wall_time() -> None:
+    steps = _steps([1.0, 1.0])  # first start 0 ms, last end 1800 ms
+    table = run_ledger(_side_steps([0, 1]), steps)
+    assert table["throughput_per_s"].tolist() == pytest.approx([4.0 / 1.8])
+
+
+# -- governor --------------------------------------------------------------------------------
+
+
+def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    periods = [1.0] * 6 + [1.2] * 6  # quiet steps set the baseline; then 20% slower with work
+    steps = _steps(periods, ranks=4)
+    side = _side_steps(list(range(6, 12)))
+    side["task_id"] = tid
+    log_path = run.run_dir.path / "governor.jsonl"
+    loop = GovernorLoop(
+        run.manager,
+        steps=lambda: steps,
+        side_task_steps=lambda: side,
+        live=lambda: True,
+        governor=OverheadGovernor(
+            target_frac=0.01, window=2, settle_steps=0, sm_min_pct=100, sm_max_pct=100
+        ),
+        ranks=4,
+        log_path=log_path,
+    )
+    records = loop.tick()
+    assert records, "no decision for 20% overhead"
+    first, last = records[0], records[-1]
+    assert (first["task_id"], first["budget_scale"], first["budget_ms"], first["applied"]) == (
+        tid,
+        1.25,
+        25.0,
+        True,
+    )
+    assert run.sent[-1] == (1, "tune", (tid, {"budget_s": last["budget_ms"] / 1e3}))
+    assert run.manager.task(tid)["budget_ms"] == pytest.approx(20.0 * last["budget_scale"])
+    frame = governor_log_frame(log_path)
+    assert tuple(frame.columns) == GOVERNOR_LOG_COLUMNS
+    assert frame["task_id"].tolist() == [tid] * len(records)
+    assert math.isclose(frame["budget_ms"].iloc[0], 25.0)

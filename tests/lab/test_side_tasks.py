@@ -1,0 +1,344 @@
+"""Claims about side tasks in a real run: a 4-stage sleep-timed CPU pipeline (torchrun, gloo)
+with side tasks attached, tuned, moved, detached and re-attached while it trains, three that
+fail in their own ways, and a naive one; then training is checked against a run without any.
+
+One run serves the whole module (its behaviours do not interfere: each stage's worker runs one
+task at a time, and the tasks that fail share stage 0, where they queue). A second run, without
+side tasks and with zero-cost stages, gives the reference losses. Waits are for named conditions
+with deadlines; a wait fails at once, with a hint, if the run ends first.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from freeride_lab.core.budget import memory_request_gib, step_budget_s
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.session import Session
+from freeride_lab.runtime.launcher import RunState
+
+TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+STARTUP_S = 240.0  # first step of two fresh runs on a loaded two-core box
+LIVE_S = 120.0  # the longest a live behaviour may take to show
+STEPS = 150  # long enough for every live test below on a busy two-core box
+CONFIG = RunConfig(
+    schedule="1F1B",
+    stages=4,
+    microbatches=4,
+    steps=STEPS,
+    workload="synthetic",
+    t_forward_ms=10.0,
+    t_backward_input_ms=10.0,
+    t_backward_weight_ms=10.0,
+    d_model=16,
+    seq_len=8,
+    microbatch_size=2,
+    seed=7,
+    extra={"stop_grace_s": 5},
+)
+PAGERANK = {"n_nodes": 2000, "n_edges": 10000, "tol": 0.0, "max_iterations": None}
+TOLERANCE_MS = 5.0  # run-clock stamps of a rank and of a task process, same host
+
+
+@dataclass
+class Runs:
+    main: Session
+    vanilla: Session
+    ids: dict[str, str]
+
+
+def toy(name: str) -> str:
+    return f"{TOYS}:{name}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    root = tmp_path_factory.mktemp("side-tasks")
+    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
+    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
+    vanilla = Session.launch(
+        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
+    )
+    try:
+        wait_until(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
+        ids = {
+            "pagerank": main.attach("pagerank", stage=1, options=PAGERANK, policy="WARN")["id"],
+            "counting": main.attach(
+                toy("Counting"), stage=2, options={"step_s": 0.003}, policy="WARN"
+            )["id"],
+            # stage 0's FIFO: each starts once the one before it has failed
+            "raises": main.attach(toy("RaisingInStep"), stage=0)["id"],
+            "hog": main.attach(toy("MemoryHog"), stage=0, memory="256MiB")["id"],
+            "hangs": main.attach(toy("HangingStep"), stage=0, policy="KILL")["id"],
+        }
+        yield Runs(main, vanilla, ids)
+    finally:
+        main.stop()
+        vanilla.stop()
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout_s: float, what: str, run: Session | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if run is not None and run.state.done:
+            raise AssertionError(
+                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
+                f"raise STEPS if this machine is slower"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def task(run: Session, task_id: str) -> dict[str, Any]:
+    return next(t for t in run.tasks if t["id"] == task_id)
+
+
+def created(run: Session, task_id: str) -> pd.DataFrame:
+    """The task's CREATE events (one per task process that came up), in time order."""
+    events = run.events
+    mine = events[
+        (events["kind"] == "side_task_state")
+        & (events["task_id"] == task_id)
+        & (events["event"] == "CREATE")
+    ]
+    return mine.sort_values("t_ms")
+
+
+def restored(reason: str) -> float | None:
+    """The progress a CREATED reason says was restored from a checkpoint."""
+    found = re.search(r"restored progress ([0-9.e+]+)", reason)
+    return float(found.group(1)) if found else None
+
+
+def new_process(run: Session, task_id: str, before: int) -> pd.Series:
+    """Wait for the task's next process to come up; its CREATED event."""
+    wait_until(
+        lambda: len(created(run, task_id)) > before, LIVE_S, f"a new process of {task_id}", run
+    )
+    return created(run, task_id).iloc[-1]
+
+
+def wait_steps_after(run: Session, task_id: str, t_ms: float) -> pd.DataFrame:
+    """Wait for the task's first step that started after ``t_ms``; its steps since then."""
+
+    def since() -> pd.DataFrame:
+        steps = run.side_task_steps
+        return steps[(steps["task_id"] == task_id) & (steps["start_ms"] > t_ms)]
+
+    wait_until(lambda: len(since()) > 0, LIVE_S, f"a step of {task_id} after {t_ms:.0f} ms", run)
+    return since()
+
+
+# -- while training runs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_", "match"),
+    [
+        ({"task": toy("Counting"), "stage": 3, "memory": "100TB"}, "stage 3 cannot host"),
+        ({"task": "no_such_task"}, "'no_such_task' is not a known name"),
+        ({"task": toy("Counting"), "stage": 3, "budget_ms": -1.0}, "budget_ms=-1.0 must be"),
+        ({"task": toy("Counting"), "stage": 4}, "stage=4 is out of range"),
+    ],
+    ids=["memory-above-free", "unknown-task", "negative-budget", "stage-out-of-range"],
+)
+def test_rejected_requests_leave_the_run_untouched(
+    runs: Runs, request_: dict[str, Any], match: str
+) -> None:
+    run = runs.main
+    before = [(t["id"], t["stage"]) for t in run.tasks]
+    folders = sorted(p.name for p in (run.run_dir.path / "tasks").iterdir())
+    with pytest.raises(ValueError, match=match):
+        run.attach(**request_)
+    assert [(t["id"], t["stage"]) for t in run.tasks] == before
+    assert sorted(p.name for p in (run.run_dir.path / "tasks").iterdir()) == folders
+
+
+def test_side_tasks_report_progress_and_a_profile(runs: Runs) -> None:
+    run = runs.main
+
+    def profiled() -> bool:
+        return all(
+            task(run, runs.ids[k])["progress"] > 5 and task(run, runs.ids[k])["profile"]
+            for k in ("pagerank", "counting")
+        )
+
+    wait_until(profiled, LIVE_S, "progress and a profile of pagerank and counting", run)
+    for key in ("pagerank", "counting"):
+        t = task(run, runs.ids[key])
+        profile = t["profile"]
+        assert t["unit"] == "iterations"
+        assert t["budget_ms"] == pytest.approx(step_budget_s(profile["median_step_s"]) * 1e3)
+        assert t["memory_bytes"] == memory_request_gib(profile["peak_memory_bytes"]) * 2**30
+
+
+def test_tune_changes_limits_and_the_task_dict_echoes_them(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["counting"]
+    tuned = run.tune(tid, budget_ms=20)
+    assert (tuned["budget_ms"], tuned["sm_pct"]) == (20.0, None)
+    processes = len(created(run, tid))
+    tuned = run.tune(tid, sm_pct=50)  # read only at process start: a transparent restart
+    assert (tuned["budget_ms"], tuned["sm_pct"]) == (20.0, 50.0)
+    restart = new_process(run, tid, processes)
+    assert '"sm_pct": 50.0' in restart["reason"]
+    wait_steps_after(run, tid, restart["t_ms"])
+
+
+def test_move_changes_stage_and_keeps_progress(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["counting"]
+    wait_until(lambda: task(run, tid)["progress"] > 0, LIVE_S, "counting's progress", run)
+    processes = len(created(run, tid))
+    moved = run.move(tid, 3)
+    assert (moved["id"], moved["stage"]) == (tid, 3)
+    there = new_process(run, tid, processes)
+    assert restored(there["reason"]) == moved["progress"]
+    after = wait_steps_after(run, tid, there["t_ms"])
+    assert set(after["stage"]) == {3}
+    assert task(run, tid)["progress"] > moved["progress"]
+
+
+def test_detach_and_reattach_continue_from_the_checkpoint(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["pagerank"]
+    wait_until(lambda: task(run, tid)["progress"] >= 3, LIVE_S, "pagerank's progress", run)
+    detached = run.detach(tid)
+    assert (detached["state"], detached["detached"]) == ("STOPPED", True)
+    processes = len(created(run, tid))
+    again = run.attach(tid)
+    assert (again["id"], again["stage"], again["state"]) == (tid, 1, "SUBMITTED")
+    back = new_process(run, tid, processes)
+    assert restored(back["reason"]) == detached["progress"]
+    wait_steps_after(run, tid, back["t_ms"])
+    assert task(run, tid)["progress"] > detached["progress"]
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("raises", r"^step raised RuntimeError: boom in step$"),
+        ("hog", r"^out of memory: MemoryError"),
+        ("hangs", r"^killed: a step is still running \d+ ms after its bubble ended"),
+    ],
+)
+def test_failing_task_ends_failed_with_its_reason(runs: Runs, key: str, reason: str) -> None:
+    run, tid = runs.main, runs.ids[key]
+    wait_until(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, f"{key} to fail", run)
+    assert re.search(reason, task(run, tid)["error"]), task(run, tid)["error"]
+
+
+def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
+    run = runs.main
+    failed = [runs.ids[k] for k in ("raises", "hog", "hangs")]
+    wait_until(
+        lambda: all(task(run, t)["state"] == "FAILED" for t in failed),
+        LIVE_S,
+        "stage 0's failing tasks to end",
+        run,
+    )
+    tid = run.attach(toy("Counting"), stage=0, options={"step_s": 0.003}, gating="none")["id"]
+    runs.ids["naive"] = tid
+    wait_until(lambda: task(run, tid)["steps"] >= 100, LIVE_S, "100 naive steps", run)
+    run.detach(tid)
+    steps = run.side_task_steps
+    steps = steps[steps["task_id"] == tid]
+    actions = run.actions
+    actions = actions[actions["rank"] == 0]
+    assert (busy_ms(actions, steps) > 0).sum() > 0
+    assert task(run, tid)["overruns"] > 0
+
+
+# -- after training ----------------------------------------------------------------------------
+
+
+def test_training_completes_every_step_on_every_rank(runs: Runs) -> None:
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    steps = run.steps
+    assert sorted(set(zip(steps["step"], steps["rank"], strict=True))) == [
+        (s, r) for s in range(STEPS) for r in range(4)
+    ]
+    assert run.failure is None
+
+
+def test_losses_equal_a_run_without_side_tasks(runs: Runs) -> None:
+    assert runs.main.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    assert runs.vanilla.wait(timeout_s=STARTUP_S) == RunState.FINISHED
+    with_tasks = runs.main.steps.query("rank == 3")["loss"].tolist()
+    without = runs.vanilla.steps.query("rank == 3")["loss"].tolist()
+    assert len(with_tasks) == STEPS
+    assert with_tasks == without
+
+
+def busy_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Compute time of sorted, disjoint actions [starts, ends) before each time in ``t``."""
+    done = np.concatenate([[0.0], np.cumsum(ends - starts)])  # busy time before action i
+    i = np.searchsorted(starts, t, side="right") - 1
+    j = np.maximum(i, 0)
+    partial = np.minimum(np.clip(t - starts[j], 0.0, None), (ends - starts)[j])
+    return np.where(i >= 0, done[j] + partial, 0.0)
+
+
+def busy_ms(actions: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+    """For each span (rank, start_ms, end_ms): its overlap with its rank's compute actions."""
+    out = np.zeros(len(spans))
+    for rank, mine in actions.groupby("rank"):
+        mine = mine.sort_values("start_ms")
+        starts, ends = mine["start_ms"].to_numpy(), mine["end_ms"].to_numpy()
+        rows = (spans["rank"] == rank).to_numpy()
+        span_ends = busy_before(starts, ends, spans.loc[rows, "end_ms"].to_numpy())
+        out[rows] = span_ends - busy_before(starts, ends, spans.loc[rows, "start_ms"].to_numpy())
+    return out
+
+
+def idle_intervals(run: Session) -> pd.DataFrame:
+    """Each rank's measured idle intervals per step (rank, step, start_ms, end_ms): the bubbles
+    table (gaps inside the step's global window) plus the rank's own lead-in and tail, from its
+    window start to its first action and from its last action to its window end."""
+    bubbles = run.bubbles[["rank", "step", "start_ms", "end_ms"]]
+    actions = run.actions.groupby(["rank", "step"]).agg(
+        first=("start_ms", "min"), last=("end_ms", "max")
+    )
+    windows = run.steps.set_index(["rank", "step"])[["start_ms", "end_ms"]].join(actions)
+    lead = windows.reset_index()[["rank", "step", "start_ms", "first"]]
+    tail = windows.reset_index()[["rank", "step", "last", "end_ms"]]
+    lead.columns = tail.columns = ["rank", "step", "start_ms", "end_ms"]
+    return pd.concat([bubbles, lead, tail], ignore_index=True)
+
+
+def test_managed_side_task_steps_lie_inside_measured_bubbles(runs: Runs) -> None:
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    steps = run.side_task_steps
+    steps = steps[steps["task_id"] != runs.ids.get("naive", "")].reset_index(drop=True)
+    assert len(steps) > 100
+    steps["row"] = steps.index
+    pairs = steps.merge(idle_intervals(run), on=["rank", "step"], suffixes=("", "_idle"))
+    pairs["inside"] = (pairs["start_ms_idle"] - TOLERANCE_MS <= pairs["start_ms"]) & (
+        pairs["end_ms"] <= pairs["end_ms_idle"] + pairs["overrun_ms"] + TOLERANCE_MS
+    )
+    inside = pairs.groupby("row")["inside"].any().reindex(steps.index, fill_value=False)
+    steps["busy_ms"] = busy_ms(run.actions, steps)
+    outside = steps[~inside | (steps["busy_ms"] > steps["overrun_ms"] + TOLERANCE_MS)]
+    columns = ["task_id", "rank", "step", "start_ms", "end_ms", "overrun_ms", "busy_ms"]
+    assert outside[columns].to_dict("records") == []
+
+
+def test_the_ledger_counts_each_task_work(runs: Runs) -> None:
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    ledger = run.ledger().set_index("task_id")
+    for key in ("pagerank", "counting"):
+        t = task(run, runs.ids[key])
+        assert ledger.loc[t["id"], "progress"] == pytest.approx(t["progress"])
+        assert ledger.loc[t["id"], "throughput_per_s"] > 0
