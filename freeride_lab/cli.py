@@ -426,11 +426,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     progress(f"bench {profile.name} on {device}: {len(profile.runs)} run(s), "
              f"time budget {profile.time_budget_s:.0f} s, results -> {out}")  # fmt: skip
-    result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
-                             command=[PROG, *sys.argv[1:]])  # fmt: skip
+    # Ctrl-C, and SIGTERM (e.g. from `timeout`), end the current run cleanly and keep what was
+    # measured; SIGINT may arrive ignored from a non-interactive parent shell, so restore it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
+                                 command=[PROG, *sys.argv[1:]])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
     print(bench_results.markdown(result))
     progress(f"done in {result.get('elapsed_s')} s; wrote {out} and {out.with_suffix('.md')}")
     return EXIT_OK if result.get("blocks") else EXIT_FAILED
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _cuda_present() -> bool:

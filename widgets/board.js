@@ -51,6 +51,7 @@ function drop(zone, onDrop) {
 
 function draggable(node, payload, hold) {
   node.setAttribute("draggable", "true");
+  node.addEventListener("pointerdown", () => hold(true)); // no redraw between press and dragstart
   node.addEventListener("dragstart", (event) => {
     event.dataTransfer.setData(MIME, JSON.stringify(payload));
     event.dataTransfer.setData("text/plain", payload.name ?? payload.id);

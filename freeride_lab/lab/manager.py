@@ -250,7 +250,7 @@ class SideTaskManager:
             limits = GpuLimits.from_dict(record.limits).replace(**changes)
             if "memory_bytes" in changes:
                 self._check_stage(record, limits, record.rank)
-            ack = self._client(record.rank).tune(record.id, **changes)
+            ack = self._call(record.rank, lambda w: w.tune(record.id, **changes))
             if not ack.ok:
                 raise ValueError(f"worker of stage {record.stage} refused: {ack.message}")
             record.limits = limits.to_dict()
@@ -278,7 +278,7 @@ class SideTaskManager:
             if rank == record.rank:
                 return self.book.view(record)
             old_rank = record.rank
-            detached = self._client(old_rank).detach(record.id)
+            detached = self._call(old_rank, lambda w: w.detach(record.id))
             if not detached.ok:
                 raise RuntimeError(f"could not stop {record.id} for the move: {detached.message}")
             record.rank, record.stage, record.placement = rank, self._lowest(rank), note
@@ -306,7 +306,7 @@ class SideTaskManager:
             if record.detached:
                 return self.book.view(record)
             if self._live() and self.book.live(record):
-                ack = self._client(record.rank).detach(record.id)
+                ack = self._call(record.rank, lambda w: w.detach(record.id))
                 if ack.ok:
                     state = str(ack.payload.get("state", SideTaskState.STOPPED))
                     self.book.set_state(record.id, state, ack.t_ns)
@@ -358,6 +358,11 @@ class SideTaskManager:
             raise RuntimeError(
                 f"run {self.run_dir.path.name} was launched with side_tasks=False (vanilla): it "
                 "has no side-task workers; launch with RunConfig(side_tasks=True)"
+            )
+        if not self.config.extra.get("edges_factory"):
+            raise RuntimeError(
+                f"run {self.run_dir.path.name} has no side-task workers (its config has no "
+                "extra['edges_factory']); launch it with Session.launch and side_tasks=True"
             )
         if not self._live():
             raise RuntimeError(
@@ -485,14 +490,24 @@ class SideTaskManager:
                         "was up"
                     ) from None
 
-    def _send_attach(self, record: TaskRecord, *, reason: str = "attach") -> ControlAck:
+    def _call(self, rank: int, command: Callable[[WorkerLike], ControlAck]) -> ControlAck:
+        """Send one command to the worker of ``rank``.
+
+        Raises:
+            RuntimeError: the worker is not listening, or did not answer in time.
+        """
+        worker = self._client(rank)
         try:
-            ack = self._client(record.rank).attach(record.spec())
-        except ConnectionError as exc:
+            return command(worker)
+        except (ConnectionError, TimeoutError) as exc:
             raise RuntimeError(
-                f"the side-task worker of stage {record.stage} is not listening ({exc}); "
+                f"the side-task worker of stage {self._lowest(rank)} did not answer ({exc}); "
                 "is the run still training?"
             ) from None
+
+    def _send_attach(self, record: TaskRecord, *, reason: str = "attach") -> ControlAck:
+        spec = record.spec()
+        ack = self._call(record.rank, lambda w: w.attach(spec))
         if not ack.ok:
             raise ValueError(f"stage {record.stage} refused {record.id} ({reason}): {ack.message}")
         return ack

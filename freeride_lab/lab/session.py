@@ -673,9 +673,19 @@ class Session(SideTaskControls):
     @property
     def bubbles(self) -> pd.DataFrame:
         """Idle gaps per (step, rank), from ``freeride_lab.core.bubbles.extract_bubbles``."""
+        return self._bubbles_of(self.actions)
+
+    def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame:
+        """The bubbles of the last ``steps`` recorded steps (enough for predictions: k=5)."""
+        actions = self.actions
+        if not actions.empty:
+            actions = actions[actions["step"] > int(actions["step"].max()) - steps]
+        return self._bubbles_of(actions)
+
+    def _bubbles_of(self, actions: pd.DataFrame) -> pd.DataFrame:
         cfg = self.config
         return core_bubbles.extract_bubbles(
-            self.actions,
+            actions,
             schedule=cfg.schedule,
             stages=cfg.stages,
             microbatches=cfg.microbatches,
@@ -716,7 +726,7 @@ class Session(SideTaskControls):
                 self.config,
                 events=self._events_since,
                 memory=lambda: self.memory,
-                bubbles=lambda: self.bubbles,
+                bubbles=self._recent_bubbles,
                 live=self._is_live,
             )
         return self._manager

@@ -51,8 +51,7 @@ class SideTaskControls:
     def memory(self) -> pd.DataFrame:
         raise NotImplementedError
 
-    @property
-    def bubbles(self) -> pd.DataFrame:
+    def _recent_bubbles(self) -> pd.DataFrame:
         raise NotImplementedError
 
     @property
@@ -85,8 +84,9 @@ class SideTaskControls:
         """Run a side task in this run's bubbles; its task dict (see ``tasks``).
 
         ``task`` is a built-in name (resnet18, resnet50, vgg19, pagerank, sgd_mf, image),
-        "pkg.module:Class", "path/file.py:Class", or the id of a detached task, which then
-        resumes from its checkpoint (with its own options, policy and gating).
+        "pkg.module:Class", "path/file.py:Class", or the id of a detached (or ended) task,
+        which then resumes from its checkpoint with its own options, policy, gating and limits
+        (``memory``, ``sm_pct``, ``budget_ms`` and ``priority=0`` given here replace them).
 
         Args:
             stage: where it runs; None places it (free memory, bubble fit, queue length).
@@ -169,7 +169,7 @@ class SideTaskControls:
 
     def stage_info(self) -> list[dict[str, Any]]:
         """One dict per rank for the task board: stage, free_bytes, bubbles_ms, label, …"""
-        return stage_info(self._side_tasks(), self.memory, self.bubbles)
+        return stage_info(self._side_tasks(), self.memory, self._recent_bubbles())
 
     def enable_governor(
         self,

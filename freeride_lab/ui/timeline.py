@@ -532,7 +532,9 @@ class Timeline:
             try:
                 follow.value = self.following
                 if steps:
-                    with slider.hold_trait_notifications():  # min/max/value checked together
+                    # min/max/value checked together, and sent in one message: the browser
+                    # must never see a value outside its range (it would clamp and send back)
+                    with slider.hold_sync(), slider.hold_trait_notifications():
                         slider.min, slider.max = steps[0], steps[-1]
                         slider.value = shown[-1] if shown else steps[-1]
                 slider.disabled = self.following or not steps

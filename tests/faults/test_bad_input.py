@@ -299,9 +299,7 @@ def shell() -> Iterator[Any]:
 
 @FAST
 @given(line=magic_lines())
-def test_freeride_magic_line_is_launched_well_typed_or_one_usage_error(
-    shell: Any, line: str
-) -> None:
+def test_freeride_magic_line_is_launched_or_refused_in_one_line(shell: Any, line: str) -> None:
     from IPython.core.error import UsageError as MagicUsageError
 
     out = io.StringIO()

@@ -18,6 +18,7 @@ from freeride_lab.core.governor import OverheadGovernor
 from freeride_lab.lab.governor import GOVERNOR_LOG_COLUMNS, GovernorLoop, governor_log_frame
 from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
 from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.lab.session import EDGES_FACTORY
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.taskspec import TaskSpec, profile_path
 
@@ -61,7 +62,8 @@ class Run:
     def __init__(self, tmp_path: Path, **config: Any) -> None:
         self.run_dir = RunDir(tmp_path / "run")
         self.run_dir.create()
-        fields = {"schedule": "1F1B", "stages": 4, "microbatches": 4, "workload": "synthetic"}
+        fields: dict[str, Any] = {"schedule": "1F1B", "stages": 4, "microbatches": 4}
+        fields |= {"workload": "synthetic", "extra": {"edges_factory": EDGES_FACTORY}}
         self.config = RunConfig(**{**fields, **config})
         self.events: list[dict[str, Any]] = []
         self.memory = pd.DataFrame(
@@ -187,6 +189,12 @@ def test_a_budget_longer_than_every_bubble_of_the_stage_is_refused(run: Run) -> 
 def test_attach_to_a_vanilla_run_is_a_runtime_error(tmp_path: Path) -> None:
     run = Run(tmp_path, side_tasks=False)
     with pytest.raises(RuntimeError, match="side_tasks=False"):
+        run.manager.attach(COUNTING, stage=0)
+
+
+def test_attach_to_a_run_without_workers_is_a_runtime_error(tmp_path: Path) -> None:
+    run = Run(tmp_path, extra={})
+    with pytest.raises(RuntimeError, match="has no side-task workers"):
         run.manager.attach(COUNTING, stage=0)
 
 

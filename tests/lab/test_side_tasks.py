@@ -196,6 +196,16 @@ def test_tune_changes_limits_and_the_task_dict_echoes_them(runs: Runs) -> None:
     wait_steps_after(run, tid, restart["t_ms"])
 
 
+def test_a_restart_for_new_limits_profiles_the_task_again(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["counting"]
+    processes = len(created(run, tid))
+    run.tune(tid, sm_pct=40)
+    new_process(run, tid, processes)  # the old profile was measured under other limits
+    wait_until(lambda: task(run, tid)["profile"], LIVE_S, "a new profile", run)
+    profile = task(run, tid)["profile"]
+    assert (profile["sm_pct"], profile["n_steps"], profile["budget_in_force_s"]) == (40.0, 5, 0.02)
+
+
 def test_move_changes_stage_and_keeps_progress(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["counting"]
     wait_until(lambda: task(run, tid)["progress"] > 0, LIVE_S, "counting's progress", run)
@@ -256,6 +266,25 @@ def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
     actions = actions[actions["rank"] == 0]
     assert (busy_ms(actions, steps) > 0).sum() > 0
     assert task(run, tid)["overruns"] > 0
+
+
+def test_governor_tunes_live_tasks_and_logs_its_decisions(runs: Runs) -> None:
+    run = runs.main
+    steps = run.steps
+    period_s = float(steps.groupby("step")["start_ms"].min().diff().median()) / 1e3
+    # A baseline well below the real pace: every step looks 100% slower, so it must act.
+    loop = run.enable_governor(
+        target_frac=0.01, baseline_step_s=period_s / 2, window=2, settle_steps=0
+    )
+    try:
+        wait_until(lambda: len(run.governor_log) > 0, LIVE_S, "a governor decision", run)
+    finally:
+        run.disable_governor()
+    assert not loop.running
+    decision = run.governor_log.iloc[0]
+    assert decision["task_id"] in (runs.ids["pagerank"], runs.ids["counting"])
+    assert decision["budget_scale"] > 1.0
+    assert "overhead" in decision["reason"]
 
 
 # -- after training ----------------------------------------------------------------------------
@@ -342,3 +371,119 @@ def test_the_ledger_counts_each_task_work(runs: Runs) -> None:
         t = task(run, runs.ids[key])
         assert ledger.loc[t["id"], "progress"] == pytest.approx(t["progress"])
         assert ledger.loc[t["id"], "throughput_per_s"] > 0
+
+
+# -- on a GPU (run on an H200; skipped elsewhere) --------------------------------------------
+# One CUDA rank under a private MPS daemon. With a single stage the pipeline has no bubbles, so
+# these tasks run with gating="none"; the claims are about limits, which do not depend on it.
+
+GPU_TASKS = Path(__file__).resolve().parent / "gpu_tasks.py"
+GPU_CONFIG = CONFIG.replace(
+    stages=1,
+    steps=100_000,
+    device="cuda",
+    mps=True,
+    t_forward_ms=20.0,
+    t_backward_input_ms=20.0,
+    t_backward_weight_ms=20.0,
+)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    from freeride_lab.runtime.mps import MpsDaemon
+
+    available = MpsDaemon.available()
+    if not available:
+        pytest.skip(f"MPS unavailable: {available.reason}")
+    run = Session.launch(GPU_CONFIG, run_dir=tmp_path_factory.mktemp("gpu") / "run", grace_s=5)
+    try:
+        wait_until(lambda: run.steps_done >= 2, STARTUP_S, "two CUDA training steps", run)
+        yield run
+    finally:
+        run.stop()
+
+
+def task_process(run: Session, task_id: str) -> Any:
+    """The live process of a task (``psutil.Process``), from its worker."""
+    import psutil
+
+    from freeride_lab.runtime.worker_client import WorkerClient
+
+    def pid() -> int | None:
+        status = WorkerClient.from_run_dir(run.run_dir.path, 0).status().payload
+        found = [t["pid"] for t in status["tasks"] if t["task_id"] == task_id]
+        return found[0] if found else None
+
+    wait_until(pid, LIVE_S, f"the process of {task_id}", run)
+    return psutil.Process(pid())
+
+
+@pytest.mark.gpu
+def test_side_task_over_its_mps_memory_cap_fails_alone_and_training_goes_on(
+    gpu_run: Session,
+) -> None:
+    run = gpu_run
+    hog = run.attach(f"{GPU_TASKS}:CudaHog", stage=0, memory="1GiB", budget_ms=5, gating="none")[
+        "id"
+    ]
+    wait_until(lambda: task(run, hog)["state"] == "FAILED", LIVE_S, "the hog to fail", run)
+    assert task(run, hog)["error"].startswith("out of memory:"), task(run, hog)["error"]
+    steps = run.steps_done
+    wait_until(lambda: run.steps_done >= steps + 3, LIVE_S, "three more training steps", run)
+    assert run.failure is None
+
+
+@pytest.mark.gpu
+def test_mps_limits_reach_the_task_process_and_not_the_trainer(gpu_run: Session) -> None:
+    run = gpu_run
+    spin = run.attach(
+        f"{GPU_TASKS}:CudaSpin", stage=0, memory="2GiB", sm_pct=25, budget_ms=5, gating="none"
+    )["id"]
+    try:
+        env = task_process(run, spin).environ()
+        assert env["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == run.run_dir.read_run()["mps"]["pipe_dir"]
+        ranks = [p for p in run._run_processes() if "freeride_lab.runtime.rank" in p.cmdline()]
+        assert ranks
+        for rank in ranks:
+            rank_env = rank.environ()
+            assert "CUDA_MPS_PIPE_DIRECTORY" in rank_env  # the trainer is an MPS client too
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in rank_env
+            assert rank_env.get("CUDA_MPS_CLIENT_PRIORITY", "0") == "0"
+    finally:
+        run.detach(spin)
+
+
+@pytest.mark.gpu
+def test_a_smaller_sm_share_is_profiled_again_and_lengthens_the_step(gpu_run: Session) -> None:
+    run = gpu_run
+    spin = run.attach(f"{GPU_TASKS}:CudaSpin", stage=0, budget_ms=5, gating="none")["id"]
+    try:
+        wait_until(lambda: task(run, spin)["profile"], LIVE_S, "a profile at full share", run)
+        full = task(run, spin)["profile"]["median_step_s"]
+        run.tune(spin, sm_pct=20)
+        wait_until(lambda: task(run, spin)["profile"], LIVE_S, "a profile at 20% of SMs", run)
+        capped = task(run, spin)["profile"]
+        assert capped["sm_pct"] == 20.0
+        assert capped["median_step_s"] > 1.5 * full, (full, capped["median_step_s"])
+    finally:
+        run.detach(spin)
+
+
+@pytest.mark.gpu
+def test_cuda_run_starts_its_mps_daemon_and_stops_it_after_every_process(
+    gpu_run: Session,
+) -> None:
+    from freeride_lab.runtime.mps import MpsDaemon
+
+    run = gpu_run
+    entry = run.run_dir.read_run()["mps"]
+    assert entry["active"] is True and run.mps_active
+    daemon = MpsDaemon(entry["pipe_dir"], entry["log_dir"])
+    assert daemon.is_running()
+    run.stop()
+    assert run._run_processes() == []
+    assert not daemon.is_running()
