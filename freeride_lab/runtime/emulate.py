@@ -480,12 +480,12 @@ class EmulatedChunk(nn.Module):
         costs = self.costs
         assert costs is not None
         if self.first:
-            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float()  # (B, T, W)
+            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()  # (B, T, W)
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()  # keep a backward path on the first stage
         y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.backward_s)  # type: ignore[no-untyped-call]
         if self.last:
-            y = y[..., :1].expand(*y.shape[:-1], VOCAB)  # (B, T, 256)
+            y = y[..., :1].expand(*y.shape[:-1], VOCAB).contiguous()  # (B, T, 256)
         return y
 
     def extra_repr(self) -> str:

@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import functools
 import math
 import os
 import re
@@ -154,11 +155,30 @@ def torchrun_command(
         "--max-restarts", "0",
         "--log-dir", str(run_dir.logs_dir),
         "--tee", "3",
-        "--signals-to-handle", TORCHRUN_SIGNALS,
-        "--shutdown-timeout", str(max(1, math.ceil(grace_s))),
+        *_optional_torchrun_flags(grace_s),
         *entry,
         "--run-dir", str(run_dir.path),
     ]  # fmt: skip
+
+
+@functools.cache
+def _torchrun_option_strings() -> frozenset[str]:
+    """Options the installed torchrun understands (they vary across torch releases)."""
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(o for a in get_args_parser()._actions for o in a.option_strings)
+
+
+def _optional_torchrun_flags(grace_s: float) -> list[str]:
+    # --signals-to-handle and --shutdown-timeout are newer than torch 2.8; older torchruns
+    # refuse unknown flags, and our ranks ignore SIGINT either way.
+    known = _torchrun_option_strings()
+    flags: list[str] = []
+    if "--signals-to-handle" in known:
+        flags += ["--signals-to-handle", TORCHRUN_SIGNALS]
+    if "--shutdown-timeout" in known:
+        flags += ["--shutdown-timeout", str(max(1, math.ceil(grace_s)))]
+    return flags
 
 
 def stop_processes(
