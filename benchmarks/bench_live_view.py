@@ -1,6 +1,6 @@
 """The live view under load: events the Session ingests, dashboard redraws, kernel cell latency.
 
-    python benchmarks/bench_live_view.py                   # ~2 min; results/live-view-cpu-<date>.json
+    python benchmarks/bench_live_view.py       # ~2 min; writes results/live-view-cpu-<date>.json
     python benchmarks/bench_live_view.py --events-per-s 12000 --duration-s 20 --no-real-run
 
 Two phases, each in a fresh Jupyter kernel (jupyter_client, this interpreter) that launches a
@@ -18,7 +18,8 @@ real ``Session`` and displays it, so the dashboard and its pump run exactly as i
 Meanwhile the driver sends trivial cells (``pass``) to the kernel one after the other and times
 each round trip (``execute_request`` → ``execute_reply``); a sampler thread in the kernel records
 twice a second the events that reached the session over the bus (``session.live_events``, which
-merges them into the tables) and the pump's ticks and redraws.
+merges them into the tables) and the pump's ticks and redraws (any part of the dashboard) and
+the timeline's redraws.
 
 Goals (issue 4): ≥ 5,000 events/s ingested, ≤ 10 Hz redraws, < 100 ms cell latency (p95).
 Ratios are printed side by side: ``ingest_ratio`` = rate / 5,000 (≥ 1 meets it),
@@ -164,7 +165,8 @@ def _bench_sample():
     dash = _dashboard_for(session)
     while not _bench["stop"].is_set():
         _bench["samples"].append(
-            [_time.monotonic(), session.live_events, dash.ticks, dash.redraws, dash.tick_s]
+            [_time.monotonic(), session.live_events, dash.ticks, dash.redraws, dash.tick_s,
+             dash.timeline.redraws]
         )
         _bench["stop"].wait(0.5)
 
@@ -184,7 +186,8 @@ print(_json.dumps({
     "live_events": session.live_events,
     "steps_done": session.steps_done,
     "dashboard": {"ticks": _dash.ticks, "redraws": _dash.redraws, "errors": _dash.errors,
-                  "interval_s": _dash.interval_s},
+                  "timeline_redraws": _dash.timeline.redraws, "interval_s": _dash.interval_s,
+                  "busy_frac": _dash.busy_frac},
 }))
 _dash.stop()
 session.stop()
@@ -265,7 +268,7 @@ def summarise(
     idle: list[float],
     latencies: list[tuple[float, float]],
 ) -> dict[str, Any]:
-    samples = result["samples"]  # [monotonic, live_events, ticks, redraws, tick_s]
+    samples = result["samples"]  # [monotonic, live_events, ticks, redraws, tick_s, timeline]
     streaming = [s for s in samples if s[1] > 0]
     final = streaming[-1][1] if streaming else 0
     # the streaming window: first events in, until the count reached its final value
@@ -276,6 +279,7 @@ def summarise(
     peak_rate = _peak(samples, 1)
     redraw_hz = (end[3] - start[3]) / window_s if window_s > 0 else float("nan")
     peak_redraw_hz = _peak(samples, 3)
+    timeline_hz = (end[5] - start[5]) / window_s if window_s > 0 else float("nan")
     during = [ms for t, ms in latencies if start and end and start[0] <= t <= end[0]] or [
         ms for _, ms in latencies
     ]
@@ -292,6 +296,7 @@ def summarise(
         "ingest_events_per_s_peak_1s": peak_rate,
         "redraw_hz": redraw_hz,
         "redraw_hz_peak_1s": peak_redraw_hz,
+        "timeline_redraw_hz": timeline_hz,
         "pump": result["dashboard"],
         "mean_tick_ms": 1e3 * statistics.fmean([s[4] for s in streaming]) if streaming else None,
         "cell_latency_ms": {
@@ -410,9 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{p['phase']:7s} ingest {p['ingest_events_per_s']:8.0f} ev/s "
             f"(peak {p['ingest_events_per_s_peak_1s']:.0f}) = {p['ingest_ratio']:.2f}x goal | "
-            f"redraws {p['redraw_hz']:.1f} Hz (peak {p['redraw_hz_peak_1s']:.1f}) = "
-            f"{p['redraw_ratio']:.2f} of cap | cell p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms "
-            f"(idle {lat['idle_p50']:.1f}) = {p['latency_ratio']:.2f} of limit"
+            f"redraws {p['redraw_hz']:.1f} Hz (peak {p['redraw_hz_peak_1s']:.1f}, timeline "
+            f"{p['timeline_redraw_hz']:.2f}) = "
+            f"{p['redraw_ratio']:.2f} of cap | cell p50 {lat['p50']:.1f} ms "
+            f"p95 {lat['p95']:.1f} ms (idle {lat['idle_p50']:.1f}) = "
+            f"{p['latency_ratio']:.2f} of limit"
         )
     date = datetime.now(UTC).date().isoformat()
     out = args.out or RESULTS / f"live-view-cpu-{date}.json"

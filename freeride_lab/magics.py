@@ -293,13 +293,14 @@ class FreerideMagics(Magics):
             )
 
     def _stop(self, args: argparse.Namespace) -> None:
-        from freeride_lab.ui.dashboard import dashboard_for
+        from freeride_lab.ui.dashboard import existing_dashboard
 
         session = self._current(args)
         session.stop(grace_s=args.grace_s)
-        dash = dashboard_for(session)
-        dash.tick()  # show the final state at once
-        dash.stop()
+        dash = existing_dashboard(session)
+        if dash is not None:
+            dash.tick()  # show the final state at once
+            dash.stop()
         print(
             f"run {session.run_id} {session.state} after "
             f"{session.steps_done}/{session.config.steps} steps; its files stay in "

@@ -14,8 +14,9 @@ far. Frontends without widgets get an escaped ``text/html`` summary instead.
 One daemon thread per session (the dashboard's pump) feeds all of it: at most every
 ``interval_s`` (≥ 0.1 s, so ≤ 10 redraws a second) it reads the session's tables once, draws the
 newest ``history_steps`` steps (bounded memory; the whole run stays in the run directory) and
-assigns traits — never ``with out:`` from the thread (conventions.md §3.1). A tick that took
-long makes the next wait longer (``busy_frac``), so a large run cannot starve the kernel.
+assigns traits — never ``with out:`` from the thread (conventions.md §3.1). The step counter
+and task cards follow every tick; the parts that read whole tables redraw less often as the run
+grows (``busy_frac``), so a large run cannot starve the kernel.
 
 [Note: one dashboard per session]
 Displaying a session twice must not start a second pump, and ``%unload_ext`` must be able to stop
@@ -67,6 +68,7 @@ __all__ = [
     "UserTask",
     "builtin_palette",
     "dashboard_for",
+    "existing_dashboard",
     "html_summary",
     "mimebundle",
     "stop_all",
@@ -369,8 +371,9 @@ class Dashboard:
     Args:
         interval_s: seconds between two ticks of the pump (≥ 0.1: at most 10 redraws a second).
         history_steps: newest steps kept for the timeline's step selector and the fractions.
-        busy_frac: the pump waits at least ``tick time / busy_frac`` between ticks, so it uses
-            at most about this fraction of a core however large the run grows.
+        busy_frac: the share of a core the pump may use however large the run grows: it waits
+            at least ``tick time / busy_frac`` between ticks, and redraws the parts that read
+            whole tables (timeline, stages, costs) only that often too (see :meth:`tick`).
         slow_s: seconds between two reads of what changes slowly and costs more to read: the
             stages' free memory and bubbles, the cost saving, the GPU monitor's process roles.
         tasks_dir: where ``%%freeride_task`` registers user tasks (default ``./.freeride_tasks``).
@@ -411,7 +414,10 @@ class Dashboard:
         self.redraws = 0  # ticks that changed something on screen
         self.errors = 0
         self.tick_s = 0.0  # duration of the last tick
+        self.heavy_s = 0.0  # duration of the last redraw of the timeline (and slow parts)
         self._tick_avg_s = 0.0
+        self._heavy_due = 0.0  # monotonic time from which the heavy parts may redraw again
+        self._tick_heavy_s = 0.0  # time the current tick spent in the heavy parts
         self.timeline = Timeline(window_steps=window_steps)
         self.controller = SessionController(session, resolve=self._resolve)
         self.board = SideTaskBoard(self.controller)
@@ -550,13 +556,21 @@ class Dashboard:
                 self.gpu.stop()
                 return
             self.tick_s = time.perf_counter() - started
-            # a moving average, so one slow tick (the first draws everything) costs no long pause
-            self._tick_avg_s = 0.7 * self._tick_avg_s + 0.3 * self.tick_s
+            # the light part paces the loop (the heavy part paces itself, see tick); a moving
+            # average, so that one slow tick costs no long pause
+            light_s = max(0.0, self.tick_s - self._tick_heavy_s)
+            self._tick_avg_s = 0.7 * self._tick_avg_s + 0.3 * light_s
             stop.wait(max(self.interval_s, self._tick_avg_s / self.busy_frac))
 
     def tick(self) -> bool:
         """Read the session once and update every part that changed; True once the run is over
-        (and this tick drew its final state)."""
+        (and this tick drew its final state).
+
+        The step counter and the task cards are cheap and follow every tick. The timeline, the
+        stages, the cost saving and the GPU roles read whole tables: they are redrawn when
+        their last redraw is ``heavy_s * (1 / busy_frac - 1)`` seconds old, so that however long
+        they take, they use at most about ``busy_frac`` of a core.
+        """
         session = self.session
         if session is None:
             return True
@@ -564,14 +578,21 @@ class Dashboard:
             self.ticks += 1
             state = session.state
             done = bool(getattr(state, "done", False))
-            slow = done or time.monotonic() - self._slow_at >= self.slow_s
             changed = self._tick_progress(session, state)
-            changed |= self._tick_timeline(session, slow=slow)
-            changed |= self._tick_board(session, slow=slow)
-            if slow:
-                self._slow_at = time.monotonic()
-                changed |= self._set("costs", _costs_html(session))
-                self._tick_roles(session)
+            changed |= self._tick_tasks(session)
+            now = time.monotonic()
+            self._tick_heavy_s = 0.0
+            if done or now >= self._heavy_due:
+                started = time.perf_counter()
+                slow = done or now - self._slow_at >= self.slow_s
+                changed |= self._tick_timeline(session, slow=slow)
+                if slow:
+                    self._slow_at = now
+                    changed |= self._tick_stages(session)
+                    changed |= self._set("costs", _costs_html(session))
+                    self._tick_roles(session)
+                self.heavy_s = self._tick_heavy_s = time.perf_counter() - started
+                self._heavy_due = time.monotonic() + self.heavy_s * (1 / self.busy_frac - 1)
             if changed:
                 self.redraws += 1
         return done
@@ -653,23 +674,23 @@ class Dashboard:
             )
         return _Tables(actions, bubbles, side, summary)
 
-    def _tick_board(self, session: DashboardSession, *, slow: bool) -> bool:
+    def _tick_tasks(self, session: DashboardSession) -> bool:
         self._refresh_palette()
-        changed = False
         tasks = _tasks(session)
-        if self._last.get("tasks") != tasks:
-            self._last["tasks"] = tasks
-            self.board.set_tasks(tasks)
-            changed = True
-        if not slow and "stages" in self._last:
-            return changed
+        if self._last.get("tasks") == tasks:
+            return False
+        self._last["tasks"] = tasks
+        self.board.set_tasks(tasks)
+        return True
+
+    def _tick_stages(self, session: DashboardSession) -> bool:
         stage_info = getattr(session, "stage_info", None)
         stages = [_board_stage(s) for s in stage_info()] if stage_info is not None else []
-        if self._last.get("stages") != stages:
-            self._last["stages"] = stages
-            self.board.set_stages(stages)
-            changed = True
-        return changed
+        if self._last.get("stages") == stages:
+            return False
+        self._last["stages"] = stages
+        self.board.set_stages(stages)
+        return True
 
     def _tick_roles(self, session: DashboardSession) -> None:
         """Tell the GPU monitor which pids are training ranks (only where NVML samples)."""
@@ -709,6 +730,12 @@ def dashboard_for(session: DashboardSession, *, tasks_dir: Path | None = None) -
         elif tasks_dir is not None and Path(tasks_dir) != dash.tasks_dir:
             dash.tasks_dir = Path(tasks_dir)
     return dash
+
+
+def existing_dashboard(session: DashboardSession) -> Dashboard | None:
+    """The dashboard of ``session`` if it has one (none is made)."""
+    with _dashboards_lock:
+        return _dashboards.get(session)
 
 
 def stop_all() -> int:

@@ -111,6 +111,8 @@ def quickstart(lab_module: Any) -> Any:
     """The quickstart, open and run up to its stop cell (training continues in the background)."""
     lab_module.open(QUICKSTART)
     run_command_at(lab_module, stop_cell_index(lab_module), "notebook:run-all-above", RUN_S)
+    # the dashboard (the launch cell's output) in view: what a failure screenshot should show
+    lab_module.page.locator(".jp-OutputArea-output .widget-vbox").first.scroll_into_view_if_needed()
     return lab_module
 
 

@@ -56,7 +56,8 @@ def session() -> Iterator[FakeSession]:
 
 @pytest.fixture
 def dash(session: FakeSession, tmp_path: Path) -> Dashboard:
-    d = Dashboard(session, tasks_dir=tmp_path / "tasks")
+    # busy_frac=1: every tick redraws everything (no pacing between the tests' own ticks)
+    d = Dashboard(session, tasks_dir=tmp_path / "tasks", busy_frac=1.0)
     d.widget  # noqa: B018 - built, not started: tests call tick() themselves
     return d
 
@@ -176,7 +177,7 @@ def test_costs_show_the_reason_until_side_tasks_progress(dash, session):
 
 
 def test_timeline_keeps_only_the_newest_history_steps(session, tmp_path):
-    d = Dashboard(session, history_steps=4, window_steps=2, tasks_dir=tmp_path)
+    d = Dashboard(session, history_steps=4, window_steps=2, tasks_dir=tmp_path, busy_frac=1.0)
     session.advance(10)
     d.tick()
     steps = sorted({int(s) for s in d.timeline._tables[0]["step"]})
@@ -330,7 +331,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session = Session.launch(config, run_dir=tmp_path_factory.mktemp("dash") / "run", grace_s=5)
     try:
         wait_until(lambda: session.steps_done >= 3, timeout_s=STARTUP_S, what="three steps")
-        dash = Dashboard(session, tasks_dir=tmp_path_factory.mktemp("tasks"))
+        dash = Dashboard(session, tasks_dir=tmp_path_factory.mktemp("tasks"), busy_frac=1.0)
         dash.widget  # noqa: B018
         dash.tick()
         yield dash
@@ -390,3 +391,36 @@ def test_timeline_traces_hold_the_bubbles_of_the_real_run(real):
     # the session may have gained steps since the tick; the drawn ones are all there
     assert len(drawn) and set(np.round(drawn, 3)) <= set(np.round(expected["start_ms"], 3))
     assert len(drawn) == len(expected[expected["step"].isin(shown)])
+
+
+def test_a_first_view_of_the_timeline_repaints_it_once(dash, session):
+    """Plotly's front end drops messages sent before it loads; its first report triggers one
+    repaint of what is drawn (see [Note: widget messages before the front end])."""
+    dash.tick()
+    before = dash.timeline.redraws
+    report = {"trace_deltas": [], "trace_edit_id": 0}
+    dash.timeline.figure._js2py_traceDeltas = report
+    assert dash.timeline.redraws == before + 1
+    dash.timeline.figure._js2py_traceDeltas = dict(report)  # a second view: nothing to repaint
+    assert dash.timeline.redraws == before + 1
+    trace = next(t for t in dash.timeline.figure.data if t.name == "bubble")
+    assert len(trace.x) > 0  # cleared and drawn again
+
+
+def test_a_costly_timeline_waits_while_the_step_counter_follows_every_tick(tmp_path):
+    class SlowTables(FakeSession):
+        @property
+        def actions(self):  # a large run: reading the table takes a while
+            time.sleep(0.05)
+            return FakeSession.actions.fget(self)
+
+    s = SlowTables(steps=100)
+    s.advance(2)
+    d = Dashboard(s, busy_frac=0.01, tasks_dir=tmp_path)  # heavy parts: 1% of a core
+    d.widget  # noqa: B018
+    d.tick()
+    drawn = d.timeline.redraws
+    s.advance(1)
+    d.tick()
+    assert d._parts["counter"].value.startswith("3/100")
+    assert d.timeline.redraws == drawn  # due again only ~100x its cost later
