@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -88,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
         return _handler(args.handler)(args)
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # always one line
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -196,6 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from freeride_lab.core.config import RunConfig
     from freeride_lab.lab.session import Session
 
+    if not (math.isfinite(args.min_bubble_ms) and args.min_bubble_ms >= 0):
+        raise UsageError(f"--min-bubble-ms={args.min_bubble_ms!r} must be a finite number >= 0")
     try:
         config = RunConfig(**run_config_fields(args))
         session = Session.launch(config, run_dir=args.run_dir, grace_s=args.grace_s)

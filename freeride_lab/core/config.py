@@ -17,7 +17,12 @@ from typing import Any, Literal
 
 from freeride_lab.core.schedule import Schedule, torch_plan
 
-__all__ = ["RunConfig"]
+__all__ = ["MAX_MICROBATCHES", "MAX_STAGE_CHUNKS", "RunConfig"]
+
+# Bounds checked before torch's plan is built (building it is quadratic-ish in these sizes:
+# 100000 stages take minutes and gigabytes).
+MAX_STAGE_CHUNKS = 4096
+MAX_MICROBATCHES = 65536
 
 Workload = Literal["text", "synthetic"]
 Device = Literal["cpu", "cuda"]
@@ -29,8 +34,9 @@ class RunConfig:
 
     Args:
         schedule: torch's schedule name (case-insensitive), e.g. "1F1B", "Interleaved1F1B".
-        stages: pipeline ranks S (processes; one GPU each on CUDA).
-        microbatches: micro-batches M per step.
+        stages: pipeline ranks S (processes; one GPU each on CUDA); stages × chunks is at
+            most ``MAX_STAGE_CHUNKS``.
+        microbatches: micro-batches M per step, at most ``MAX_MICROBATCHES``.
         chunks: model chunks v per rank; None picks the schedule's default.
         steps: training steps to run.
         workload: "text" trains a byte-level GPT on real text; "synthetic" runs sleep-timed
@@ -93,12 +99,36 @@ class RunConfig:
         for name in ("stages", "microbatches", "steps", "layers", "d_model", "heads",
                      "seq_len", "microbatch_size", "nnodes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        for name in ("seed", "node_rank"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise ValueError(f"{name}={value!r} must be an integer")
+        for name in ("chunks", "master_port"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise ValueError(f"{name}={value!r} must be an integer or None")
         for name in ("t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms", "lr"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an int too large for a float, e.g. 10**400
+                finite = False
+            if not finite or value < 0:
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        for name in ("workload", "device", "dtype", "master_addr", "bus_host"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{name}={value!r} must be a string")
+        for name in ("backend", "text_path", "run_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}={value!r} must be a string or None")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra={self.extra!r} must be a dict")
         if self.workload not in ("text", "synthetic"):
             raise ValueError(f"workload={self.workload!r}; valid: text, synthetic")
         if self.device not in ("cpu", "cuda"):
@@ -136,6 +166,15 @@ class RunConfig:
                 )
             if self.d_model % self.heads:
                 raise ValueError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
+        if self.stages * v > MAX_STAGE_CHUNKS:
+            raise ValueError(
+                f"stages×chunks={self.stages * v} is above the limit of {MAX_STAGE_CHUNKS} "
+                "stage chunks; lower stages or chunks"
+            )
+        if self.microbatches > MAX_MICROBATCHES:
+            raise ValueError(
+                f"microbatches={self.microbatches} is above the limit of {MAX_MICROBATCHES}"
+            )
         if check_plan:
             torch_plan(spec, self.stages, self.microbatches, v)  # ValueError with torch's reason
 
@@ -162,3 +201,8 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -86,6 +86,8 @@ class Schedule:
     @classmethod
     def from_name(cls, name: str) -> Schedule:
         """Look a schedule up by name, ignoring case, ``-`` and ``_`` ("interleaved-1f1b")."""
+        if not isinstance(name, str):
+            raise ValueError(f"schedule={name!r} must be a name; valid: {', '.join(SCHEDULES)}")
         key = _norm(name)
         for spec in SCHEDULES.values():
             if key in (_norm(spec.name), _norm(spec.torch_class)):

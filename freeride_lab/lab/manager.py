@@ -41,8 +41,10 @@ rule off and the returned dict's ``placement`` says so.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
 import secrets
 import threading
@@ -54,10 +56,10 @@ from typing import Any, Protocol
 import pandas as pd
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.events import ControlAck
+from freeride_lab.core.events import ControlAck, SideTaskStateChanged, to_json
 from freeride_lab.core.placement import NoPlacement, QueuedTask, StageInfo, TaskRequest, place
 from freeride_lab.core.schedule import Schedule, stage_indices
-from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
 from freeride_lab.lab.harvest import free_bytes_by_rank, predicted_bubbles_by_rank
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.runtime.limits import GpuLimits, parse_bytes
@@ -322,6 +324,7 @@ class SideTaskManager:
     def tasks(self) -> list[dict[str, Any]]:
         """Every task attached to this run, in attach order (see ``task``)."""
         with self._lock:
+            self._check_workers()
             records = sorted(self.book.records().values(), key=lambda r: (r.attached_ns, r.id))
             return [self.book.view(r) for r in records]
 
@@ -337,6 +340,7 @@ class SideTaskManager:
             ValueError: unknown task id.
         """
         with self._lock:
+            self._check_workers()
             return self.book.view(self.book.record(task_id))
 
     def ids(self) -> list[str]:
@@ -352,6 +356,57 @@ class SideTaskManager:
         return None if profile is None else float(profile["budget_s"])
 
     # -- internals: validation ---------------------------------------------------------------
+
+    def _check_workers(self) -> None:
+        """Fail the tasks of a worker that died (SIGKILL, OOM killer): nothing else would say so.
+
+        A task counts as the worker's if its state is not terminal, or if its process stopped
+        itself because the worker's channel closed (reason "worker exited"); a worker that
+        ends normally stops its tasks with other reasons first, so those are left alone.
+        """
+        by_rank: dict[int, list[TaskRecord]] = {}
+        for record in self.book.records().values():
+            if record.detached:
+                continue
+            state, reason = self.book.observed(record.id)
+            orphaned = state == SideTaskState.STOPPED and reason == "worker exited"
+            if orphaned or not is_terminal(SideTaskState(state)):
+                by_rank.setdefault(record.rank, []).append(record)
+        for rank, records in by_rank.items():
+            pid = _worker_pid(self.run_dir.path, rank)
+            if pid is None or _process_alive(pid):
+                continue
+            reason = (
+                f"worker for rank {rank} exited (pid {pid} is gone, e.g. killed by SIGKILL); "
+                f"see {self.run_dir.logs_dir}/worker-{rank}.log"
+            )
+            now = time.time_ns()
+            for record in records:
+                log.warning("task %s failed: %s", record.id, reason)
+                self.book.fail(record.id, reason, now)
+                self._record_failure(record, reason, now)
+
+    def _record_failure(self, record: TaskRecord, reason: str, t_ns: int) -> None:
+        """Write the FAIL to the run directory, so a later ``Session.open`` sees it too: one
+        line, appended in one write, to ``events/lab-<rank>.jsonl`` (no process writes there)."""
+        event = SideTaskStateChanged(
+            task_id=record.id,
+            name=record.name,
+            stage=record.stage,
+            state=str(SideTaskState.FAILED),
+            t_ns=t_ns,
+            event=str(SideTaskEvent.FAIL),
+            reason=reason,
+        )
+        path = self.run_dir.events_dir / f"lab-{record.rank}.jsonl"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (to_json(event) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:  # the tables in memory still say FAILED
+            log.warning("cannot record the failure of task %s in %s: %s", record.id, path, exc)
 
     def _check_live(self) -> None:
         if not self.config.side_tasks:
@@ -514,6 +569,27 @@ class SideTaskManager:
 
 
 # --- pure helpers -----------------------------------------------------------------------------
+
+
+def _worker_pid(run_dir: Path, rank: int) -> int | None:
+    """The pid the worker of ``rank`` published, or None before it did."""
+    from freeride_lab.runtime.worker_client import worker_address_file
+
+    try:
+        pid = json.loads(worker_address_file(run_dir, rank).read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _process_alive(pid: int) -> bool:
+    """Running (a zombie, killed but not yet reaped by its rank, is not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _check_task(task: object) -> tuple[str, str, str]:

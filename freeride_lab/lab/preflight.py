@@ -75,6 +75,12 @@ def _check_run_dir(path: Path) -> None:
             f"run_dir={str(path)!r} already holds a run (it has run.json); pass a new "
             "directory, or run_dir=None for a fresh one under ./runs"
         )
+    if path.is_dir() and any(path.iterdir()):
+        # Taking it over would make it mode 0700 (the cwd, $HOME or /tmp locked for others).
+        raise ValueError(
+            f"run_dir={str(path)!r} exists and is not empty; pass a new directory, "
+            "or run_dir=None for a fresh one under ./runs"
+        )
     parent = path
     while not parent.exists():
         parent = parent.parent

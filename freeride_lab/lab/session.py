@@ -64,6 +64,7 @@ import importlib.metadata
 import itertools
 import json
 import logging
+import math
 import os
 import platform
 import secrets
@@ -288,8 +289,12 @@ class Session(SideTaskControls):
         """
         if not isinstance(config, RunConfig):
             raise TypeError(f"config must be a RunConfig, not {type(config).__name__}")
-        if not grace_s >= 0:
-            raise ValueError(f"grace_s={grace_s!r} must be >= 0 (seconds)")
+        if (
+            isinstance(grace_s, bool)
+            or not isinstance(grace_s, int | float)
+            or not (math.isfinite(grace_s) and grace_s >= 0)
+        ):
+            raise ValueError(f"grace_s={grace_s!r} must be a finite number >= 0 (seconds)")
         run_id = _new_run_id(config)
         chosen = run_dir if run_dir is not None else config.run_dir
         path = Path(chosen) if chosen is not None else Path("runs") / run_id

@@ -194,6 +194,19 @@ class TaskBook:
         if t_ns >= seen.state_t_ns:
             seen.state, seen.state_t_ns, seen.reason = str(state), t_ns, ""
 
+    def observed(self, task_id: str) -> tuple[str, str]:
+        """(state, reason of the latest state) as the events say."""
+        seen = self._observe().get(task_id, _Observed())
+        return seen.state, seen.reason
+
+    def fail(self, task_id: str, reason: str, t_ns: int) -> None:
+        """Mark a task FAILED for a reason no event can carry (its worker died), from ``t_ns``
+        on; a newer event from the task itself still wins."""
+        seen = self._observe().setdefault(task_id, _Observed())
+        if t_ns >= seen.state_t_ns:
+            seen.state, seen.state_t_ns = str(SideTaskState.FAILED), t_ns
+            seen.reason = seen.error = reason
+
     def view(self, record: TaskRecord) -> dict[str, Any]:
         """The task dict: id, name, stage, state, progress, unit, overruns, memory_bytes,
         sm_pct, priority, budget_ms, error; plus rank, task (reference), gating, policy, steps,

@@ -348,6 +348,9 @@ class RankRunner:
             )
         factory = getattr(importlib.import_module(module_name), attr)
         edges: BubbleEdges = factory(run_dir=self.run_dir, rank=self.env.rank)
+        set_offset = getattr(edges, "set_clock_offset", None)
+        if callable(set_offset):  # edges carry run-clock times, like the events
+            set_offset(self.clock_offset_ns)
         return edges
 
     def _make_predictor(self) -> SlotPredictorLike | None:

@@ -76,6 +76,25 @@ class MemoryHog(IterativeSideTask):
         return 1.0
 
 
+class RaisingInTeardown(Counting):
+    """Counts ``limit`` steps (default 3), then raises while it is torn down."""
+
+    def __init__(self, step_s: float = 0.002, limit: int | None = 3) -> None:
+        super().__init__(step_s=step_s, limit=limit)
+
+    def teardown(self) -> None:
+        raise RuntimeError("boom in teardown")
+
+
+HTML = "<img src=x onerror=alert(1)>"
+
+
+class HtmlUnit(Counting):
+    """A user string with HTML in it (its unit) that reaches the tables and the report."""
+
+    unit = HTML
+
+
 class FreeCounter(ImperativeSideTask):
     """Counts in a loop, publishing the count in ``counter_path`` (8 bytes, for the test to read).
 

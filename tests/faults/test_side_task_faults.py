@@ -1,0 +1,211 @@
+"""Side-task faults in a real run (issue 6 §1, §4): a side task killed with SIGKILL, its worker
+killed with SIGKILL, a task that raises in teardown, and user strings holding HTML.
+
+One 2-stage sleep-timed CPU run (torchrun, gloo) serves the module: stage 0's worker runs, in
+order, a task that raises in teardown, a task the test kills with SIGKILL, and a task whose unit
+is an HTML tag; stage 1's worker runs a task until the test kills the worker itself. A run
+without side tasks gives the reference losses. Processes are found by walking the process
+table (psutil), not through our own bookkeeping. Waits are for named conditions with deadlines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.session import Session
+from freeride_lab.runtime.launcher import RunState
+
+TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+HTML_TASK = "<img src=x onerror=alert(1)>"  # tasks_for_tests.HTML
+HTML_CONFIG = "<script>alert(1)</script>"
+STARTUP_S = 240.0  # the first step of two fresh runs on a loaded two-core box
+LIVE_S = 120.0
+STEPS = 150
+CONFIG = RunConfig(
+    schedule="1F1B",
+    stages=2,
+    microbatches=4,
+    steps=STEPS,
+    workload="synthetic",
+    t_forward_ms=20.0,
+    t_backward_input_ms=20.0,
+    t_backward_weight_ms=20.0,
+    d_model=16,
+    seq_len=8,
+    microbatch_size=2,
+    seed=11,
+    extra={"stop_grace_s": 5, "note": HTML_CONFIG},
+)
+
+
+@dataclass
+class Runs:
+    main: Session
+    vanilla: Session
+    ids: dict[str, str]
+
+
+def toy(name: str) -> str:
+    return f"{TOYS}:{name}"
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout_s: float, what: str, run: Session | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if run is not None and run.state.done:
+            raise AssertionError(
+                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
+                "raise STEPS if this machine is slower"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def task(run: Session, task_id: str) -> dict[str, Any]:
+    return next(t for t in run.tasks if t["id"] == task_id)
+
+
+def processes(*words: str) -> list[psutil.Process]:
+    """This process's descendants whose command line holds every word."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if all(w in cmdline for w in words):
+            found.append(p)
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    root = tmp_path_factory.mktemp("side-task-faults")
+    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
+    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
+    vanilla = Session.launch(
+        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
+    )
+    try:
+        wait_until(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
+        ids = {  # stage 0 runs them in this order, one at a time
+            "teardown": main.attach(toy("RaisingInTeardown"), stage=0, policy="WARN")["id"],
+            "victim": main.attach(
+                toy("Counting"), stage=0, options={"step_s": 0.003}, policy="WARN"
+            )["id"],
+            "html": main.attach(
+                toy("HtmlUnit"), stage=0, options={"step_s": 0.003, "limit": 5}, policy="WARN"
+            )["id"],
+            "orphan": main.attach(
+                toy("Counting"), stage=1, options={"step_s": 0.003}, policy="WARN"
+            )["id"],
+        }
+        yield Runs(main, vanilla, ids)
+    finally:
+        main.stop()
+        vanilla.stop()
+
+
+# -- while training runs -----------------------------------------------------------------------
+
+
+def test_a_task_raising_in_teardown_ends_failed_with_its_reason(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["teardown"]
+    wait_until(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, "the teardown failure", run)
+    assert re.search(r"teardown raised RuntimeError: boom in teardown", task(run, tid)["error"])
+    assert task(run, tid)["progress"] >= 3
+
+
+def test_a_side_task_killed_with_sigkill_ends_failed_with_its_reason(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["victim"]
+    wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the victim's progress", run)
+    (victim,) = processes("freeride_lab.runtime.task_host", tid)
+    victim.send_signal(signal.SIGKILL)
+    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the victim to fail", run)
+    error = task(run, tid)["error"]
+    assert re.search(r"exited with code -9|SIGKILL", error), error
+    # the worker goes on with the next task in its queue
+    html = runs.ids["html"]
+    wait_until(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the next task", run)
+
+
+def test_a_worker_killed_with_sigkill_fails_its_tasks_naming_the_worker(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["orphan"]
+    wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the orphan's progress", run)
+    (worker,) = processes("freeride_lab.runtime.worker", str(run.run_dir.path), "--rank 1 ")
+    worker.send_signal(signal.SIGKILL)
+    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
+    error = task(run, tid)["error"]
+    assert re.search(r"worker for rank 1 exited", error), error
+    # its task process does not outlive it
+    wait_until(
+        lambda: not processes("freeride_lab.runtime.task_host", tid), 30.0, "the orphan to exit"
+    )
+
+
+# -- after training ----------------------------------------------------------------------------
+
+
+def test_training_completes_every_step_with_the_losses_of_a_run_without_faults(
+    runs: Runs,
+) -> None:
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    assert runs.vanilla.wait(timeout_s=STARTUP_S) == RunState.FINISHED
+    steps = run.steps
+    assert sorted(set(zip(steps["step"], steps["rank"], strict=True))) == [
+        (s, r) for s in range(STEPS) for r in range(2)
+    ]
+    assert run.failure is None
+    with_faults = run.steps.query("rank == 1").sort_values("step")["loss"].tolist()
+    without = runs.vanilla.steps.query("rank == 1").sort_values("step")["loss"].tolist()
+    assert with_faults == without
+
+
+def test_the_run_directory_stays_readable_with_every_failure_in_it(runs: Runs) -> None:
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    reopened = Session.open(run.run_dir.path)
+    assert len(reopened.steps) == len(run.steps) == STEPS * 2
+    ended = reopened.events.query("kind == 'side_task_state' and event == 'FAIL'")
+    assert {runs.ids["teardown"], runs.ids["victim"], runs.ids["orphan"]} <= set(ended["task_id"])
+    orphan = task(reopened, runs.ids["orphan"])  # the session wrote its worker's death down
+    assert orphan["state"] == "FAILED" and "worker for rank 1 exited" in orphan["error"]
+
+
+def test_html_in_a_task_and_in_the_config_renders_inert_in_the_report(
+    runs: Runs, tmp_path: Path
+) -> None:
+    run = runs.main
+    html = runs.ids["html"]
+    wait_until(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the HTML task")
+    assert task(run, html)["unit"] == HTML_TASK
+    page = run.report(tmp_path / "report.html").read_text()
+    for raw, escaped in [
+        (HTML_TASK, "&lt;img src=x onerror=alert(1)&gt;"),
+        (HTML_CONFIG, "&lt;script&gt;alert(1)&lt;/script&gt;"),
+    ]:
+        assert raw not in page
+        assert escaped in page
+
+
+def test_no_process_of_the_run_is_left_after_stop(runs: Runs) -> None:
+    runs.main.stop()
+    runs.vanilla.stop()
+    path = str(runs.main.run_dir.path)
+    wait_until(lambda: not processes(path), 10.0, "every process of the run to exit")
+    assert os.access(path, os.R_OK)
