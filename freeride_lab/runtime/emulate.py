@@ -93,6 +93,7 @@ from torch import nn
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.models import GPTConfig, StageChunk, build_stage_chunks
 from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.synthetic import _Sleep  # the synthetic stages' sleep-timed identity
 
 if TYPE_CHECKING:
     from freeride_lab.runtime.rank import RankRunner
@@ -395,23 +396,6 @@ class _SyncOnBackward(torch.autograd.Function):
         return grad
 
 
-class _Sleep(torch.autograd.Function):
-    """Identity that sleeps ``forward_s`` in forward and ``backward_s`` in backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
-        if forward_s > 0:
-            time.sleep(forward_s)
-        ctx.backward_s = backward_s
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if ctx.backward_s > 0:
-            time.sleep(ctx.backward_s)
-        return grad, None, None
-
-
 class EmulatedChunk(nn.Module):
     """One stage chunk: computes on ``device`` while ``is_real``, else sleeps its ``costs``.
 
@@ -480,7 +464,8 @@ class EmulatedChunk(nn.Module):
         costs = self.costs
         assert costs is not None
         if self.first:
-            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()  # (B, T, W)
+            # (B, T) -> (B, T, W); contiguous: the stage checks strides against its static shapes
+            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()  # keep a backward path on the first stage
         y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.backward_s)  # type: ignore[no-untyped-call]
