@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
+import math
 import re
 import shlex
 import sys
@@ -231,6 +232,9 @@ class FreerideMagics(Magics):
         from freeride_lab.core.config import RunConfig
         from freeride_lab.lab.session import Session
 
+        min_ms = getattr(args, "min_bubble_ms", None)
+        if min_ms is not None and not (math.isfinite(min_ms) and min_ms >= 0):
+            raise UsageError(f"--min-bubble-ms={min_ms!r} must be a finite number >= 0")
         config = RunConfig(**run_config_fields(args))
         current = self.session
         if current is not None and current.owner and not current.state.done:
