@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # what the user typed, for records
         logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
         return _handler(args.handler)(args)
     except UsageError as e:
@@ -436,7 +437,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
-                                 command=[PROG, *sys.argv[1:]])  # fmt: skip
+                                 command=[PROG, *getattr(args, "argv", sys.argv[1:])])  # fmt: skip
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
