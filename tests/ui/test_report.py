@@ -8,6 +8,7 @@ import re
 import pandas as pd
 import pytest
 
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report
 
 EVIL = "<img src=x onerror=alert(1)>"
@@ -70,19 +71,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
         ),
         pd.DataFrame(
             bubbles,
-            columns=[
-                "step",
-                "rank",
-                "stage",
-                "slot",
-                "start_ms",
-                "end_ms",
-                "duration_ms",
-                "kind",
-                "label",
-                "before",
-                "after",
-            ],
+            columns=list(BUBBLE_COLUMNS),
         ),
         pd.DataFrame(
             side,

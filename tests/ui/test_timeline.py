@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.ui.timeline import (
     Timeline,
     TimelinePump,
@@ -71,19 +72,7 @@ def fake_tables(
     )
     bubbles_df = pd.DataFrame(
         bubbles,
-        columns=[
-            "step",
-            "rank",
-            "stage",
-            "slot",
-            "start_ms",
-            "end_ms",
-            "duration_ms",
-            "kind",
-            "label",
-            "before",
-            "after",
-        ],
+        columns=list(BUBBLE_COLUMNS),
     )
     side_df = pd.DataFrame(
         side_rows,

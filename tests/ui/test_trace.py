@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.ui.trace import BUBBLE_TID, SIDE_TASK_TID, write_traces
 
 ACTIONS = pd.DataFrame(
@@ -23,19 +24,7 @@ BUBBLES = pd.DataFrame(
         (0, 0, 0, 0, 1.5, 4.0, 2.5, "steady", "A", "0B0", "0F0"),
         (0, 1, 1, 0, 0.0, 1.5, 1.5, "warmup", None, "1F0", ""),
     ],
-    columns=[
-        "step",
-        "rank",
-        "stage",
-        "slot",
-        "start_ms",
-        "end_ms",
-        "duration_ms",
-        "kind",
-        "label",
-        "before",
-        "after",
-    ],
+    columns=list(BUBBLE_COLUMNS),
 )
 SIDE = pd.DataFrame(
     [("t1", "resnet18", 0, 0, 0, 1.6, 3.6, 2.0, 32.0, "samples", 0.0)],
