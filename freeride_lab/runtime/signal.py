@@ -481,14 +481,20 @@ class EdgeReader:
         self._last = edge
         return edge
 
-    def wait(self, timeout_s: float | None, *, after_seq: int | None = None) -> Edge | None:
+    def wait(
+        self, timeout_s: float | None, *, after_seq: int | None = None, spin_s: float = 0.0
+    ) -> Edge | None:
         """Block until an edge newer than ``after_seq`` exists, then return the newest edge.
 
         ``after_seq`` defaults to the last edge this reader returned from ``wait``. Returns
         None after ``timeout_s`` seconds (None = no limit) or when ``interrupt()`` is called.
+        ``spin_s`` > 0 first checks the file in a busy loop for that long (no kernel wake-up
+        to pay: a few µs instead of tens), then sleeps on the futex; spin only across a
+        moment an edge is expected (``core.edge_timing.NextBubbleClock``), it burns a core.
         """
         after = self.last_seq if after_seq is None else after_seq
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        spin_until = time.perf_counter() + spin_s if spin_s > 0 else 0.0
         while True:
             word = self._map.wake
             edge = self.latest()
@@ -498,6 +504,13 @@ class EdgeReader:
             if self._interrupted:
                 self._interrupted = False
                 return None
+            if spin_until:
+                seq_word = 2 * after + 2  # the file's sequence word once edge after+1 is whole
+                while self._map.seq() < seq_word and time.perf_counter() < spin_until:
+                    pass
+                if self._map.seq() >= seq_word:
+                    continue
+                spin_until = 0.0
             remaining = _MAX_WAIT_CHUNK_S
             if deadline is not None:
                 remaining = min(remaining, deadline - time.monotonic())

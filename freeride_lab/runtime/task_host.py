@@ -83,6 +83,7 @@ from freeride_lab.core.budget import (
     profile_from_steps,
     should_step,
 )
+from freeride_lab.core.edge_timing import NextBubbleClock
 from freeride_lab.core.sidetask_state import (
     Rejected,
     SideTaskEvent,
@@ -111,6 +112,9 @@ __all__ = ["TaskHost", "load_checkpoint", "main", "save_checkpoint"]
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
 _HUNG_REPORT_EVERY_NS = 250_000_000
 _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
+_SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
+#: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
+SPIN_LEAD_ENV = "FREERIDE_SPIN_LEAD_US"
 _OVERRUN_WINDOW = 100  # steps the overrun policy looks at
 
 
@@ -187,6 +191,8 @@ class TaskHost:
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
         self._last_report_ns = 0
+        self._clock = NextBubbleClock()
+        self._spin_lead_s = _spin_lead_s(spec.device, os.environ.get(SPIN_LEAD_ENV))
 
     # -- outside world --
 
@@ -364,7 +370,7 @@ class TaskHost:
             else:
                 self._wait_command(_WAIT_S)  # run() goes on through training's compute
         elif state is SideTaskState.PAUSED and not self._policy_paused:
-            edge = self.reader.wait(timeout_s=_WAIT_S)
+            edge = self._wait_for_edge()
             if edge is not None and edge.in_bubble and self._cmds.empty():
                 if self._driver is None:
                     self._run_bubble(edge)
@@ -379,6 +385,30 @@ class TaskHost:
         else:
             self._wait_command(_WAIT_S)
         self._maybe_checkpoint()
+
+    def _wait_for_edge(self) -> Edge | None:
+        """The next edge, with a spin across the moment the next bubble should start (see
+        ``core.edge_timing``; GPU runs only: a CPU run's cores belong to training)."""
+        reader = self.reader
+        predicted_ns = self._clock.next_start_ns() if self._spin_lead_s > 0 else None
+        if predicted_ns is None:
+            edge = reader.wait(timeout_s=_WAIT_S)
+        else:
+            sleep_s = (predicted_ns - reader.now_ns()) / 1e9 - self._spin_lead_s
+            edge = reader.wait(timeout_s=min(sleep_s, _WAIT_S)) if sleep_s > 0 else None
+            if edge is None and sleep_s <= _WAIT_S:
+                edge = reader.wait(timeout_s=_WAIT_S, spin_s=2 * self._spin_lead_s)
+        if edge is None:
+            return None
+        if edge.in_bubble:
+            self._clock.bubble_started(
+                start_ns=edge.start_ns,
+                previous_slot=edge.previous_slot,
+                previous_end_ns=edge.previous_end_ns,
+            )
+        elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
+            self._clock.bubble_ended(slot=edge.slot, end_ns=edge.observed_end_ns)
+        return edge
 
     def _wait_command(self, timeout_s: float) -> None:
         """Sleep until a command arrives (then carry it out) or ``timeout_s`` passes."""
@@ -543,6 +573,7 @@ class TaskHost:
         self._where = "step"
         self._in_flight = (start_ns, bubble)
         progress = float(task.step() or 0.0)
+        _wait_for_device(task)
         end_ns = self.reader.now_ns()
         self._in_flight = None
         observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
@@ -566,6 +597,7 @@ class TaskHost:
             start_ns = self.reader.now_ns()
             self._where = "step"
             progress = float(task.step() or 0.0)
+            _wait_for_device(task)
             end_ns = self.reader.now_ns()
             end_edge = self.reader.latest()
             task.progress += progress
@@ -814,6 +846,31 @@ class TaskHost:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _spin_lead_s(device: str, override_us: str | None) -> float:
+    """How long before a predicted bubble start the host spins: GPU runs only, unless the
+    environment says otherwise (a CPU run's cores belong to training)."""
+    if override_us:
+        try:
+            return max(0.0, float(override_us)) / 1e6
+        except ValueError:
+            log.warning("%s=%r is not a number of µs; ignored", SPIN_LEAD_ENV, override_us)
+    return _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0
+
+
+def _wait_for_device(task: SideTaskBase) -> None:
+    """Block until ``task``'s queued GPU work is done.
+
+    A step ends when its kernels do, not when ``step()`` returns: CUDA launches are
+    asynchronous, and work still queued at the bubble's end would run into training's compute
+    (and a profile of launch times alone would be far too short a budget).
+    """
+    torch = sys.modules.get("torch")  # a task that never imported torch has no GPU work
+    if torch is not None and str(task.device).startswith("cuda"):
+        # Not gated on torch.cuda.is_initialized(): work queued through torch._C alone (a
+        # custom kernel, torch.cuda._sleep) leaves that flag False.
+        torch.cuda.synchronize(task.device)
 
 
 def _busy_ns(first: Edge | None, last: Edge | None, start_ns: int, end_ns: int) -> int:

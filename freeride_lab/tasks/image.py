@@ -22,6 +22,15 @@ normalised to sum to 1, so a constant image stays constant; indices past an edge
 edge pixel. The tables are (n_out, taps) index and weight tensors built once per size; a pass
 is ``taps`` gathers (``index_select``) and fused multiply-adds, one channel at a time to bound
 the memory of 16384² outputs. Rows and columns are resized in whichever order costs less.
+
+[Note: image bands]
+A 16384² output is one large step (tens of ms on an H200), longer than many bubbles. With
+``bands=k`` a step resizes one band of ``output_size/k`` output rows (rows first: the band's
+row table is a slice of the whole image's), so every step costs the same and fits a short
+bubble; the watermark is blended once the last band is done. Progress counts whole images
+(a step that ends an image returns 1, the others 0), so a checkpoint, which keeps
+``images_done`` only, never loses counted progress: a half-done image is redone from its first
+band after a restore.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ __all__ = [
     "make_logo",
     "make_source_image",
     "resize",
+    "resize_band",
     "watermark_origin",
 ]
 
@@ -73,6 +83,7 @@ class ImageOptions:
     n_sources: int = 4  # distinct generated input images, cycled
     seed: int = 0
     max_images: int | None = None  # is_finished() after this many images; None: never
+    bands: int = 1  # steps per image, one band of output rows each (see [Note: image bands])
 
     def __post_init__(self) -> None:
         check_int("source_size", self.source_size, minimum=8)
@@ -85,6 +96,17 @@ class ImageOptions:
         check_int("n_sources", self.n_sources)
         check_int("seed", self.seed, minimum=0)
         check_int("max_images", self.max_images, optional=True)
+        check_int("bands", self.bands)
+        if self.bands > self.output_size:
+            raise ValueError(
+                f"bands={self.bands} > output_size={self.output_size}: a band needs at least "
+                "one row of output; use fewer bands"
+            )
+        if self.bands > 1 and self.method != "lanczos":
+            raise ValueError(
+                f"bands={self.bands} needs method='lanczos' (a band is a slice of its row "
+                "table); use bands=1 with method='bicubic'"
+            )
         if self.logo_size + 2 * self.margin > self.output_size:
             raise ValueError(
                 f"logo_size={self.logo_size} + 2·margin={2 * self.margin} > "
@@ -194,6 +216,25 @@ def resize(
     return out
 
 
+def resize_band(image: torch.Tensor, taps: tuple[Taps, Taps], rows: slice) -> torch.Tensor:
+    """Output rows ``rows`` of a Lanczos resize of a float (C, H, W) image, rows first.
+
+    Args:
+        taps: the whole output's ``(row table, column table)``, as ``resize`` takes them.
+        rows: the band, ``slice(start, stop)`` of output row indices.
+
+    Returns:
+        (C, stop - start, width) float32, equal to those rows of ``resize`` up to float
+        rounding (``resize`` may take the other order).
+    """
+    (row_index, row_weight), cols = taps
+    band_rows = (row_index[rows], row_weight[rows])
+    out = torch.empty(image.shape[0], band_rows[0].shape[0], cols[0].shape[0], device=image.device)
+    for c in range(image.shape[0]):
+        out[c] = _resample(_resample(image[c].float(), band_rows, dim=0), cols, dim=1)
+    return out
+
+
 def _taps_to(taps: Taps, device: torch.device | str) -> Taps:
     return taps[0].to(device), taps[1].to(device)
 
@@ -263,9 +304,10 @@ class ImageTask(IterativeSideTask):
     #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
     reference_key: ClassVar[str] = "image"
     cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-    #: preset="gpu": FreeRide's 16384² outputs (inputs of 4096² stand for decoded photos).
+    #: preset="gpu": FreeRide's 16384² outputs (inputs of 4096² stand for decoded photos), in
+    #: 16 bands so one step is a few ms on an H200 (see [Note: image bands]).
     gpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType(
-        {"source_size": 4096, "output_size": 16384, "logo_size": 2048, "margin": 256}
+        {"source_size": 4096, "output_size": 16384, "logo_size": 2048, "margin": 256, "bands": 16}
     )
 
     def __init__(self, **options: Any) -> None:
@@ -279,6 +321,8 @@ class ImageTask(IterativeSideTask):
         self.logo: torch.Tensor | None = None  # (4, L, L) uint8
         self.last_output: torch.Tensor | None = None  # (3, O, O) uint8, the latest image
         self._taps: tuple[Taps, Taps] | None = None  # (rows, columns), for "lanczos"
+        self._band = 0  # next band of the image in progress (bands > 1)
+        self._canvas: torch.Tensor | None = None  # (3, O, O) uint8, the image in progress
 
     def __repr__(self) -> str:
         return (
@@ -305,7 +349,8 @@ class ImageTask(IterativeSideTask):
         self.sources, self.logo = sources.to(target), logo.to(target)
         if self._taps is not None:
             self._taps = (_taps_to(self._taps[0], target), _taps_to(self._taps[1], target))
-        self.last_output = None
+        self.last_output = self._canvas = None
+        self._band = 0  # a half-done image is redone on the new device
         self.device = str(target)
 
     def to_host(self) -> None:
@@ -332,11 +377,39 @@ class ImageTask(IterativeSideTask):
         return alpha_blend(out, logo, top=top, left=left, alpha=cfg.alpha)
 
     def step(self) -> float:
-        """Process the next image into ``last_output``; returns 1 (image)."""
-        self.last_output = None  # free the previous output before making the next
-        self.last_output = self.process(self.images_done)
+        """Process the next image (or, with ``bands > 1``, its next band); returns the images
+        finished, 1 or 0. A finished image is in ``last_output``."""
+        cfg = self.config
+        if cfg.bands == 1:
+            self.last_output = None  # free the previous output before making the next
+            self.last_output = self.process(self.images_done)
+        elif not self._next_band():
+            return 0.0
         self.images_done += 1
         return 1.0
+
+    def _next_band(self) -> bool:
+        """Resize the next band of the current image; True once it was the last."""
+        sources, logo = self._require_setup()
+        cfg = self.config
+        size = (cfg.output_size, cfg.output_size)
+        if self._band == 0:
+            self.last_output = None
+            self._canvas = torch.empty(3, *size, dtype=torch.uint8, device=sources.device)
+        assert self._canvas is not None
+        source = sources[self.images_done % cfg.n_sources]  # (3, S, S) uint8
+        start = self._band * cfg.output_size // cfg.bands
+        stop = (self._band + 1) * cfg.output_size // cfg.bands
+        assert self._taps is not None  # bands > 1 implies lanczos (ImageOptions)
+        band = resize_band(source, self._taps, slice(start, stop))
+        self._canvas[:, start:stop] = band.round_().clamp_(0, 255).to(torch.uint8)
+        self._band += 1
+        if self._band < cfg.bands:
+            return False
+        top, left = watermark_origin(size, cfg.logo_size, cfg.position, cfg.margin)
+        self.last_output = alpha_blend(self._canvas, logo, top=top, left=left, alpha=cfg.alpha)
+        self._canvas, self._band = None, 0
+        return True
 
     def is_finished(self) -> bool:
         """True once ``max_images`` images are done (never when it is None)."""
@@ -345,7 +418,7 @@ class ImageTask(IterativeSideTask):
     def teardown(self) -> None:
         """Drop images, logo and tables."""
         was_cuda = torch.device(self.device).type == "cuda"
-        self.sources = self.logo = self.last_output = None
+        self.sources = self.logo = self.last_output = self._canvas = None
         self._taps = None
         if was_cuda:
             torch.cuda.empty_cache()
@@ -358,6 +431,7 @@ class ImageTask(IterativeSideTask):
         """Restore a ``state_dict()``."""
         self.progress = float(state.get("progress", 0.0))
         self.images_done = int(state["images_done"])
+        self._band, self._canvas = 0, None
 
     def _require_setup(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sources is None or self.logo is None:

@@ -46,3 +46,18 @@ class CudaSpin(IterativeSideTask):
 
     def state_dict(self) -> dict[str, Any]:
         return {"progress": self.progress}
+
+
+class CudaAsyncSleep(IterativeSideTask):
+    """Each step queues a GPU spin of ``cycles`` clock cycles and returns at once, without
+    waiting: the step is only over when the GPU is done with it."""
+
+    unit = "sleeps"
+
+    def __init__(self, cycles: int = 100_000_000) -> None:
+        super().__init__(cycles=cycles)
+        self.cycles = cycles
+
+    def step(self) -> float:
+        torch.cuda._sleep(self.cycles)  # ≥ 50 ms at the H200's top clock of 1.98 GHz
+        return 1.0

@@ -332,13 +332,17 @@ def busy_ms(actions: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
 
 def idle_intervals(run: Session) -> pd.DataFrame:
     """Each rank's measured idle intervals per step (rank, step, start_ms, end_ms): the bubbles
-    table (gaps inside the step's global window) plus the rank's own lead-in and tail, from its
-    window start to its first action and from its last action to its window end."""
+    table (gaps inside the step's global window) plus the rank's own lead-in and tail: from the
+    end of its previous step's optimizer (its window start for the first step) to its first
+    action, and from its last action to its window end."""
     bubbles = run.bubbles[["rank", "step", "start_ms", "end_ms"]]
     actions = run.actions.groupby(["rank", "step"]).agg(
         first=("start_ms", "min"), last=("end_ms", "max")
     )
-    windows = run.steps.set_index(["rank", "step"])[["start_ms", "end_ms"]].join(actions)
+    steps = run.steps.sort_values(["rank", "step"])
+    optimizer_end = (steps["end_ms"] + steps["optimizer_ms"]).groupby(steps["rank"]).shift(1)
+    steps = steps.assign(start_ms=optimizer_end.fillna(steps["start_ms"]))
+    windows = steps.set_index(["rank", "step"])[["start_ms", "end_ms"]].join(actions)
     lead = windows.reset_index()[["rank", "step", "start_ms", "first"]]
     tail = windows.reset_index()[["rank", "step", "last", "end_ms"]]
     lead.columns = tail.columns = ["rank", "step", "start_ms", "end_ms"]
@@ -471,6 +475,19 @@ def test_a_smaller_sm_share_is_profiled_again_and_lengthens_the_step(gpu_run: Se
         assert capped["median_step_s"] > 1.5 * full, (full, capped["median_step_s"])
     finally:
         run.detach(spin)
+
+
+@pytest.mark.gpu
+def test_a_step_lasts_until_its_gpu_work_is_done(gpu_run: Session) -> None:
+    # step() returns as soon as its kernel is queued; the step must still be timed (and
+    # budgeted) to the kernel's end, or queued work would spill past the bubble into training.
+    run = gpu_run
+    sleeper = run.attach(f"{GPU_TASKS}:CudaAsyncSleep", stage=0, gating="none")["id"]
+    try:
+        wait_until(lambda: task(run, sleeper)["profile"], LIVE_S, "a profile", run)
+        assert task(run, sleeper)["profile"]["median_step_s"] >= 0.045
+    finally:
+        run.detach(sleeper)
 
 
 @pytest.mark.gpu

@@ -105,6 +105,43 @@ def test_wait_returns_each_new_edge_once(path: Path) -> None:
     assert reader.wait(timeout_s=0.05) is None
 
 
+def _write_later(writer: EdgeWriter, delay_s: float) -> threading.Thread:
+    def write() -> None:
+        time.sleep(delay_s)
+        writer.bubble_start(step=0, slot=1, t_ns=5, predicted_end_ns=9)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+def test_a_spinning_wait_sees_an_edge_without_sleeping_on_the_futex(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from freeride_lab.runtime import signal as sig
+
+    writer = EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    slept: list[float] = []
+    real_wait = sig._futex.wait
+    monkeypatch.setattr(sig._futex, "wait", lambda *a: (slept.append(a[-1]), real_wait(*a))[1])
+    thread = _write_later(writer, 0.02)
+    edge = reader.wait(timeout_s=5, spin_s=2.0)  # the edge comes well inside the spin
+    thread.join()
+    assert edge is not None and (edge.seq, edge.slot) == (1, 1)
+    assert slept == []
+
+
+def test_a_wait_whose_spin_sees_nothing_sleeps_on_the_futex_until_the_edge(path: Path) -> None:
+    writer = EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    thread = _write_later(writer, 0.2)
+    edge = reader.wait(timeout_s=10, spin_s=0.005)
+    thread.join()
+    assert edge is not None and edge.seq == 1
+    assert reader.wait(timeout_s=0.05, spin_s=0.01) is None  # nothing new: the timeout holds
+
+
 def test_interrupt_wakes_a_waiting_reader(path: Path) -> None:
     EdgeWriter.create(path)
     reader = EdgeReader.open(path)

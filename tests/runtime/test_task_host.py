@@ -290,3 +290,52 @@ def test_overrun_policy_is_matched_without_regard_to_case() -> None:
     assert spec.overrun_policy is OverrunPolicy.KILL
     with pytest.raises(ValueError, match=r"overrun_policy='explode' is unknown; valid: WARN"):
         TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "explode"})
+
+
+# -- a step ends when its GPU work does ---------------------------------------------------------
+
+
+class _RecordingCuda:
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+
+    def synchronize(self, device: str) -> None:
+        self.synced.append(device)
+
+
+@pytest.mark.parametrize(
+    ("device", "synced"), [("cuda:0", ["cuda:0"]), ("cuda", ["cuda"]), ("cpu", [])]
+)
+def test_a_cuda_step_waits_for_its_queued_kernels(
+    monkeypatch: pytest.MonkeyPatch, device: str, synced: list[str]
+) -> None:
+    import sys
+    import types
+
+    from freeride_lab.runtime import task_host
+    from freeride_lab.runtime.sidetask import IterativeSideTask
+
+    cuda = _RecordingCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    task = IterativeSideTask()
+    task.device = device
+    task_host._wait_for_device(task)
+    assert cuda.synced == synced
+
+
+@pytest.mark.parametrize(
+    ("device", "override", "lead_s"),
+    [
+        ("cuda:0", None, 300e-6),
+        ("cpu", None, 0.0),
+        ("cuda:0", "0", 0.0),
+        ("cpu", "150", 150e-6),
+        ("cuda:0", "many", 300e-6),
+    ],
+)
+def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
+    device: str, override: str | None, lead_s: float
+) -> None:
+    from freeride_lab.runtime import task_host
+
+    assert task_host._spin_lead_s(device, override) == pytest.approx(lead_s)

@@ -188,3 +188,30 @@ def test_cuda_output_matches_cpu_within_one_level(method: str) -> None:
     task.to_device("cuda")
     gpu = task.process(1).cpu()
     assert (gpu.int() - cpu.int()).abs().max() <= 1
+
+
+def test_an_image_in_bands_equals_the_image_in_one_step() -> None:
+    whole, banded = _ready(), _ready(bands=5)
+    assert whole.step() == 1.0
+    done = [banded.step() for _ in range(5)]
+    assert done == [0.0, 0.0, 0.0, 0.0, 1.0]  # progress counts whole images
+    assert banded.images_done == 1 and banded.last_output is not None
+    diff = (whole.last_output.int() - banded.last_output.int()).abs()
+    assert diff.max() <= 1  # the two orders of the separable passes round differently
+    assert diff.float().mean() < 0.01
+
+
+def test_a_restore_mid_image_redoes_the_image_from_its_first_band() -> None:
+    task = _ready(bands=4)
+    task.step(), task.step()
+    state = task.state_dict()
+    again = _ready(bands=4)
+    again.load_state_dict(state)
+    assert [again.step() for _ in range(4)] == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_bands_need_lanczos_and_at_least_one_row_each() -> None:
+    with pytest.raises(ValueError, match="needs method='lanczos'"):
+        ImageTask(bands=2, method="bicubic")
+    with pytest.raises(ValueError, match="a band needs at least one row"):
+        ImageTask(output_size=16, logo_size=4, margin=1, bands=17)
