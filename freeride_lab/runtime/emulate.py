@@ -314,19 +314,26 @@ class EdgeGate:
         self.inner = inner
         self.gate = Gate.CLOSED
         self._open: tuple[int, int] | None = None  # (step, slot) of the published open bubble
+        self._passed: tuple[int, int] | None = None  # a real bubble the worker saw start
 
     def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
         if self.gate is Gate.PASS and self.inner is not None:
+            self._passed = (step, slot)
             self.inner.bubble_start(step, slot, t_ns, predicted_end_ns)
 
     def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        if self.gate is Gate.PASS and self.inner is not None:
+        if self.gate is Gate.PASS and self.inner is not None and self._passed == (step, slot):
+            self._passed = None
             self.inner.bubble_end(step, slot, t_ns)
 
     def set_gate(self, gate: Gate, *, step: int, t_ns: int) -> None:
-        """Switch (between steps, when no real bubble is open); idempotent."""
+        """Switch (between steps); idempotent. A real bubble the worker saw start (the one that
+        spans the step boundary) is ended here, so no mode inherits the previous one's."""
         if gate is self.gate:
             return
+        if self._passed is not None and self.inner is not None:
+            self.inner.bubble_end(self._passed[0], self._passed[1], t_ns)
+        self._passed = None
         if self._open is not None and self.inner is not None:
             self.inner.bubble_end(self._open[0], self._open[1], t_ns)
         self._open = None

@@ -381,6 +381,7 @@ class RankRunner:
 
     def run(self) -> int:
         """Train ``config.steps`` steps (fewer after an agreed stop); returns steps done."""
+        assert self.recorder is not None
         for step in range(self.config.steps):
             if self.emulation is not None:  # emulate mode: who computes this step, gates, hold
                 self.emulation.before_step(self, step)
@@ -390,8 +391,12 @@ class RankRunner:
             timed = self.is_timed_step(step)
             self.run_step(step, timed=timed)
             self.steps_done = step + 1
+            if self.steps_done < self.config.steps:
+                # idle from here to the next action: one bubble (timed_stage [Note: bubble slots])
+                self.recorder.carry_gap(self.steps_done)
         else:
             dist.barrier()  # nobody leaves while a peer still needs it
+        self.recorder.close_gap()
         return self.steps_done
 
     def is_timed_step(self, step: int) -> bool:

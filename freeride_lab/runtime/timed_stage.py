@@ -24,6 +24,14 @@ window start (``begin_step``) to the rank's first action, slot k from the end of
 the start of action k, and the last slot from the last action's end to ``end_window``. A rank
 runs the same number of actions every step, so slot k means the same gap in every step, which
 is what the predictor needs.
+
+Between two steps the rank runs its optimizer and then usually waits: for the step-boundary
+collectives (the stop agreement, a loss all-reduce) and then for its first input. On the last
+stage of 1F1B that wait is most of the drain bubble ((S-1)·B) plus the fill bubble ((S-1)·F):
+one idle span that FreeRide treats as one bubble. ``carry_gap(step + 1)``, called after the
+optimizer, opens the next step's slot 0 at once, and ``begin_step`` keeps it open, so slot 0
+runs from the optimizer's end to the first action and a side task sees the whole span with
+one prediction instead of missing the part outside the schedule window.
 """
 
 from __future__ import annotations
@@ -266,7 +274,19 @@ class ActionRecorder:
             self._ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._ref.record()
         self.mark("window_start")
-        self._open_gap(self._marks["window_start"])
+        if not self._gap_open:  # else slot 0 was opened by ``carry_gap`` and goes on
+            self._open_gap(self._marks["window_start"])
+
+    def carry_gap(self, next_step: int) -> None:
+        """Open step ``next_step``'s slot 0 now, after this step's optimizer: the rank idles
+        until its next action (see [Note: bubble slots]). No-op without edges."""
+        if self._tracker is None or self._gap_open:
+            return
+        self._open_gap(self._stamp(), step=next_step, slot=0)
+
+    def close_gap(self) -> None:
+        """Close an open bubble now (the rank stops training with a carried gap open)."""
+        self._close_gap(self._stamp())
 
     def end_window(self) -> None:
         """End the schedule window (``schedule.step`` returned) and close the last bubble."""
@@ -341,14 +361,16 @@ class ActionRecorder:
             return self._anchor_ns + round(float(self._ref.elapsed_time(stamp)) * 1e6)
         return int(stamp)
 
-    def _open_gap(self, stamp: Any) -> None:
+    def _open_gap(self, stamp: Any, *, step: int | None = None, slot: int | None = None) -> None:
         if self._tracker is None:
             return
         self._gap_open = True
+        step = self.step if step is None else step
+        slot = self._slot if slot is None else slot
         if self._watcher is not None:
-            self._watcher.push("start", self.step, self._slot, stamp)
+            self._watcher.push("start", step, slot, stamp)
         else:
-            self._tracker.open(self.step, self._slot, stamp)
+            self._tracker.open(step, slot, stamp)
 
     def _close_gap(self, stamp: Any) -> None:
         if self._tracker is None or not self._gap_open:

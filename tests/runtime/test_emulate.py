@@ -121,6 +121,27 @@ def test_open_gate_publishes_one_endless_bubble_and_ends_it_on_the_next_switch()
     assert closing == ("end", 5, slot, 9_000)
 
 
+def test_a_switch_away_from_passing_ends_the_real_bubble_the_worker_saw_start() -> None:
+    # the bubble carried across the step boundary is open while the gate switches
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.set_gate(Gate.PASS, step=1, t_ns=0)
+    gate.bubble_start(2, 0, 100, 900)
+    gate.set_gate(Gate.CLOSED, step=2, t_ns=300)
+    gate.bubble_end(2, 0, 800)  # its real end comes later and is not passed on again
+    assert inner.calls == [("start", 2, 0, 100, 900), ("end", 2, 0, 300)]
+
+
+def test_a_passing_gate_drops_the_end_of_a_bubble_it_did_not_pass_the_start_of() -> None:
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.bubble_start(3, 0, 100, 900)  # still closed
+    gate.set_gate(Gate.PASS, step=3, t_ns=200)
+    gate.bubble_end(3, 0, 800)
+    gate.bubble_start(3, 1, 850, 950)
+    assert inner.calls == [("start", 3, 1, 850, 950)]
+
+
 def test_emulated_chunk_keeps_its_device_and_dtype_when_the_rank_moves_modules() -> None:
     chunk = _chunks(dtype=torch.bfloat16)[1]
     chunk.to(device="cpu", dtype=torch.float32)  # what rank.setup does to every module

@@ -223,6 +223,12 @@ def test_text_job_announces_every_gap_of_every_step_with_a_prediction(text_job: 
             assert mine == want, (rank, step)
         later = [e for e in edges if e["edge"] == "start" and e["step"] > 0]
         assert all(e["predicted_end_ns"] >= e["t_ns"] for e in later), rank
+        # slot 0 of a later step opens when the previous step's optimizer is done: the
+        # step-boundary wait and the wait for the first input are one bubble
+        steps = {e["step"]: e for e in of_kind(evs, "step")}
+        for e in (e for e in later if e["slot"] == 0):
+            assert steps[e["step"] - 1]["optimizer_end_ns"] <= e["t_ns"], (rank, e)
+            assert e["t_ns"] <= steps[e["step"]]["start_ns"], (rank, e)
 
 
 # -- (b) every schedule class on gloo, (e) synthetic timing -------------------------------

@@ -118,6 +118,30 @@ def test_bubble_start_predicts_from_the_same_slot_of_earlier_steps() -> None:
     ]
 
 
+def test_a_carried_gap_is_the_next_steps_slot_0_from_the_optimizer_to_its_first_action() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges, predictor=StandInPredictor())
+    first = run_fake_step(rec, 0)
+    rec.carry_gap(1)
+    time.sleep(0.02)  # the step-boundary wait: collectives, then the first input
+    second = run_fake_step(rec, 1)
+    rec.carry_gap(2)
+    run_fake_step(rec, 2)
+    rec.close_gap()  # nothing is open after a step's last slot: no edge
+    assert edges.calls[-1][:3] == ("end", 2, 2)
+    step1 = [c for c in edges.calls if c[1] == 1]
+    assert [(c[0], c[2]) for c in step1] == [(e, k) for k in range(3) for e in ("start", "end")]
+    start, end = step1[0][3], step1[1][3]
+    assert first.marks["optimizer_end"] <= start < second.marks["window_start"]
+    assert end == second.spans[0].start_ns and end - start >= 20_000_000
+    # step 2's slot 0 is predicted from step 1's whole boundary gap
+    step2_start = next(c for c in edges.calls if c[:3] == ("start", 2, 0))
+    assert step2_start[4] - step2_start[3] == end - start
+    rec.carry_gap(3)  # training stops with a carried gap open: close_gap ends it
+    rec.close_gap()
+    assert edges.calls[-2][:3] == ("start", 3, 0) and edges.calls[-1][:3] == ("end", 3, 0)
+
+
 def test_failing_edges_never_raise_into_training() -> None:
     rec = ActionRecorder(edges=BrokenEdges())
     record = run_fake_step(rec, 0)
