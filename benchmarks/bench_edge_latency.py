@@ -4,11 +4,17 @@ The writer (this process) publishes alternating bubble start/end edges at random
 each stamped with ``time.time_ns()``; a reader process records when it sees each one. Readers:
 
 - ``futex``: ``EdgeReader.wait`` (sleeps on the edge file's futex, see runtime/signal.py);
+- ``futex+spin``: what a GPU run's side-task host does: it predicts the next edge (a bubble's
+  end from the rank's prediction, the next start from ``core.edge_timing.NextBubbleClock``),
+  sleeps on the futex until 300 µs before it, then spins across it (``wait(spin_s=)``);
 - ``poll-1ms``: a naive reader that checks ``EdgeReader.latest()`` and sleeps 1 ms;
 - ``poll-10ms``: the same at 10 ms, the tick of FreeRide's reference manager (paper notes §5).
 
-Each reader runs twice: with a writer that spins between edges (a rank that computes) and with
-one that sleeps (cold caches, an idle CPU to wake).
+Each reader runs with three writers: one that spins between edges at random 1-3 ms gaps (a
+rank that computes), one that sleeps instead (cold caches, an idle CPU to wake), and
+``pipeline``: a rank computing a periodic step of four bubbles (idle 2, 1, 1.5, 3 ms, compute
+1, 2.5, 1.2, 2 ms after them, ±20 µs jitter), the shape a real pipeline stage has and the only
+one where edges can be foreseen.
 
 Latency of edge i = when the reader first saw edge i or a newer one, minus the edge's time, both
 ``time.time_ns()`` of one host (a polling reader may never see an edge that a newer one replaced
@@ -38,10 +44,15 @@ from typing import Any
 
 import numpy as np
 
-from freeride_lab.runtime.signal import EdgeReader, EdgeWriter, Phase, futex_available
+from freeride_lab.core.edge_timing import NextBubbleClock
+from freeride_lab.runtime.signal import Edge, EdgeReader, EdgeWriter, Phase, futex_available
 
-MODES = ("futex", "poll-1ms", "poll-10ms")
-WRITERS = ("busy", "sleep")
+MODES = ("futex", "futex+spin", "poll-1ms", "poll-10ms")
+WRITERS = ("busy", "sleep", "pipeline")
+PIPELINE_IDLE_MS = (2.0, 1.0, 1.5, 3.0)  # bubble lengths of one step, by slot
+PIPELINE_BUSY_MS = (1.0, 2.5, 1.2, 2.0)  # compute after each bubble
+PIPELINE_JITTER_MS = 0.02
+SPIN_LEAD_S = 300e-6  # as runtime/task_host.py
 RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
 
 
@@ -53,8 +64,12 @@ def run_reader(path: Path, mode: str, out: Path) -> None:
     last = reader.latest()
     last_seq = 0 if last is None else last.seq
     print("ready", flush=True)
+    clock = NextBubbleClock()
+    edge: Edge | None = last
     while True:
-        if poll_s is None:
+        if mode == "futex+spin":
+            edge = _anticipate(reader, clock, edge, last_seq)
+        elif poll_s is None:
             edge = reader.wait(timeout_s=30, after_seq=last_seq)
         else:
             edge = reader.latest()
@@ -67,6 +82,31 @@ def run_reader(path: Path, mode: str, out: Path) -> None:
         last_seq = edge.seq
         seen.append((edge.seq, seen_ns))
     out.write_text(json.dumps(seen))
+
+
+def _anticipate(
+    reader: EdgeReader, clock: NextBubbleClock, last: Edge | None, last_seq: int
+) -> Edge | None:
+    """The next edge, sleeping until just before it is expected and spinning across it."""
+    if last is not None and last.in_bubble:
+        expected = last.predicted_end_ns
+    else:
+        expected = clock.next_start_ns()
+    edge = None
+    if expected is not None:
+        sleep_s = (expected - reader.now_ns()) / 1e9 - SPIN_LEAD_S
+        if sleep_s > 0:
+            edge = reader.wait(timeout_s=sleep_s, after_seq=last_seq)
+        if edge is None:
+            edge = reader.wait(timeout_s=30, after_seq=last_seq, spin_s=2 * SPIN_LEAD_S)
+    else:
+        edge = reader.wait(timeout_s=30, after_seq=last_seq)
+    if edge is not None and edge.in_bubble:
+        clock.bubble_started(start_ns=edge.start_ns, previous_slot=edge.previous_slot,
+                             previous_end_ns=edge.previous_end_ns)  # fmt: skip
+    elif edge is not None and edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
+        clock.bubble_ended(slot=edge.slot, end_ns=edge.observed_end_ns)
+    return edge
 
 
 def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -> dict[str, Any]:
@@ -85,8 +125,16 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
     rng = random.Random(seed)
     sent: dict[int, int] = {}
     cost_ns: list[int] = []
+    slots = len(PIPELINE_IDLE_MS)
     for i in range(edges):
-        gap_s = rng.uniform(0.001, 0.003)
+        slot, starts = (i // 2) % slots, i % 2 == 0
+        if writer_mode == "pipeline":  # before a start: compute; before an end: the bubble
+            ms = PIPELINE_BUSY_MS[slot - 1] if starts else PIPELINE_IDLE_MS[slot]
+            gap_s = (ms + rng.uniform(-PIPELINE_JITTER_MS, PIPELINE_JITTER_MS)) / 1e3
+            step = i // (2 * slots)
+        else:
+            gap_s = rng.uniform(0.001, 0.003)
+            slot, step = 0, i // 2
         if writer_mode == "sleep":
             time.sleep(gap_s)
         else:  # a rank computing between edges: its CPU stays busy and warm
@@ -95,10 +143,11 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
                 pass
         t_ns = time.time_ns()
         c0 = time.perf_counter_ns()
-        if i % 2 == 0:
-            writer.bubble_start(step=i // 2, slot=0, t_ns=t_ns, predicted_end_ns=t_ns + 2_000_000)
+        if starts:
+            length_ns = int((PIPELINE_IDLE_MS[slot] if writer_mode == "pipeline" else 2.0) * 1e6)
+            writer.bubble_start(step=step, slot=slot, t_ns=t_ns, predicted_end_ns=t_ns + length_ns)
         else:
-            writer.bubble_end(step=i // 2, slot=0, t_ns=t_ns)
+            writer.bubble_end(step=step, slot=slot, t_ns=t_ns)
         cost_ns.append(time.perf_counter_ns() - c0)
         sent[i + 1] = t_ns
     time.sleep(0.05)
@@ -107,12 +156,14 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
     seen = json.loads(out.read_text())
     # Latency of edge i = when the reader first saw edge i or a later one (a polling reader
     # can miss an edge that a newer one replaced; it still learns the newer state then).
-    lat_us, j = [], 0
+    lat_us, start_us, j = [], [], 0
     for seq in sorted(sent):
         while j < len(seen) and seen[j][0] < seq:
             j += 1
         if j < len(seen):
             lat_us.append((seen[j][1] - sent[seq]) / 1e3)
+            if seq % 2 == 1:  # edge i = seq - 1 is a bubble start when i is even
+                start_us.append(lat_us[-1])
     observed = {seq for seq, _ in seen}
     return {
         "reader": mode,
@@ -121,6 +172,7 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
         "edges_seen_exactly": len(observed & set(sent)),
         "edges_superseded": edges - len(observed & set(sent)),
         "latency_us": _stats(np.array(lat_us)),
+        "start_latency_us": _stats(np.array(start_us)),
         "writer_call_us": _stats(np.array(cost_ns) / 1e3),
     }
 
@@ -268,6 +320,8 @@ def main() -> None:
         "writers": {
             "busy": "the writer spins between edges, like a rank that computes (warm CPU)",
             "sleep": "the writer sleeps between edges (cold caches and an idle vCPU to wake)",
+            "pipeline": "a busy writer with a periodic step of four bubbles (idle "
+            f"{PIPELINE_IDLE_MS} ms, compute {PIPELINE_BUSY_MS} ms, +-{PIPELINE_JITTER_MS} ms)",
         },
         "runs": runs,
         "ratios": ratios,
@@ -278,13 +332,14 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     cpus = f"{info['cpu_count']} CPUs ({info['cpu_model']}), load {info['load_avg_1m_at_start']}"
     print(f"edge latency, {args.edges} edges per run, {cpus}")
-    head = f"{'writer/reader':<16} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'max us':>9}"
-    print(f"{head} {'superseded':>11} {'write p50 us':>13}")
+    head = f"{'writer/reader':<20} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'max us':>9}"
+    print(f"{head} {'start p50':>10} {'superseded':>11} {'write p50 us':>13}")
     for name, run in runs.items():
         lat = run["latency_us"]
         print(
-            f"{name:<16} {lat['p50']:>9.1f} {lat['p90']:>9.1f} {lat['p99']:>9.1f} "
-            f"{lat['max']:>9.1f} {run['edges_superseded']:>11} {run['writer_call_us']['p50']:>13}"
+            f"{name:<20} {lat['p50']:>9.1f} {lat['p90']:>9.1f} {lat['p99']:>9.1f} "
+            f"{lat['max']:>9.1f} {run['start_latency_us']['p50']:>10.1f} "
+            f"{run['edges_superseded']:>11} {run['writer_call_us']['p50']:>13}"
         )
     for name, r in ratios.items():
         print(f"{name} / futex: p50 x{r['p50_vs_futex']}, p99 x{r['p99_vs_futex']}")

@@ -7,16 +7,19 @@
 #    to carry if one is missing: the device cannot reach a registry);
 # 2. runs the GPU tests (`pytest -m gpu`, capped; UI/browser/notebook suites are not collected:
 #    plotly, ipywidgets and friends are not installed there and not needed here);
-# 3. runs `freeride-lab bench --quick --emulate-peers` with whatever time is left of
+# 3. runs `benchmarks/bench_mps_limits.py` (MPS priority and SM share, shown by training step
+#    time beside an ungated side task) unless FRL_SKIP_MPS_LIMITS=1;
+# 4. runs `freeride-lab bench --quick --emulate-peers` with whatever time is left of
 #    FRL_TOTAL_S (default 380 s: the whole script stays under 7 minutes), writing
-#    $OUT/h200-<date>.json and .md;
-# 4. packs the runs' logs (and, separately, their event files) into $OUT, plus an
+#    $OUT/<gpu>-<date>.json and .md (<gpu> is the model, e.g. h200 or h100);
+# 5. packs the runs' logs (and, separately, their event files) into $OUT, plus an
 #    `nvidia-smi dmon` trace of power and clocks over the whole benchmark.
 # Every step prints a time stamp and the seconds since the start.
 #
 # Knobs (environment): FRL_TOTAL_S (seconds for the whole script), FRL_RUNS (a comma list of the
-# quick profile's runs, e.g. "m4-mps,m8-timeslice" for a second, shorter call), FRL_SKIP_TESTS=1
-# (no pytest), FRL_RUN_ROOT (where run directories go), OUT, PYTHON.
+# quick profile's runs, e.g. "m4-mps,m8-timeslice" for a second, shorter call), FRL_CASES (the
+# bench's --cases), FRL_SKIP_TESTS=1 (no pytest), FRL_SKIP_MPS_LIMITS=1, FRL_SKIP_BENCH=1,
+# FRL_RUN_ROOT (where run directories go), OUT, PYTHON.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,7 +28,10 @@ TOTAL_S="${FRL_TOTAL_S:-380}"
 OUT="${OUT:-$PWD/benchmarks/results}"
 PY="${PYTHON:-python3}"
 RUNS="${FRL_RUN_ROOT:-/tmp/frl-bench-runs}"   # not under $OUT: checkpoints are gigabytes
-RESULT="$OUT/h200-$(date -u +%Y-%m-%d).json"
+GPU_MODEL=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 \
+    | tr 'A-Z' 'a-z' | sed -e 's/nvidia//' -e 's/^[^a-z0-9]*//' -e 's/[^a-z0-9].*//')
+GPU_MODEL="${GPU_MODEL:-gpu}"
+RESULT="$OUT/${GPU_MODEL}-$(date -u +%Y-%m-%d).json"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$RUNS"
@@ -64,13 +70,26 @@ if [ "$deps" -ne 0 ]; then stamp "missing Python packages (above); the bench may
 if [ "${FRL_SKIP_TESTS:-0}" = 1 ]; then
     stamp "GPU tests skipped (FRL_SKIP_TESTS=1)"
 else
-    stamp "GPU tests (pytest -m gpu, at most 90 s)"
-    timeout -s INT 90 "$PY" -m pytest -m gpu -q -p no:cacheprovider -o addopts="" \
+    stamp "GPU tests (pytest -m gpu, at most 150 s)"
+    timeout -s INT 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider -o addopts="" \
         --ignore=tests/ui --ignore=tests/browser --ignore=tests/notebooks \
         --continue-on-collection-errors tests 2>&1 | tail -n 30
     stamp "GPU tests exit code ${PIPESTATUS[0]}"
 fi
 
+if [ "${FRL_SKIP_MPS_LIMITS:-0}" = 1 ]; then
+    stamp "MPS limits bench skipped (FRL_SKIP_MPS_LIMITS=1)"
+else
+    stamp "MPS limits bench (priority and SM share beside an ungated task, at most 200 s)"
+    timeout -s INT 200 "$PY" benchmarks/bench_mps_limits.py --rounds 2 --window-s 6 \
+        --out "$OUT/mps-limits-${GPU_MODEL}-$(date -u +%Y-%m-%d).json"
+    stamp "MPS limits bench exit code $?"
+fi
+
+if [ "${FRL_SKIP_BENCH:-0}" = 1 ]; then
+    stamp "bench skipped (FRL_SKIP_BENCH=1)"
+    exit 0
+fi
 BUDGET=$(( TOTAL_S - $(elapsed) - 30 ))
 if [ "$BUDGET" -lt 60 ]; then BUDGET=60; fi
 nvidia-smi dmon -s pucm -o T > "$OUT/dmon.log" 2>&1 &
@@ -80,6 +99,10 @@ RUN_ARGS=()
 if [ -n "${FRL_RUNS:-}" ]; then
     RUN_ARGS=(--runs "$FRL_RUNS")
     RESULT="${RESULT%.json}-${FRL_RUNS//,/-}.json"
+fi
+if [ -n "${FRL_CASES:-}" ]; then
+    RUN_ARGS+=(--cases "$FRL_CASES")
+    RESULT="${RESULT%.json}-${FRL_CASES//,/-}.json"
 fi
 timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
     --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"

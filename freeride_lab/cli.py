@@ -28,7 +28,7 @@ from freeride_lab.core.schedule import SCHEDULES
 if TYPE_CHECKING:
     from freeride_lab.lab.session import Session
 
-__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main", "os_error_text"]
 
 PROG = "freeride-lab"
 
@@ -204,7 +204,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = RunConfig(**run_config_fields(args))
         session = Session.launch(config, run_dir=args.run_dir, grace_s=args.grace_s)
-    except (ValueError, TypeError, OSError, RuntimeError) as e:
+    except OSError as e:
+        raise UsageError(os_error_text(e)) from None
+    except (ValueError, TypeError, RuntimeError) as e:
         raise UsageError(str(e)) from None
     session.bubble_min_ms = args.min_bubble_ms
     print(f"run {session.run_id} in {session.run_dir.path}", file=sys.stderr)
@@ -221,6 +223,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         session.stop()
     return _report(session)
+
+
+def os_error_text(e: OSError) -> str:
+    """``e`` for a person: its message and the path it names, without the "[Errno N]" prefix."""
+    text = str(e.strerror or "").strip() or str(e)
+    for name in (e.filename, e.filename2):
+        if name is not None and str(name) not in text:
+            text = f"{text}: {name}"
+    return text
 
 
 def _follow(session: Session, *, progress: bool) -> None:
@@ -422,7 +433,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         profile = profile.replace(runs=runs, **changes)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    out = args.out or bench_results.default_out(device)
+    if args.out is None and device == "cuda":
+        from freeride_lab.runtime import nvml
+
+        out = bench_results.default_out(device, nvml.device_name(0))
+    else:
+        out = args.out or bench_results.default_out(device)
     t0 = time.monotonic()
 
     def progress(line: str) -> None:

@@ -6,14 +6,16 @@ side, on one GPU with emulated pipeline peers (``runtime/emulate.py``).
 
 One *run* is one pipeline process tree (a ``Session``) with a fixed M and MPS setting. Inside
 it the benchmark steps through *segments*, one per (real stage, side task): it holds training
-and lets the task run alone on the device (its dedicated speed, and FreeRide's step budget from
-its median step), then interleaves blocks of training steps in each mode (A B C D A B C D A:
-``core.benchstats.interleave``, closed by one more vanilla block), switching between blocks
-through the emulation's control file: which rank computes for real and what its side-task
-worker sees of its bubbles (``Gate``). The first ``drop_steps`` steps after every switch are
-left out. The side tasks stay attached all run long (``Session.attach``; one active per stage,
-FIFO), so no mode pays a process start. A run may begin with an ``instrumentation`` segment:
-timed vs plain ``PipelineStage``, no side tasks, once the tasks' set-up is over.
+and lets the task run alone on the device (its dedicated speed, FreeRide's step budget from
+its median step, and the tight budget of ``core.budget.tight_step_budget_s`` from its 95th
+percentile: the governed mode's starting point), then interleaves blocks of training steps in
+each mode (A B C D A B C D A: ``core.benchstats.interleave``, closed by one more vanilla
+block), switching between blocks through the emulation's control file: which rank computes
+for real and what its side-task worker sees of its bubbles (``Gate``). The first
+``drop_steps`` steps after every switch are left out. The side tasks stay attached all run
+long (``Session.attach``; one active per stage, FIFO), so no mode pays a process start. A run
+may begin with an ``instrumentation`` segment: timed vs plain ``PipelineStage``, no side tasks,
+once the tasks' set-up is over.
 
 The benchmark owns the MPS daemon of a run with ``mps=True`` (private pipe and log directories
 in the environment of everything the run starts; stopped after the run). Every number comes
@@ -46,7 +48,7 @@ from typing import Any
 from freeride_lab.core import benchstats as bs
 from freeride_lab.core.accounting import CostModel
 from freeride_lab.core.bubbles import extract_bubbles
-from freeride_lab.core.budget import step_budget_s
+from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.governor import OverheadGovernor, StepObservation
 from freeride_lab.lab.bench_results import (
@@ -558,17 +560,20 @@ class _RunDriver:
             settle_steps=1,
         )  # fmt: skip
         governor.add_task(seg.task_id)
+        # Governed blocks start from the tight budget (no 10 ms rounding) and let the
+        # governor widen it when training slows; managed blocks keep FreeRide's rule.
+        governed_base_ms = solo.get("tight_budget_ms", budget_ms)
         state = {"budget_ms": budget_ms}
         for repeat, mode in bs.interleave(self.modes, p.repeats, closed=True):
             want = budget_ms
             if mode == "governed":
-                want = budget_ms * governor.limits(seg.task_id)[1]
+                want = governed_base_ms * governor.limits(seg.task_id)[1]
             if want != state["budget_ms"]:
                 self.session.tune(seg.task_id, budget_ms=want)
                 state["budget_ms"] = want
             on_step = None
             if mode == "governed":
-                on_step = self._governor_hook(seg, governor, budget_ms, state)
+                on_step = self._governor_hook(seg, governor, governed_base_ms, state)
             self._block(seg, repeat, mode, on_step=on_step)
         with contextlib.suppress(Exception):
             self.session.detach(seg.task_id)
@@ -602,6 +607,8 @@ class _RunDriver:
             median_ms = bs.median(durations[2:])
             out["solo_step_ms_median"] = median_ms
             out["budget_ms"] = step_budget_s(median_ms / 1e3) * 1e3
+            out["solo_step_ms_p95"] = bs.percentile(durations[2:], 95)
+            out["tight_budget_ms"] = tight_step_budget_s(out["solo_step_ms_p95"] / 1e3) * 1e3
         else:
             self.record["errors"].append(f"{seg.task}@{seg.stage}: only {len(steps)} solo steps")
         return out

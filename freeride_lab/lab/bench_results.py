@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -319,7 +320,17 @@ def markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def default_out(device: str) -> Path:
-    """``benchmarks/results/<gpu-or-cpu>-<date>.json`` under the working directory."""
-    kind = "h200" if device == "cuda" else "cpu"
+def default_out(device: str, gpu_name: str = "") -> Path:
+    """``benchmarks/results/<gpu-or-cpu>-<date>.json`` under the working directory.
+
+    ``gpu_name`` is the device's name ("NVIDIA H200"): its model ("h200") names the file, so
+    numbers from different GPUs never share one.
+    """
+    kind = "cpu" if device != "cuda" else gpu_model(gpu_name)
     return Path("benchmarks") / "results" / f"{kind}-{datetime.now().date().isoformat()}.json"
+
+
+def gpu_model(name: str) -> str:
+    """A short file-name form of a GPU's name: "NVIDIA H100 80GB HBM3" → "h100"; "gpu" if none."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w != "nvidia"]
+    return words[0] if words else "gpu"

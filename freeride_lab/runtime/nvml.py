@@ -46,6 +46,7 @@ __all__ = [
     "NvmlSampler",
     "cuda_to_nvml",
     "device_count",
+    "device_name",
     "device_uuids",
     "driver_version",
     "is_available",
@@ -165,6 +166,16 @@ def driver_version() -> str | None:
     """The NVIDIA driver version string, or None without NVML."""
     value = query("nvmlSystemGetDriverVersion", default=None)
     return None if value is None else _text(value)
+
+
+def device_name(index: int = 0) -> str:
+    """The name of NVML device ``index`` ("NVIDIA H200"); "" if NVML cannot tell."""
+    if not is_available():
+        return ""
+    handle = query("nvmlDeviceGetHandleByIndex", index, default=None)
+    if handle is None:
+        return ""
+    return _text(query("nvmlDeviceGetName", handle, default=""))
 
 
 def _text(value: Any) -> str:

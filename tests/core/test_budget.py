@@ -169,3 +169,29 @@ def test_shrink_budget_falls_back_to_pause_past_the_maximum_guard() -> None:
 def test_overrun_stats_reject_more_overruns_than_steps() -> None:
     with pytest.raises(ValueError, match="overruns=3 > steps=2"):
         OverrunStats(steps=2, overruns=3, overrun_ns_total=0, budget_ns=0)
+
+
+def test_the_tight_budget_uses_the_tail_that_freeride_rounding_leaves() -> None:
+    from freeride_lab.core.budget import tight_step_budget_s
+
+    # a 2 ms step: FreeRide guards 12 ms of every bubble's tail, the tight rule under 3 ms
+    assert step_budget_s(0.002) == pytest.approx(0.012)
+    assert tight_step_budget_s(0.002) == pytest.approx(0.0027)
+    # still never below the slow steps it is guarding against
+    assert tight_step_budget_s(0.030) > 0.030
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"p95_step_s": -1.0}, "p95_step_s"),
+        ({"p95_step_s": math.nan}, "p95_step_s"),
+        ({"p95_step_s": 0.01, "factor": 0.9}, "factor"),
+        ({"p95_step_s": 0.01, "slack_s": -0.1}, "slack_s"),
+    ],
+)
+def test_a_tight_budget_refuses_bad_numbers(kwargs: dict, match: str) -> None:
+    from freeride_lab.core.budget import tight_step_budget_s
+
+    with pytest.raises(ValueError, match=match):
+        tight_step_budget_s(**kwargs)
