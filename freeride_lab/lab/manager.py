@@ -41,6 +41,7 @@ rule off and the returned dict's ``placement`` says so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -343,6 +344,17 @@ class SideTaskManager:
             self._check_workers()
             return self.book.view(self.book.record(task_id))
 
+    def check_workers(self) -> bool:
+        """Fail the tasks of a worker that died (see ``_check_workers``), unless a request holds
+        the manager right now; whether it checked. The session's watchdog calls this."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._check_workers()
+            return True
+        finally:
+            self._lock.release()
+
     def ids(self) -> list[str]:
         """Task ids, in attach order."""
         return [t["id"] for t in self.tasks()]
@@ -366,16 +378,14 @@ class SideTaskManager:
         """
         by_rank: dict[int, list[TaskRecord]] = {}
         for record in self.book.records().values():
-            if record.detached:
-                continue
-            state, reason = self.book.observed(record.id)
-            orphaned = state == SideTaskState.STOPPED and reason == "worker exited"
-            if orphaned or not is_terminal(SideTaskState(state)):
+            if not record.detached and self._worker_owns(record):
                 by_rank.setdefault(record.rank, []).append(record)
         for rank, records in by_rank.items():
             pid = _worker_pid(self.run_dir.path, rank)
             if pid is None or _process_alive(pid):
                 continue
+            # Read again: what the worker wrote before it ended is all in its files now.
+            records = [r for r in records if self._worker_owns(r)]
             reason = (
                 f"worker for rank {rank} exited (pid {pid} is gone, e.g. killed by SIGKILL); "
                 f"see {self.run_dir.logs_dir}/worker-{rank}.log"
@@ -385,6 +395,12 @@ class SideTaskManager:
                 log.warning("task %s failed: %s", record.id, reason)
                 self.book.fail(record.id, reason, now)
                 self._record_failure(record, reason, now)
+
+    def _worker_owns(self, record: TaskRecord) -> bool:
+        """Whether the task's fate is its worker's: not ended, or stopped by its channel closing."""
+        state, reason = self.book.observed(record.id)
+        orphaned = state == SideTaskState.STOPPED and reason == "worker exited"
+        return orphaned or not is_terminal(SideTaskState(state))
 
     def _record_failure(self, record: TaskRecord, reason: str, t_ns: int) -> None:
         """Write the FAIL to the run directory, so a later ``Session.open`` sees it too: one
@@ -456,6 +472,10 @@ class SideTaskManager:
     ) -> tuple[int, str]:
         """The rank for ``record`` under ``limits``, and how it was chosen (placement rules)."""
         infos, notes = self._stage_infos(exclude=record.id)
+        if record.gating == "none":
+            # Naive co-location runs through training compute, so bubbles do not bound its steps.
+            infos = {r: dataclasses.replace(info, bubble_ms=None) for r, info in infos.items()}
+            notes.append('gating="none": bubble-fit rule not applied')
         budget_s = limits.budget_s if limits.budget_s is not None else self._budget_s(record)
         if budget_s is None:
             notes.append("step budget not known until the task is profiled")

@@ -49,6 +49,17 @@ MPS control daemon before the launcher (``lab.run_mps.RunMps``: pipe/log directo
 of the run has exited: in ``stop()``, when the run ends by itself, when launching fails, and at
 exit. run.json's ``mps`` records whether it served the run.
 
+[Note: worker watchdog]
+A side-task worker killed from outside (SIGKILL, the OOM killer) cannot report it, and a run
+that ends on its own (finished, or a rank failed) leaves its MPS daemon to the session. While
+a run trains, the owner runs one daemon thread (``freeride-watchdog-<run_id>``) that every
+``WATCHDOG_PERIOD_S`` asks the manager to check the workers of the attached tasks
+(``SideTaskManager.check_workers``): a dead worker's tasks become FAILED, naming it, in the
+tables and in ``events/lab-<rank>.jsonl``, within about a second and without anyone reading
+``tasks``. Once the launcher has exited, the thread settles the run (``_settle``: final read,
+status, MPS daemon stopped) and ends, so nothing waits for someone to look. ``stop()`` ends
+it too.
+
 [Note: upward hooks]
 ``report`` and ``_repr_mimebundle_`` are the only places where ``lab`` touches ``ui``; both
 import it lazily, so a headless Session never loads widgets.
@@ -96,6 +107,7 @@ from freeride_lab.runtime.launcher import (
     DEFAULT_RANK_ENTRY,
     RunState,
     free_port,
+    state_of_exit_code,
     stop_processes,
 )
 from freeride_lab.runtime.rundir import RunDir
@@ -105,11 +117,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_EXIT_REASONS = {
+    RunState.FINISHED: "every rank finished",
+    RunState.FAILED: "the run failed",
+    RunState.STOPPED: "the run was stopped",
+}
+
 __all__ = ["RunFailure", "Session"]
 
 LAUNCHER_STATUS_MARGIN_S = 3.0  # extra time stop() gives the launcher to write its status
 INBOX_BATCHES = 10_000  # bus batches kept between two reads of the tables
 EDGES_FACTORY = "freeride_lab.runtime.worker_client:open_edges"  # a worker beside each rank
+WATCHDOG_PERIOD_S = 1.0  # how often the owner checks that side-task workers are alive
 
 # The one piece of global state (house rule 14): sessions this process owns and must stop at exit.
 _live_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -254,9 +273,12 @@ class Session(SideTaskControls):
         self._stop_lock = threading.Lock()
         self._stopped = False
         self._stop_requested = False
+        self._unwritten_status: dict[str, Any] | None = None  # a final status the disk refused
         self._live_events = 0
         self._manager: SideTaskManager | None = None
         self._governor: GovernorLoop | None = None
+        self._watchdog: threading.Thread | None = None
+        self._watchdog_stop = threading.Event()
         self._mps = RunMps(config, run_dir)
         nproc = config.stages // config.nnodes
         self._ranks = range(config.node_rank * nproc, (config.node_rank + 1) * nproc)
@@ -368,9 +390,37 @@ class Session(SideTaskControls):
             self._stop_mps()
             raise
         _live_sessions.add(self)
+        self._watchdog = threading.Thread(
+            target=self._watch_run, name=f"freeride-watchdog-{self.run_id}", daemon=True
+        )
+        self._watchdog.start()
         atexit.unregister(_stop_live_sessions)  # registered once, however many sessions
         atexit.register(_stop_live_sessions)
         log.info("launched %s in %s (launcher pid %d)", self.run_id, rd.path, self._launcher.pid)
+
+    def _watch_run(self) -> None:
+        """The watchdog thread (see [Note: worker watchdog])."""
+        tasks_dir = self.run_dir.path / "tasks"
+        side_tasks = bool(self.config.side_tasks and self.config.extra.get("edges_factory"))
+        while not self._watchdog_stop.wait(WATCHDOG_PERIOD_S):
+            if self._launcher is None or self._launcher.poll() is not None:
+                try:
+                    self._settle()
+                except Exception:
+                    log.exception("settling %s after its launcher exited failed", self.run_id)
+                return
+            if not side_tasks or not tasks_dir.is_dir():
+                continue  # nothing attached yet
+            try:
+                self._side_tasks().check_workers()
+            except Exception:  # a watchdog must outlive what it watches; say why, go on
+                log.exception("checking the side-task workers of %s failed", self.run_id)
+
+    def _stop_watchdog(self) -> None:
+        self._watchdog_stop.set()
+        thread = self._watchdog
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(WATCHDOG_PERIOD_S + 5.0)
 
     def _stop_mps(self) -> None:
         launcher = self._launcher.pid if self._launcher is not None else None
@@ -443,7 +493,7 @@ class Session(SideTaskControls):
         by_rank: dict[int, dict[str, Any]] = {}
         for e in sorted(self._tables.failures, key=lambda e: int(e.get("t_ns", 0))):
             by_rank.setdefault(int(e.get("rank", -1)), e)
-        status = self.run_dir.read_status()
+        status = self._read_status()
         if status.get("state") == RunState.FAILED:
             rank = status.get("failed_rank")
             event = by_rank.get(rank, {}) if rank is not None else {}
@@ -532,6 +582,7 @@ class Session(SideTaskControls):
                 launcher.wait()
             self._settle()
             self._stopped = True
+        self._stop_watchdog()
         _live_sessions.discard(self)
 
     def _stop_detached(self, run: Mapping[str, Any], grace_s: float) -> None:
@@ -572,7 +623,7 @@ class Session(SideTaskControls):
     def _launcher_pid(self) -> int | None:
         if self._launcher is not None:
             return self._launcher.pid
-        pid = self.run_dir.read_status().get("launcher_pid")
+        pid = self._read_status().get("launcher_pid")
         if pid is None:
             with contextlib.suppress(OSError, ValueError):
                 pid = self.run_dir.read_run().get("launcher_pid")
@@ -592,15 +643,21 @@ class Session(SideTaskControls):
         except psutil.Error:
             return False
 
-    def _state(self, *, poll_files: bool) -> RunState:
+    def _read_status(self) -> dict[str, Any]:
         status = self.run_dir.read_status()
+        if self._unwritten_status is not None and not _parse_state(status.get("state")).done:
+            return self._unwritten_status
+        return status
+
+    def _state(self, *, poll_files: bool) -> RunState:
+        status = self._read_status()
         state = _parse_state(status.get("state"))
         if state.done:
             return state
         if not self._launcher_alive():
             if self._launcher is not None:  # owner: the launcher ended; settle writes a status
                 self._settle()
-                return _parse_state(self.run_dir.read_status().get("state"))
+                return _parse_state(self._read_status().get("state"))
             if self._launcher_pid() is not None:  # observer: the launcher is gone, no status
                 return RunState.FAILED
         self._refresh(poll_files=poll_files)
@@ -619,19 +676,27 @@ class Session(SideTaskControls):
                 self._refresh()
             if self._governor is not None:
                 self._governor.stop()
+            self._watchdog_stop.set()  # it ends at its next tick (joined in stop())
             self._stop_mps()
-            status = self.run_dir.read_status()
+            status = self._read_status()
             if _parse_state(status.get("state")).done or not self.owner:
                 return
             code = self._launcher.returncode if self._launcher is not None else None
             if self._stop_requested:
                 state = RunState.STOPPED
                 reason = "stopped by the session (the launcher left no status)"
+            elif state_of_exit_code(code) is not None:  # it could not write it (a full disk)
+                state = cast(RunState, state_of_exit_code(code))
+                reason = f"{_EXIT_REASONS[state]} (the launcher could not write its final status)"
             else:
                 state = RunState.FAILED
                 reason = f"the launcher exited with code {code} and left no status"
             status.update(state=str(state), reason=reason, exit_code=code, ended_ns=time.time_ns())
-            self.run_dir.write_json(self.run_dir.status_json, status)
+            try:
+                self.run_dir.write_json(self.run_dir.status_json, status)
+            except OSError as e:  # a full disk: keep the verdict here rather than lose it
+                log.warning("cannot write %s (%s); run %s", self.run_dir.status_json, e, state)
+                self._unwritten_status = status
 
     # -- tables --------------------------------------------------------------------------------
 
@@ -725,21 +790,22 @@ class Session(SideTaskControls):
     # -- side-task plumbing (the API is ``SideTaskControls``) ---------------------------------
 
     def _side_tasks(self) -> SideTaskManager:
-        if self._manager is None:
-            self._manager = SideTaskManager(
-                self.run_dir,
-                self.config,
-                events=self._events_since,
-                memory=lambda: self.memory,
-                bubbles=self._recent_bubbles,
-                live=self._is_live,
-            )
-        return self._manager
+        with self._lock:  # the watchdog thread may ask for it too: make exactly one
+            if self._manager is None:
+                self._manager = SideTaskManager(
+                    self.run_dir,
+                    self.config,
+                    events=self._events_since,
+                    memory=lambda: self.memory,
+                    bubbles=self._recent_bubbles,
+                    live=self._is_live,
+                )
+            return self._manager
 
     def _events_since(self, start: int) -> list[dict[str, Any]]:
         self._refresh()
         with self._lock:
-            return self._tables.events[start:]
+            return self._tables.events_since(start)
 
     def _is_live(self) -> bool:
         return not self._state(poll_files=False).done

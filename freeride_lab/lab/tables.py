@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+import math
+import zlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,48 @@ SIDE_TASK_STEP_COLUMNS: tuple[str, ...] = tuple(_SIDE_TASK_STEP_SCHEMA)
 
 Event = dict[str, Any]  # one decoded JSON line; ``kind`` names its type (core.events)
 
+# What ``EventTables`` keeps of each event a table is built from, column by column: "i" an
+# integer, "z" an integer that is 0 when missing, "f" a float (NaN when missing or not a
+# number), "s" a string (or None). The pure ``*_frame`` functions pick the same columns.
+_ACTION_RAW: dict[str, str] = {
+    "step": "i",
+    "rank": "i",
+    "stage": "i",
+    "action": "s",
+    "microbatch": "i",
+    "start_ns": "i",
+    "end_ns": "i",
+}
+_STEP_RAW: dict[str, str] = {
+    "step": "i",
+    "rank": "i",
+    "start_ns": "i",
+    "end_ns": "i",
+    "optimizer_start_ns": "i",
+    "optimizer_end_ns": "i",
+    "loss": "f",
+    "tokens": "z",
+}
+_MEMORY_RAW: dict[str, str] = {
+    "step": "i",
+    "rank": "i",
+    "device": "s",
+    "peak_reserved_bytes": "i",
+    "capacity_bytes": "z",
+}
+_SIDE_TASK_STEP_RAW: dict[str, str] = {
+    "task_id": "s",
+    "name": "s",
+    "stage": "i",
+    "rank": "i",
+    "step": "i",
+    "start_ns": "i",
+    "end_ns": "i",
+    "progress": "f",
+    "unit": "s",
+    "overrun_ns": "z",
+}
+
 
 def run_start_ns(events: Iterable[Event]) -> int | None:
     """t0: the earliest ``rank_started`` time, else the earliest action start, else None."""
@@ -119,9 +163,10 @@ def actions_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataF
     rows = [e for e in events if e.get("kind") == "action"]
     if not rows:
         return _empty(_ACTION_SCHEMA)
-    f = pd.DataFrame.from_records(
-        rows, columns=["step", "rank", "stage", "action", "microbatch", "start_ns", "end_ns"]
-    )
+    return _actions_of(pd.DataFrame.from_records(rows, columns=list(_ACTION_RAW)), t0_ns)
+
+
+def _actions_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     t0 = _t0(t0_ns, f["start_ns"])
     f["start_ms"] = (f["start_ns"] - t0) / _NS
     f["end_ms"] = (f["end_ns"] - t0) / _NS
@@ -139,17 +184,10 @@ def steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataFra
     rows = [e for e in events if e.get("kind") == "step"]
     if not rows:
         return _empty(_STEP_SCHEMA)
-    cols = [
-        "step",
-        "rank",
-        "start_ns",
-        "end_ns",
-        "optimizer_start_ns",
-        "optimizer_end_ns",
-        "loss",
-        "tokens",
-    ]
-    f = pd.DataFrame.from_records(rows, columns=cols)
+    return _steps_of(pd.DataFrame.from_records(rows, columns=list(_STEP_RAW)), t0_ns)
+
+
+def _steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     t0 = _t0(t0_ns, f["start_ns"])
     f["start_ms"] = (f["start_ns"] - t0) / _NS
     f["end_ms"] = (f["end_ns"] - t0) / _NS
@@ -169,9 +207,10 @@ def memory_frame(events: Iterable[Event]) -> pd.DataFrame:
     rows = [e for e in events if e.get("kind") == "memory"]
     if not rows:
         return _empty(_MEMORY_SCHEMA)
-    f = pd.DataFrame.from_records(
-        rows, columns=["step", "rank", "device", "peak_reserved_bytes", "capacity_bytes"]
-    )
+    return _memory_of(pd.DataFrame.from_records(rows, columns=list(_MEMORY_RAW)))
+
+
+def _memory_of(f: pd.DataFrame) -> pd.DataFrame:
     f["peak_reserved_frac"] = f["peak_reserved_bytes"] / f["capacity_bytes"].where(
         f["capacity_bytes"] > 0
     )
@@ -188,19 +227,11 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
     rows = [e for e in events if e.get("kind") == "side_task_step"]
     if not rows:
         return _empty(_SIDE_TASK_STEP_SCHEMA)
-    cols = [
-        "task_id",
-        "name",
-        "stage",
-        "rank",
-        "step",
-        "start_ns",
-        "end_ns",
-        "progress",
-        "unit",
-        "overrun_ns",
-    ]
-    f = pd.DataFrame.from_records(rows, columns=cols)
+    raw = pd.DataFrame.from_records(rows, columns=list(_SIDE_TASK_STEP_RAW))
+    return _side_task_steps_of(raw, t0_ns)
+
+
+def _side_task_steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     t0 = _t0(t0_ns, f["start_ns"])
     f["start_ms"] = (f["start_ns"] - t0) / _NS
     f["end_ms"] = (f["end_ns"] - t0) / _NS
@@ -300,26 +331,203 @@ class EventTailer:
         return out
 
 
-class EventTables:
-    """Decoded events of one run, kept in arrival order, with frames built on demand."""
+class _Columns:
+    """The rows of one table as compact column chunks (see [Note: bounded memory]).
+
+    ``append`` takes one event; every ``PACK_ROWS`` rows the pending ones are packed into one
+    numpy array per column (integers in the smallest dtype that holds them, strings as codes
+    into a small vocabulary). ``frame`` concatenates the packs once and keeps them as one.
+    """
+
+    PACK_ROWS = 4096
+
+    def __init__(self, columns: Mapping[str, str]) -> None:
+        self.kinds = dict(columns)
+        self.rows = 0
+        self.bad_rows = 0  # events that lacked a column or held a value of the wrong type
+        self._pending: list[tuple[Any, ...]] = []
+        self._packs: list[list[np.ndarray]] = []
+        self._codes: dict[str | None, int] = {}  # string -> code, shared by the str columns
+        self._strings: list[str | None] = []
+
+    def append(self, e: Event) -> bool:
+        """Add ``e`` as a row; False (and counted) if it lacks a column or has a bad value."""
+        try:
+            row = tuple(self._cell(kind, e.get(col)) for col, kind in self.kinds.items())
+        except (TypeError, ValueError, OverflowError):
+            self.bad_rows += 1
+            return False
+        self._pending.append(row)
+        self.rows += 1
+        if len(self._pending) >= self.PACK_ROWS:
+            self._pack()
+        return True
+
+    def _cell(self, kind: str, v: Any) -> int | float:
+        if kind == "i":
+            if v is None:
+                raise ValueError("missing")
+            return int(v)
+        if kind == "z":
+            return 0 if v is None else int(v)
+        if kind == "f":
+            try:
+                return float(v)
+            except (TypeError, ValueError):
+                return math.nan
+        s = None if v is None else str(v)
+        code = self._codes.get(s)
+        if code is None:
+            code = self._codes[s] = len(self._strings)
+            self._strings.append(s)
+        return code
+
+    def _pack(self) -> None:
+        if not self._pending:
+            return
+        cols = zip(*self._pending, strict=True)
+        pack = [
+            np.array(col, dtype=np.float64) if kind == "f" else _small_ints(np.array(col))
+            for kind, col in zip(self.kinds.values(), cols, strict=True)
+        ]
+        self._packs.append(pack)
+        self._pending = []
+
+    def frame(self) -> pd.DataFrame:
+        """Every row so far, in arrival order: int64, float64 and object (str) columns."""
+        self._pack()
+        if len(self._packs) > 1:
+            self._packs = [[np.concatenate(parts) for parts in zip(*self._packs, strict=True)]]
+        pack = self._packs[0] if self._packs else [np.empty(0, np.int64) for _ in self.kinds]
+        strings = np.array(self._strings, dtype=object)
+        data: dict[str, np.ndarray] = {}
+        for (col, kind), values in zip(self.kinds.items(), pack, strict=True):
+            if kind == "s":
+                data[col] = strings[values]
+            elif kind == "f":
+                data[col] = values
+            else:
+                data[col] = values.astype(np.int64)
+        return pd.DataFrame(data)
+
+    def nbytes(self) -> int:
+        """Bytes the packed columns take (pending rows not counted)."""
+        return sum(a.nbytes for pack in self._packs for a in pack)
+
+
+def _small_ints(a: np.ndarray) -> np.ndarray:
+    """``a`` (integers) in the smallest signed dtype that holds every value."""
+    a = a.astype(np.int64)
+    if a.size == 0:
+        return a
+    lo, hi = int(a.min()), int(a.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return a.astype(dtype)
+    return a
+
+
+class _EventLog:
+    """Every event in arrival order: the latest ``PACK_EVENTS`` as dicts, older ones as
+    zlib-compressed JSON, one blob per ``PACK_EVENTS`` (see [Note: bounded memory])."""
+
+    PACK_EVENTS = 2048
 
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self.count = 0
+        self._recent: list[Event] = []
+        self._packs: list[tuple[int, int, bytes]] = []  # (first index, events, blob)
+
+    def append(self, e: Event) -> None:
+        self._recent.append(e)
+        self.count += 1
+        if len(self._recent) >= self.PACK_EVENTS:
+            first = self.count - len(self._recent)
+            blob = json.dumps(self._recent, separators=(",", ":"), default=str).encode()
+            self._packs.append((first, len(self._recent), zlib.compress(blob, 1)))
+            self._recent = []
+
+    def since(self, start: int) -> list[Event]:
+        """Events from index ``start`` on (decompressing only the packs that hold them)."""
+        start = max(0, start)
+        out: list[Event] = []
+        for first, n, blob in self._packs:
+            if first + n > start:
+                out.extend(json.loads(zlib.decompress(blob))[max(0, start - first) :])
+        recent_first = self.count - len(self._recent)
+        out.extend(self._recent[max(0, start - recent_first) :])
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes the compressed packs take (recent events not counted)."""
+        return sum(len(blob) for _, _, blob in self._packs)
+
+
+# [Note: bounded memory]
+# A long run sends hundreds of events a second. Kept as dicts they take about 1 KiB each, so
+# the launching process would grow by ~1 GB an hour. ``EventTables`` instead keeps (1) the rows
+# of each table as packed numpy columns (``_Columns``: about 35 bytes an action) and (2) every
+# event as zlib-compressed JSON (``_EventLog``: about 20 bytes an event), for the all-events
+# frame and for ``events_since`` (the side-task book folds the new ones). Building a table
+# concatenates packed columns and derives the ms columns; it never re-parses events. Each
+# table is cached until rows of its own kind (or a new t0) arrive.
+
+
+class EventTables:
+    """Decoded events of one run, kept compactly in arrival order, with frames built on demand
+    (see [Note: bounded memory])."""
+
+    def __init__(self) -> None:
         self.t0_ns: int | None = None
         self.steps_by_rank: dict[int, int] = {}  # rank -> steps completed (max step + 1)
         self.failures: list[Event] = []  # rank_failed events
         self.finished: dict[int, Event] = {}  # rank -> rank_finished event
         self.world_size: int | None = None
-        self._cache: dict[str, tuple[int, pd.DataFrame]] = {}
+        self._log = _EventLog()
+        self._tables: dict[str, _Columns] = {
+            "action": _Columns(_ACTION_RAW),
+            "step": _Columns(_STEP_RAW),
+            "memory": _Columns(_MEMORY_RAW),
+            "side_task_step": _Columns(_SIDE_TASK_STEP_RAW),
+        }
+        self._first_action_ns: int | None = None
+        self._cache: dict[str, tuple[tuple[int, int | None], pd.DataFrame]] = {}
+
+    def __len__(self) -> int:
+        """Events added so far."""
+        return self._log.count
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event as a dict, decoded again from the compact log (slow for a long run;
+        ``events_since`` reads only the new ones)."""
+        return self._log.since(0)
+
+    @property
+    def bad_rows(self) -> int:
+        """Events left out of their table: a column missing or a value of the wrong type."""
+        return sum(c.bad_rows for c in self._tables.values())
 
     def add(self, events: Iterable[Event]) -> int:
         """Append events; returns how many were added."""
         n = 0
         for e in events:
-            self.events.append(e)
+            self._log.append(e)
             n += 1
             kind = e.get("kind")
-            if kind == "step":
+            table = self._tables.get(kind) if isinstance(kind, str) else None
+            if table is not None and not table.append(e):
+                log.warning(
+                    "%s event left out of its table (bad or missing field): %.200r", kind, e
+                )
+            if kind == "action":
+                start = e.get("start_ns")
+                if isinstance(start, int) and (
+                    self._first_action_ns is None or start < self._first_action_ns
+                ):
+                    self._first_action_ns = start
+            elif kind == "step":
                 r = int(e.get("rank", -1))
                 self.steps_by_rank[r] = max(
                     self.steps_by_rank.get(r, 0), int(e.get("step", -1)) + 1
@@ -332,36 +540,61 @@ class EventTables:
                 self.failures.append(e)
             elif kind == "rank_finished":
                 self.finished[int(e.get("rank", -1))] = e
+        if n:
+            self._cache.pop("events", None)  # the one frame as large as the log: not kept stale
         return n
+
+    def events_since(self, start: int) -> list[Event]:
+        """The events from index ``start`` (arrival order) on, as dicts."""
+        return self._log.since(start)
 
     def steps_done(self, world_size: int) -> int:
         """Steps every one of the ``world_size`` ranks has completed."""
         return min((self.steps_by_rank.get(r, 0) for r in range(world_size)), default=0)
 
     def t0(self) -> int | None:
-        return self.t0_ns if self.t0_ns is not None else run_start_ns(self.events)
+        return self.t0_ns if self.t0_ns is not None else self._first_action_ns
+
+    def nbytes(self) -> int:
+        """Bytes the packed tables and the compressed log take (recent, unpacked rows not
+        counted): what the session keeps per event in the long run."""
+        return self._log.nbytes() + sum(c.nbytes() for c in self._tables.values())
 
     def actions(self) -> pd.DataFrame:
-        return self._frame("actions", lambda: actions_frame(self.events, self.t0()))
+        return self._table("action", _ACTION_SCHEMA, lambda f: _actions_of(f, self.t0()))
 
     def steps(self) -> pd.DataFrame:
-        return self._frame("steps", lambda: steps_frame(self.events, self.t0()))
+        return self._table("step", _STEP_SCHEMA, lambda f: _steps_of(f, self.t0()))
 
     def memory(self) -> pd.DataFrame:
-        return self._frame("memory", lambda: memory_frame(self.events))
+        return self._table("memory", _MEMORY_SCHEMA, _memory_of)
 
     def side_task_steps(self) -> pd.DataFrame:
-        return self._frame("side_task_steps", lambda: side_task_steps_frame(self.events, self.t0()))
+        return self._table(
+            "side_task_step", _SIDE_TASK_STEP_SCHEMA, lambda f: _side_task_steps_of(f, self.t0())
+        )
 
     def frame(self) -> pd.DataFrame:
-        return self._frame("events", lambda: events_frame(self.events, self.t0()))
+        """Every event as one row (``events_frame``); decodes the whole log."""
+        key = (self._log.count, self.t0())
+        hit = self._cache.get("events")
+        if hit is None or hit[0] != key:
+            hit = (key, events_frame(self._log.since(0), self.t0()))
+            self._cache["events"] = hit
+        return hit[1].copy()
 
-    def _frame(self, name: str, build: Any) -> pd.DataFrame:
-        n = len(self.events)
-        hit = self._cache.get(name)
-        if hit is None or hit[0] != n:
-            hit = (n, build())
-            self._cache[name] = hit
+    def _table(
+        self,
+        kind: str,
+        schema: Mapping[str, str],
+        derive: Callable[[pd.DataFrame], pd.DataFrame],
+    ) -> pd.DataFrame:
+        columns = self._tables[kind]
+        key = (columns.rows, self.t0())
+        hit = self._cache.get(kind)
+        if hit is None or hit[0] != key:
+            hit = (key, derive(columns.frame()) if columns.rows else _empty(schema))
+            self._cache[kind] = hit
         return hit[1].copy()
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import json
 import logging
-import functools
 import math
 import os
 import re
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_RANK_ENTRY",
+    "EXIT_CODES",
     "RUN_TRANSITIONS",
     "Launcher",
     "Rendezvous",
@@ -64,6 +65,7 @@ __all__ = [
     "advance",
     "free_port",
     "main",
+    "state_of_exit_code",
     "stop_processes",
     "torchrun_command",
 ]
@@ -96,6 +98,16 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.FAILED: frozenset(),
     RunState.STOPPED: frozenset(),
 }
+
+
+#: The launcher's exit code for each final state, so that its parent knows how the run ended
+#: even when the status file could not be written (a full disk).
+EXIT_CODES = {RunState.FINISHED: 0, RunState.FAILED: 1, RunState.STOPPED: 3}
+
+
+def state_of_exit_code(code: int | None) -> RunState | None:
+    """The final state a launcher exit code stands for (None: killed, or not a launcher code)."""
+    return next((state for state, c in EXIT_CODES.items() if c == code), None)
 
 
 def advance(current: RunState, new: RunState) -> RunState:
@@ -363,7 +375,10 @@ class Launcher:
     def _write(self, state: RunState, **fields: Any) -> None:
         self.state = advance(self.state, state)
         self.status.update(fields, state=str(state), launcher_pid=os.getpid(), t_ns=time.time_ns())
-        self.run_dir.write_json(self.run_dir.status_json, self.status)
+        try:
+            self.run_dir.write_json(self.run_dir.status_json, self.status)
+        except OSError as e:  # a full disk must not stop the launcher supervising and reaping
+            log.warning("cannot write %s (%s); run state %s", self.run_dir.status_json, e, state)
 
     def _finish(
         self, state: RunState, code: int | None, reason: str, *, failed_rank: int | None = None
@@ -372,7 +387,7 @@ class Launcher:
         self._write(
             state, exit_code=code, reason=reason, failed_rank=failed_rank, ended_ns=time.time_ns()
         )
-        return 1 if state == RunState.FAILED else 0
+        return EXIT_CODES[state]
 
 
 def _reap_children() -> None:

@@ -4,17 +4,20 @@ a side task, watching the launching process for leaks.
 - churn: N cycles of attach (re-attach by id) → a step of progress → tune → detach on one
   2-stage sleep-timed run. Every re-attach restores at least the progress it was detached at;
   open file descriptors and threads of this (the launching) process stay within a small bound
-  after warm-up; no /dev/shm entry is left after the run stops. N=20 here, N=200 under ``slow``.
+  after warm-up; no /dev/shm entry is left after the run stops. N=200 (about 2.5 min).
 - soak: a run plus one side task for 2 minutes (20 under ``slow``), sampling RSS, open file
   descriptors and threads of this process every few seconds while reading the session the
-  way a dashboard does; fds and threads grow at most 5% after warm-up, RSS at most 5% beyond
-  what the events the session keeps in memory take (a known gap: it keeps all of them).
+  way a dashboard does; RSS, fds and threads grow at most 5% after warm-up (the session keeps
+  its events in packed columns, tens of bytes each: ``lab.tables`` [Note: bounded memory]).
+  The samples are logged (``-o log_cli=true --log-cli-level=INFO`` shows them).
 
 Waits are for named conditions with deadlines; the only sleeps are the sampling period.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -48,7 +51,7 @@ CONFIG = RunConfig(
     seed=3,
     extra={"stop_grace_s": 5},
 )
-RSS_PER_EVENT = 4096  # bytes an event kept in the session's tables may take (about 1 KiB seen)
+log = logging.getLogger(__name__)
 FD_SLACK, THREAD_SLACK = 6, 3  # sockets/threads that come and go with a command in flight
 
 
@@ -67,12 +70,13 @@ def task(run: Session, task_id: str) -> dict[str, Any]:
 
 
 def created(run: Session, task_id: str) -> pd.DataFrame:
-    events = run.events
-    return events[
-        (events["kind"] == "side_task_state")
-        & (events["task_id"] == task_id)
-        & (events["event"] == "CREATE")
-    ].sort_values("t_ms")
+    """The CREATE events of the task's processes, oldest first, from its own event file (the
+    whole-run ``run.events`` table decodes every event of the run: too slow to poll)."""
+    path = run.run_dir.events_dir / f"task-{task_id}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    events = [json.loads(line) for line in lines if line.endswith("}")]
+    rows = [e for e in events if e.get("kind") == "side_task_state" and e.get("event") == "CREATE"]
+    return pd.DataFrame(rows, columns=["t_ns", "reason"]).sort_values("t_ns")
 
 
 def restored(reason: str) -> float:
@@ -114,12 +118,15 @@ def churn(run: Session, cycles: int) -> None:
             warm = usage()
     assert warm is not None
     now = usage()
+    log.info("churn: %d cycles, warm-up %s, end %s", cycles, warm, now)
     assert now["fds"] <= warm["fds"] + FD_SLACK, (warm, now)
     assert now["threads"] <= warm["threads"] + THREAD_SLACK, (warm, now)
 
 
 @pytest.mark.parametrize(
-    "cycles", [20, pytest.param(200, marks=pytest.mark.slow)], ids=["ci", "full"]
+    "cycles",
+    [pytest.param(200, marks=pytest.mark.timeout(900))],  # ~2.5 min on a shared 2-core box
+    ids=["ci"],
 )
 def test_attach_tune_detach_churn_loses_no_progress_and_leaks_nothing(
     tmp_path: Path, cycles: int
@@ -150,14 +157,17 @@ def soak(run: Session, duration_s: float, period_s: float) -> list[dict[str, flo
         # read the session the way a dashboard does
         assert task(run, tid)["state"] not in ("FAILED", "STOPPED")
         _ = run.steps_done, len(run.side_task_steps)
-        samples.append({**usage(), "events": float(len(run._tables.events))})  # kept in memory
+        samples.append({**usage(), "events": float(len(run._tables))})  # events the session holds
         time.sleep(period_s)
     return samples
 
 
 @pytest.mark.parametrize(
     ("duration_s", "period_s"),
-    [(120.0, 4.0), pytest.param(1200.0, 10.0, marks=pytest.mark.slow)],
+    [
+        pytest.param(120.0, 4.0, marks=pytest.mark.timeout(900)),
+        pytest.param(1200.0, 10.0, marks=[pytest.mark.slow, pytest.mark.timeout(2400)]),
+    ],
     ids=["2min", "20min"],
 )
 def test_soak_keeps_memory_fds_and_threads_flat(
@@ -173,16 +183,14 @@ def test_soak_keeps_memory_fds_and_threads_flat(
     after = samples[warm_up:]
     assert len(after) >= 6
     base, last = after[0], after[-1]
+    log.info("soak: warm-up %s, end %s, %d samples", base, last, len(samples))
     for key in ("fds", "threads"):
         assert last[key] <= max(base[key] * 1.05, base[key] + 1), (
             f"{key} grew from {base[key]} to {last[key]} ({[s[key] for s in samples]})"
         )
-    # The session keeps every event of the run in memory (its tables are built from them;
-    # RELIABILITY.md, Known gaps): RSS may grow by what those take, and 5% beyond that.
     kept = last["events"] - base["events"]
-    allowed = base["rss"] * 1.05 + RSS_PER_EVENT * kept
-    assert last["rss"] <= allowed, (
+    assert last["rss"] <= base["rss"] * 1.05, (
         f"RSS grew from {base['rss']:.0f} to {last['rss']:.0f} with {kept:.0f} more events "
-        f"kept ({(last['rss'] - base['rss']) / max(kept, 1):.0f} B each): "
+        f"({(last['rss'] - base['rss']) / max(kept, 1):.0f} B each): "
         f"{[round(s['rss'] / 2**20) for s in samples]} MiB"
     )

@@ -3,13 +3,15 @@ killed with SIGKILL, a task that raises in teardown, and user strings holding HT
 
 One 2-stage sleep-timed CPU run (torchrun, gloo) serves the module: stage 0's worker runs, in
 order, a task that raises in teardown, a task the test kills with SIGKILL, and a task whose unit
-is an HTML tag; stage 1's worker runs a task until the test kills the worker itself. A run
+is an HTML tag; stage 1's worker runs a task until the test kills the worker itself (and then
+reads nothing of the tasks until the session's watchdog has written the failure down). A run
 without side tasks gives the reference losses. Processes are found by walking the process
 table (psutil), not through our own bookkeeping. Waits are for named conditions with deadlines.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -143,18 +145,45 @@ def test_a_side_task_killed_with_sigkill_ends_failed_with_its_reason(runs: Runs)
     wait_until(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the next task", run)
 
 
-def test_a_worker_killed_with_sigkill_fails_its_tasks_naming_the_worker(runs: Runs) -> None:
+def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
+    """The FAIL event of ``task_id`` in an event file, if it holds one."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event.get("task_id") == task_id and event.get("event") == "FAIL":
+            return dict(event)
+    return None
+
+
+def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_them(
+    runs: Runs,
+) -> None:
     run, tid = runs.main, runs.ids["orphan"]
     wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the orphan's progress", run)
     (worker,) = processes("freeride_lab.runtime.worker", str(run.run_dir.path), "--rank 1 ")
     worker.send_signal(signal.SIGKILL)
-    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
-    error = task(run, tid)["error"]
-    assert re.search(r"worker for rank 1 exited", error), error
+    # Nobody reads run.tasks from here on: the session's watchdog must notice by itself.
+    lab_events = run.run_dir.events_dir / "lab-1.jsonl"
+    wait_until(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
+    recorded = failed_in(lab_events, tid)
+    assert recorded is not None and "worker for rank 1 exited" in recorded["reason"], recorded
+    events = run.events  # the session's own tables show it too
+    fails = events[(events["task_id"] == tid) & (events["event"] == "FAIL")]
+    assert fails["reason"].str.contains("worker for rank 1 exited").any(), fails
     # its task process does not outlive it
     wait_until(
         lambda: not processes("freeride_lab.runtime.task_host", tid), 30.0, "the orphan to exit"
     )
+
+
+def test_a_task_of_a_killed_worker_names_the_worker_in_its_error(runs: Runs) -> None:
+    run, tid = runs.main, runs.ids["orphan"]
+    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
+    error = task(run, tid)["error"]
+    assert re.search(r"worker for rank 1 exited", error), error
 
 
 # -- after training ----------------------------------------------------------------------------

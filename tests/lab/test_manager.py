@@ -186,6 +186,16 @@ def test_a_budget_longer_than_every_bubble_of_the_stage_is_refused(run: Run) -> 
     assert run.sent == []
 
 
+def test_naive_co_location_is_not_held_to_the_bubble_fit_rule(run: Run) -> None:
+    # gating="none" steps through training compute, so a stage without bubbles can host it.
+    run.set_bubbles_ms({0: [], 1: [5.0, 10.0]})
+    task = run.manager.attach(COUNTING, stage=0, budget_ms=20, gating="none")
+    assert task["stage"] == 0
+    assert 'gating="none": bubble-fit rule not applied' in task["placement"]
+    with pytest.raises(ValueError, match="stage 0 cannot host 'Counting': bubble_fit"):
+        run.manager.attach(COUNTING, stage=0, budget_ms=20)
+
+
 def test_attach_to_a_vanilla_run_is_a_runtime_error(tmp_path: Path) -> None:
     run = Run(tmp_path, side_tasks=False)
     with pytest.raises(RuntimeError, match="side_tasks=False"):

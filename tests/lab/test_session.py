@@ -414,3 +414,19 @@ def test_cuda_device_without_cuda_raises_runtime_error(tmp_path: Path) -> None:
 def test_open_refuses_a_directory_without_run_json(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         Session.open(tmp_path)
+
+
+def test_a_run_that_ends_on_its_own_is_settled_without_anyone_looking(tmp_path: Path) -> None:
+    # A finished (or failed) run's MPS daemon and status must not wait for the next read of
+    # the session: the owner's watchdog settles it once the launcher is gone.
+    run = Session.launch(tiny(3), run_dir=tmp_path / "run")
+    stopped_mps: list[float] = []
+    real_stop = run._mps.stop
+    run._mps.stop = lambda **kw: (stopped_mps.append(time.monotonic()), real_stop(**kw))[1]
+    launcher = psutil.Process(run._launcher.pid)  # watched from outside, not through the session
+    launcher.wait(timeout=STARTUP_S)
+    ended = time.monotonic()
+    wait_until(lambda: stopped_mps, timeout_s=10, what="the MPS daemon of the run to be stopped")
+    assert stopped_mps[0] - ended < 10
+    assert status(run.run_dir.path)["state"] == "finished"
+    assert run._bus is None  # the session's bus is closed too

@@ -10,7 +10,17 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from freeride_lab.core.events import ActionTimed, Event, RankStarted, StepTimed, to_json
+from freeride_lab.core.events import (
+    ActionTimed,
+    BubbleEdge,
+    Event,
+    MemoryReport,
+    RankStarted,
+    SideTaskStateChanged,
+    SideTaskStep,
+    StepTimed,
+    to_json,
+)
 from freeride_lab.lab.tables import (
     ACTION_COLUMNS,
     MEMORY_COLUMNS,
@@ -19,6 +29,7 @@ from freeride_lab.lab.tables import (
     EventTables,
     EventTailer,
     actions_frame,
+    events_frame,
     memory_frame,
     side_task_steps_frame,
     steps_frame,
@@ -157,3 +168,115 @@ def test_steps_done_counts_steps_that_every_rank_completed() -> None:
     )
     assert tables.steps_done(world_size=2) == 1
     assert tables.steps_done(world_size=3) == 0
+
+
+def mixed_run(steps: int) -> list[dict[str, Any]]:
+    """Events of a 2-rank run with a side task, in the order a poll might hand them out."""
+    out: list[Event] = [started(0, 1_000), started(1, 2_000)]
+    t = 10_000_000
+    for step in range(steps):
+        for rank in (1, 0):  # later ranks first: the tables sort, not the arrival order
+            for mb in range(2):
+                out.append(action(mb, t + mb * 5_000_000, rank=rank, step=step))
+                out.append(
+                    BubbleEdge(rank=rank, stage=rank, step=step, slot=mb, edge="end", t_ns=t)
+                )
+            out.append(
+                StepTimed(
+                    rank=rank,
+                    step=step,
+                    start_ns=t,
+                    end_ns=t + 9_000_000,
+                    optimizer_start_ns=t + 9_000_000,
+                    optimizer_end_ns=t + 9_500_000,
+                    loss=1.5 if rank == 1 else None,
+                    tokens=16,
+                )
+            )
+            out.append(
+                MemoryReport(
+                    rank=rank,
+                    step=step,
+                    peak_reserved_bytes=100 + step,
+                    capacity_bytes=0 if rank else 1_000,
+                    device="cpu",
+                )
+            )
+        out.append(
+            SideTaskStep(
+                task_id=f"t-{step % 3}",
+                name="Counting",
+                stage=0,
+                rank=0,
+                step=step,
+                start_ns=t + 3,
+                end_ns=t + 2_000_003,
+                progress=1.0,
+                unit="iterations",
+                overrun_ns=step % 2,
+            )
+        )
+        out.append(SideTaskStateChanged(task_id="t-0", name="C", stage=0, state="RUNNING", t_ns=t))
+        t += 20_000_000
+    return as_dicts(*out)
+
+
+def test_tables_equal_the_frames_of_every_event_across_packs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("freeride_lab.lab.tables._Columns.PACK_ROWS", 7)
+    monkeypatch.setattr("freeride_lab.lab.tables._EventLog.PACK_EVENTS", 11)
+    events = mixed_run(steps=40)
+    tables = EventTables()
+    for i in range(0, len(events), 13):  # polls of uneven size; build between some of them
+        tables.add(json.loads(json.dumps(events[i : i + 13])))
+        if i % 39 == 0:
+            tables.actions(), tables.side_task_steps()
+    t0 = tables.t0()
+    assert t0 == 1_000
+    pd.testing.assert_frame_equal(tables.actions(), actions_frame(events, t0))
+    pd.testing.assert_frame_equal(tables.steps(), steps_frame(events, t0))
+    pd.testing.assert_frame_equal(tables.memory(), memory_frame(events))
+    pd.testing.assert_frame_equal(tables.side_task_steps(), side_task_steps_frame(events, t0))
+    pd.testing.assert_frame_equal(tables.frame(), events_frame(events, t0))
+
+
+def test_events_since_gives_the_events_from_an_index_across_packs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("freeride_lab.lab.tables._EventLog.PACK_EVENTS", 5)
+    events = mixed_run(steps=6)
+    tables = EventTables()
+    tables.add(json.loads(json.dumps(events)))
+    assert len(tables) == len(events)
+    for start in (0, 3, 5, 12, len(events) - 1, len(events), len(events) + 4):
+        assert tables.events_since(start) == events[start:]
+
+
+def test_a_table_is_rebuilt_only_when_rows_of_its_own_kind_arrive() -> None:
+    events = mixed_run(steps=3)
+    tables = EventTables()
+    tables.add(events)
+    first = tables.actions()
+    tables.add(as_dicts(SideTaskStateChanged(task_id="t", name="C", stage=0, state="X", t_ns=9)))
+    assert tables._cache["action"][1] is not first  # callers get copies
+    cached = tables._cache["action"][1]
+    tables.actions()
+    assert tables._cache["action"][1] is cached
+    tables.add(as_dicts(action(9, 999_000_000)))
+    assert len(tables.actions()) == len(first) + 1
+
+
+def test_an_event_missing_a_column_is_left_out_of_its_table_and_counted() -> None:
+    tables = EventTables()
+    tables.add([*as_dicts(action(0, 10)), {"kind": "action", "rank": 0, "step": 1}])
+    assert len(tables.actions()) == 1
+    assert tables.bad_rows == 1
+    assert len(tables) == 2  # still in the all-events log
+
+
+def test_the_packed_store_keeps_tens_of_bytes_per_event() -> None:
+    events = mixed_run(steps=600)  # ~ 9,600 events: several packs of each kind
+    tables = EventTables()
+    tables.add(events)
+    assert tables.nbytes() / len(events) < 100

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from freeride_lab.runtime.launcher import (
+    EXIT_CODES,
     Rendezvous,
     RunState,
     advance,
     failure_reason,
+    state_of_exit_code,
     torchrun_command,
 )
 from freeride_lab.runtime.rundir import RunDir
@@ -77,6 +79,14 @@ def test_a_terminal_run_state_cannot_change() -> None:
     assert advance(RunState.RUNNING, RunState.STOPPED) == RunState.STOPPED
     with pytest.raises(ValueError, match="finished cannot become stopped"):
         advance(RunState.FINISHED, RunState.STOPPED)
+
+
+def test_each_final_state_has_its_own_launcher_exit_code() -> None:
+    # the owner reads the verdict from the exit code when the status file could not be written
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES) == 3
+    for state in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED):
+        assert state_of_exit_code(EXIT_CODES[state]) == state
+    assert state_of_exit_code(-9) is None and state_of_exit_code(None) is None
 
 
 def test_torchrun_keeps_sigint_ignored(run_dir: RunDir) -> None:

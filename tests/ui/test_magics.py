@@ -156,6 +156,14 @@ def test_invalid_config_is_refused_before_anything_starts(ip, capsys, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_bad_min_bubble_is_refused_before_anything_starts(ip, capsys, tmp_path, value):
+    result = run(ip, f"%freeride run --stages 2 --min-bubble-ms {value}")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "--min-bubble-ms" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 # -- the current run -----------------------------------------------------------------------------
 
 
