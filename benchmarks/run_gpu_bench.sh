@@ -18,8 +18,9 @@
 #
 # Knobs (environment): FRL_TOTAL_S (seconds for the whole script), FRL_RUNS (a comma list of the
 # quick profile's runs, e.g. "m4-mps,m8-timeslice" for a second, shorter call), FRL_CASES (the
-# bench's --cases), FRL_SKIP_TESTS=1 (no pytest), FRL_SKIP_MPS_LIMITS=1, FRL_SKIP_BENCH=1,
-# FRL_RUN_ROOT (where run directories go), OUT, PYTHON.
+# bench's --cases), FRL_BENCH_ARGS (more bench options, e.g. "--repeats 3 --real-stage all"),
+# FRL_SKIP_TESTS=1 (no pytest), FRL_SKIP_MPS_LIMITS=1, FRL_SKIP_BENCH=1, FRL_RUN_ROOT (where run
+# directories go), FRL_TAG (appended to the result's name), OUT, PYTHON.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -104,6 +105,11 @@ if [ -n "${FRL_CASES:-}" ]; then
     RUN_ARGS+=(--cases "$FRL_CASES")
     RESULT="${RESULT%.json}-${FRL_CASES//,/-}.json"
 fi
+if [ -n "${FRL_BENCH_ARGS:-}" ]; then
+    read -r -a more <<< "$FRL_BENCH_ARGS"
+    RUN_ARGS+=("${more[@]}")
+fi
+if [ -n "${FRL_TAG:-}" ]; then RESULT="${RESULT%.json}-${FRL_TAG}.json"; fi
 timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
     --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"
 code=$?

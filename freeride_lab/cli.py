@@ -395,9 +395,39 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
+    """The ``lab.bench.Profile`` that ``bench``'s options pick and narrow (ValueError if bad)."""
+    import dataclasses
+
+    from freeride_lab.lab import bench
+
+    profile = bench.bench_profile(args.profile or "quick", device)
+    runs = profile.runs
+    if args.runs:
+        wanted = [x.strip() for x in args.runs.split(",") if x.strip()]
+        unknown = sorted(set(wanted) - {r.name for r in runs})
+        if unknown:
+            valid = ", ".join(r.name for r in runs)
+            raise ValueError(f"unknown run(s) {unknown} in profile {profile.name}; valid: {valid}")
+        runs = tuple(r for r in runs if r.name in wanted)
+    changes: dict[str, Any] = {}
+    if args.cases:
+        cases = tuple(x.strip() for x in args.cases.split(",") if x.strip())
+        runs = tuple(dataclasses.replace(r, cases=cases) for r in runs)
+    if args.real_stage:
+        stages: tuple[int, ...] | None = (
+            None if args.real_stage == "all" else tuple(int(x) for x in args.real_stage.split(","))
+        )
+        runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
+    for name in ("time_budget_s", "repeats", "block_steps"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    profile = profile.replace(runs=runs, **changes)
+    return profile
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark, print progress with time stamps, then the markdown tables."""
-    import dataclasses
     import time
 
     from freeride_lab.lab import bench, bench_results
@@ -409,28 +439,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     device = args.device or ("cuda" if _cuda_present() else "cpu")
     try:
-        profile = bench.bench_profile(args.profile or "quick", device)
-        runs = profile.runs
-        if args.runs:
-            wanted = [x.strip() for x in args.runs.split(",") if x.strip()]
-            unknown = sorted(set(wanted) - {r.name for r in runs})
-            if unknown:
-                valid = ", ".join(r.name for r in runs)
-                raise ValueError(
-                    f"unknown run(s) {unknown} in profile {profile.name}; valid: {valid}"
-                )
-            runs = tuple(r for r in runs if r.name in wanted)
-        changes: dict[str, Any] = {}
-        if args.cases:
-            cases = tuple(x.strip() for x in args.cases.split(",") if x.strip())
-            runs = tuple(dataclasses.replace(r, cases=cases) for r in runs)
-        if args.real_stage and args.real_stage != "all":
-            stages = tuple(int(x) for x in args.real_stage.split(","))
-            runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
-        for name in ("time_budget_s", "repeats", "block_steps"):
-            if getattr(args, name) is not None:
-                changes[name] = getattr(args, name)
-        profile = profile.replace(runs=runs, **changes)
+        profile = bench_profile_of(args, device)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.out is None and device == "cuda":

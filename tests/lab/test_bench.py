@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride_lab.cli import main
+from freeride_lab.cli import bench_profile_of, build_parser, main
 from freeride_lab.lab.bench import PROFILES, bench_profile
 
 MODES = {"vanilla", "managed", "governed", "naive"}
@@ -117,3 +117,17 @@ def test_quick_gpu_profile_runs_freerides_mix_at_m4_first() -> None:
     first = profile.runs[0]
     assert (first.microbatches, first.cases, first.instrumentation) == (4, ("mix",), True)
     assert profile.stages == 4 and profile.dtype == "bfloat16"
+
+
+def bench_options(*words: str) -> object:
+    args = build_parser().parse_args(["bench", "--emulate-peers", *words])
+    return bench_profile_of(args, "cuda")
+
+
+def test_real_stage_all_rotates_through_every_stage_even_in_runs_that_name_one() -> None:
+    default = bench_options("--runs", "m4-mps")
+    assert [r.real_stages for r in default.runs] == [(1,)]
+    everything = bench_options("--runs", "m4-mps,m8-timeslice", "--real-stage", "all")
+    assert [r.real_stages for r in everything.runs] == [None, None]  # None: every stage
+    some = bench_options("--real-stage", "0,3", "--repeats", "3")
+    assert {r.real_stages for r in some.runs} == {(0, 3)} and some.repeats == 3
