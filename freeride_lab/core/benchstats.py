@@ -303,12 +303,19 @@ def dedicated_throughput_per_s(
 ) -> float:
     """Units per second of step time, leaving out the first ``skip`` steps (warm-up).
 
+    A task whose progress comes in whole units every few steps (an image resized in bands:
+    fifteen steps of 0, then 1) is measured over whole cycles only: from just after the first
+    step that made progress to the last one that did, when at least two did. Otherwise a
+    window that ends mid-image would count the bands it did as no work.
     NaN when no step is left or they took no time.
     """
     if len(progress) != len(duration_ms):
         raise ValueError(f"{len(progress)} progress values but {len(duration_ms)} durations")
     p = np.asarray(progress, dtype=float)[skip:]
     d = np.asarray(duration_ms, dtype=float)[skip:]
+    done = np.flatnonzero(p > 0)
+    if done.size >= 2 and done.size < p.size:  # not every step made progress: whole cycles
+        p, d = p[done[0] + 1 : done[-1] + 1], d[done[0] + 1 : done[-1] + 1]
     total_s = float(d.sum()) / 1e3
     return float(p.sum()) / total_s if p.size and total_s > 0 else math.nan
 

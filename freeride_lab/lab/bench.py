@@ -592,7 +592,10 @@ class _RunDriver:
         path = self.run_dir / "events" / f"task-{seg.task_id}.jsonl"
         t_end = time.monotonic() + p.solo_max_s
         while time.monotonic() < t_end:
-            if len(_task_steps(path, start_ns)) >= p.solo_steps + 2:
+            steps = _task_steps(path, start_ns)[2:]
+            # enough steps, and (for a task whose progress comes every few steps, like the
+            # image task's bands) at least three completed units to measure whole cycles
+            if len(steps) >= p.solo_steps and sum(float(e["progress"]) > 0 for e in steps) >= 3:
                 break
             time.sleep(_POLL_S)
         seq = self._write_control(real_rank=seg.stage, gate=Gate.CLOSED)

@@ -117,6 +117,13 @@ def test_dedicated_throughput_skips_the_warm_up_steps() -> None:
     assert speed == pytest.approx(128 / 0.032)
 
 
+def test_dedicated_throughput_of_a_banded_task_counts_whole_cycles_only() -> None:
+    # four 10 ms bands an image: 25 images/s, though the window ends three bands into one
+    progress = [0, 0] + [0, 0, 0, 1] * 2 + [0, 0, 0]
+    speed = bs.dedicated_throughput_per_s(progress, [10.0] * len(progress), skip=2)
+    assert speed == pytest.approx(25.0)
+
+
 def test_pipeline_cost_equals_accountings_cost_saving_of_a_whole_run() -> None:
     model = CostModel()
     t_v, t_f = 540.0, 545.0
