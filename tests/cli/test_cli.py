@@ -8,12 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
+from waits import run_processes, wait_until
 
 from freeride_lab.cli import SUBCOMMANDS, build_parser, main
 
@@ -24,14 +22,6 @@ TINY = [
     "--t-forward-ms", "5", "--t-backward-input-ms", "5", "--t-backward-weight-ms", "5",
     "--d-model", "16", "--seq-len", "8", "--microbatch-size", "2", "--grace-s", "3",
 ]  # fmt: skip
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def cli(*args: str, cwd: Path, new_session: bool = False, **popen: object) -> subprocess.Popen[str]:
@@ -47,16 +37,6 @@ def cli(*args: str, cwd: Path, new_session: bool = False, **popen: object) -> su
         start_new_session=new_session,
         **popen,
     )
-
-
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    needle = str(run_dir)
-    return [
-        p
-        for p in psutil.process_iter(["cmdline", "status"])
-        if p.info["status"] != psutil.STATUS_ZOMBIE
-        and any(needle in a for a in p.info["cmdline"] or [])
-    ]
 
 
 # Positional arguments of the subcommands that require some (placeholders: only parsed).

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from waits import run_processes, wait_until
 
 from freeride_lab.lab.session import Session
 
@@ -44,24 +44,6 @@ def cli(*args: str, cwd: Path, timeout_s: float = STARTUP_S) -> subprocess.Compl
         timeout=timeout_s,
         check=False,
     )
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """Live processes naming the run directory (launcher, torchrun, ranks, workers, tasks)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmdline = p.info.get("cmdline") or []
-        if p.info.get("status") != psutil.STATUS_ZOMBIE and any(str(run_dir) in a for a in cmdline):
-            found.append(p)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+from waits import run_processes, wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import StepTimed
@@ -46,14 +46,6 @@ CONFIG = RunConfig(
     seed=5,
     side_tasks=False,
 )
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -120,15 +112,17 @@ def test_a_sink_on_a_full_disk_keeps_its_events_and_writes_them_once_there_is_ro
     sink = EventSink(small_disk / "events" / "rank-0.jsonl", retry_s=0.1)
     try:
         sink.emit(step_event(0))
-        wait_until(lambda: file_steps(sink.path) == [0], 10, "the first event on disk")
+        wait_until(
+            lambda: file_steps(sink.path) == [0], timeout_s=10, what="the first event on disk"
+        )
         filler = fill(small_disk)
         for step in range(1, 2001):  # far more than the last page of the file can take
             sink.emit(step_event(step))
-        wait_until(lambda: sink.write_errors > 0, 10, "a failed write")
+        wait_until(lambda: sink.write_errors > 0, timeout_s=10, what="a failed write")
         assert sink.unwritten > 0 and "No space left" in sink.last_write_error
         assert file_steps(sink.path) == [0]  # cut back to its last whole line
         filler.unlink()
-        wait_until(lambda: sink.unwritten == 0, 10, "the backlog to be written")
+        wait_until(lambda: sink.unwritten == 0, timeout_s=10, what="the backlog to be written")
         sink.emit(step_event(2001))
     finally:
         sink.close()
@@ -146,9 +140,11 @@ def test_a_sink_drops_and_counts_what_does_not_fit_its_backlog_and_then_resumes(
             sink.emit(step_event(step))
             if step % 100 == 0:
                 sink.flush()
-        wait_until(lambda: sink.dropped > 0, 10, "events beyond the backlog to be dropped")
+        wait_until(
+            lambda: sink.dropped > 0, timeout_s=10, what="events beyond the backlog to be dropped"
+        )
         filler.unlink()
-        wait_until(lambda: sink.unwritten == 0, 10, "the backlog to be written")
+        wait_until(lambda: sink.unwritten == 0, timeout_s=10, what="the backlog to be written")
         sink.emit(step_event(1000))
     finally:
         sink.close()
@@ -172,22 +168,15 @@ def test_closing_a_sink_on_a_full_disk_counts_the_unwritten_events_as_dropped(
 # -- a real run ----------------------------------------------------------------------------------
 
 
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if str(run_dir) in " ".join(p.cmdline()):
-                found.append(p)
-    return found
-
-
 def test_a_run_trains_through_a_full_disk_and_writes_its_events_once_there_is_room(
     small_disk: Path,
 ) -> None:
     run_dir = small_disk / "run"
     run = Session.launch(CONFIG, run_dir=run_dir, grace_s=3)
     try:
-        wait_until(lambda: run.steps_done >= 2, STARTUP_S, "the first training steps")
+        wait_until(
+            lambda: run.steps_done >= 2, timeout_s=STARTUP_S, what="the first training steps"
+        )
         filler = fill(small_disk)
         full_ns = time.time_ns()
         deadline = time.monotonic() + FULL_FOR_S  # the fault lasts this long; nothing to await
@@ -215,7 +204,9 @@ def test_a_run_trains_through_a_full_disk_and_writes_its_events_once_there_is_ro
         assert len(Session.open(run_dir).steps) == STEPS * 2
     finally:
         run.stop()
-    wait_until(lambda: not run_processes(run_dir), 10, "every process of the run to exit")
+    wait_until(
+        lambda: not run_processes(run_dir), timeout_s=10, what="every process of the run to exit"
+    )
 
 
 def test_a_run_that_ends_on_a_full_disk_is_still_reported_finished(small_disk: Path) -> None:
@@ -224,7 +215,9 @@ def test_a_run_that_ends_on_a_full_disk_is_still_reported_finished(small_disk: P
     run_dir = small_disk / "run"
     run = Session.launch(config, run_dir=run_dir, grace_s=3)
     try:
-        wait_until(lambda: run.steps_done >= 2, STARTUP_S, "the first training steps")
+        wait_until(
+            lambda: run.steps_done >= 2, timeout_s=STARTUP_S, what="the first training steps"
+        )
         filler = fill(small_disk)
         end = run.wait(timeout_s=STARTUP_S)
         assert end == RunState.FINISHED, run.failure
@@ -232,4 +225,6 @@ def test_a_run_that_ends_on_a_full_disk_is_still_reported_finished(small_disk: P
         filler.unlink()
     finally:
         run.stop()
-    wait_until(lambda: not run_processes(run_dir), 10, "every process of the run to exit")
+    wait_until(
+        lambda: not run_processes(run_dir), timeout_s=10, what="every process of the run to exit"
+    )

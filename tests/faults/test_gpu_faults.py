@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from waits import run_processes, wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -42,35 +43,12 @@ CONFIG = RunConfig(
 MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def mps_processes() -> set[int]:
     """Pids of every MPS control daemon and server on this machine."""
     found = set()
     for p in psutil.process_iter(["name", "status"]):
         if p.info["name"] in MPS_NAMES and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.add(p.pid)
-    return found
-
-
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """Live processes whose command line or environment names the run directory."""
-    needle = str(run_dir)
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == psutil.Process().pid:
-            continue
-        with contextlib.suppress(psutil.Error):
-            if any(needle in a for a in p.info["cmdline"] or []) or any(
-                needle in v for v in p.environ().values()
-            ):
-                found.append(p)
     return found
 
 
@@ -94,7 +72,11 @@ def cuda_run(tmp_path: Path) -> Iterator[tuple[Session, set[int]]]:
     before = mps_processes()
     run = Session.launch(CONFIG, run_dir=tmp_path / "run", grace_s=5)
     try:
-        wait_until(lambda: run.steps_done >= 2 or run.state.done, STARTUP_S, "two CUDA steps")
+        wait_until(
+            lambda: run.steps_done >= 2 or run.state.done,
+            timeout_s=STARTUP_S,
+            what="two CUDA steps",
+        )
         assert not run.state.done, f"the run ended before the test: {run.failure}"
         yield run, mps_processes() - before
     finally:
@@ -112,22 +94,26 @@ def test_a_killed_cuda_rank_is_reported_and_its_mps_daemon_and_processes_are_gon
     assert entry["active"] and daemon.is_running() and daemon_pids, entry
     (rank_0,) = [
         p
-        for p in run_processes(run.run_dir.path)
+        for p in run_processes(run.run_dir.path, environ=True)
         if "freeride_lab.runtime.rank" in p.cmdline() and p.environ().get("RANK") == "0"
     ]
 
     rank_0.kill()
     deadline = time.monotonic() + REPORTED_S
-    wait_until(lambda: run.state.done, REPORTED_S, "the session to see the run end")
+    wait_until(lambda: run.state.done, timeout_s=REPORTED_S, what="the session to see the run end")
     assert run.state == RunState.FAILED
     failure = run.failure
     assert failure is not None and failure.rank == 0, failure
     assert "SIGKILL" in failure.reason, failure.reason
     left = max(0.0, deadline - time.monotonic())
-    wait_until(lambda: not alive(daemon_pids), left, f"MPS daemon pids {daemon_pids} to exit")
+    wait_until(
+        lambda: not alive(daemon_pids),
+        timeout_s=left,
+        what=f"MPS daemon pids {daemon_pids} to exit",
+    )
     assert not daemon.is_running()
     wait_until(
-        lambda: not run_processes(run.run_dir.path),
-        max(0.0, deadline - time.monotonic()),
-        "every process of the run to exit",
+        lambda: not run_processes(run.run_dir.path, environ=True),
+        timeout_s=max(0.0, deadline - time.monotonic()),
+        what="every process of the run to exit",
     )

@@ -24,7 +24,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 import pytest
+from waits import wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.runtime.bus import BusPublisher, BusServer, encode_batch
@@ -40,14 +41,6 @@ from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, star
 
 CHALLENGE, WELCOME, FAILURE = b"#CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 HANDSHAKE_TIMEOUT_S = 2.0
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- the attacker's tools ------------------------------------------------------------------------

@@ -18,13 +18,14 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import psutil
 import pytest
+from waits import run_processes, wait_until
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.core.config import RunConfig
@@ -56,14 +57,6 @@ def tiny(steps: int, *, cost_ms: float = 5.0, **extra: Any) -> RunConfig:
     )
 
 
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def recorded_steps(run_dir: Path) -> int:
     """Steps both ranks have written to their event files."""
     per_rank: dict[int, int] = {}
@@ -71,26 +64,6 @@ def recorded_steps(run_dir: Path) -> int:
         if e.get("kind") == "step":
             per_rank[e["rank"]] = max(per_rank.get(e["rank"], 0), e["step"] + 1)
     return min((per_rank.get(r, 0) for r in (0, 1)), default=0)
-
-
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """Live processes of a run: any naming the run directory, and the launcher's descendants."""
-    needle = str(run_dir)
-    found: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(
-            needle in a for a in p.info["cmdline"] or []
-        ):
-            found[p.pid] = p
-    launcher_pid = json.loads((run_dir / "run.json").read_text()).get("launcher_pid")
-    if launcher_pid is not None:
-        try:
-            for p in psutil.Process(launcher_pid).children(recursive=True):
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    found[p.pid] = p
-        except psutil.NoSuchProcess:
-            pass
-    return list(found.values())
 
 
 def status(run_dir: Path) -> dict[str, Any]:

@@ -6,13 +6,13 @@ import logging
 import re
 import socket
 import struct
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 from pathlib import Path
 
 import pytest
+from waits import wait_until
 
 from freeride_lab.core.events import ActionTimed
 from freeride_lab.runtime.bus import BusPublisher, BusServer, decode_batch, encode_batch
@@ -21,14 +21,6 @@ from freeride_lab.runtime.sink import EventSink
 
 SECRET = b"s" * 32
 WRONG = b"w" * 32
-
-
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
