@@ -12,8 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -21,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-from waits import wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.schedule import SCHEDULES, torch_plan
@@ -51,6 +51,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Its own wait_until, not tests/waits.py: rank processes import this module (edges_factory)
+# as tests.runtime.test_rank, where tests/ is not on sys.path.
+def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def make_run(path: Path, **config: Any) -> tuple[RunDir, RunConfig]:
