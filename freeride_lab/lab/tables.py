@@ -15,9 +15,12 @@ run start t0 = the earliest ``RankStarted.t_ns`` (or, without one, the earliest 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
 import math
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -470,8 +473,19 @@ class _EventLog:
 # of each table as packed numpy columns (``_Columns``: about 35 bytes an action) and (2) every
 # event as zlib-compressed JSON (``_EventLog``: about 20 bytes an event), for the all-events
 # frame and for ``events_since`` (the side-task book folds the new ones). Building a table
-# concatenates packed columns and derives the ms columns; it never re-parses events. Each
-# table is cached until rows of its own kind (or a new t0) arrive.
+# concatenates packed columns and derives the ms columns; it never re-parses events.
+#
+# Built tables are not kept: a live run adds rows between two reads, so a kept frame would be
+# stale at the next one anyway, and it held about 115 bytes a row (side-task steps) besides.
+# What a 20-minute soak showed instead: a dashboard that rebuilds a growing table every few
+# seconds leaves freed memory with the allocators (glibc's heap; pyarrow's mimalloc pool behind
+# pandas' str columns), and RSS grew ~150-400 bytes per event though nothing was held. So after
+# building a table of ``RELEASE_ROWS`` rows or more, and before building the next one,
+# ``_release_memory`` hands freed memory back (pyarrow's ``release_unused``, glibc's
+# ``malloc_trim``). Rereading a growing side-task table every 1000 rows then grows RSS by about
+# 120 bytes a row instead of about 440: the packed row (about 45) plus the last frame a caller
+# dropped, which stays with the allocators until the next read
+# (``tests/lab/test_tables.py::test_rereading_a_growing_table_keeps_memory_near_the_packed_rows``).
 
 
 class EventTables:
@@ -590,12 +604,40 @@ class EventTables:
         derive: Callable[[pd.DataFrame], pd.DataFrame],
     ) -> pd.DataFrame:
         columns = self._tables[kind]
-        key = (columns.rows, self.t0())
-        hit = self._cache.get(kind)
-        if hit is None or hit[0] != key:
-            hit = (key, derive(columns.frame()) if columns.rows else _empty(schema))
-            self._cache[kind] = hit
-        return hit[1].copy()
+        if not columns.rows:
+            return _empty(schema)
+        large = columns.rows >= RELEASE_ROWS
+        if large:  # what earlier reads built and their callers dropped since
+            _release_memory()
+        frame = derive(columns.frame())
+        if large:  # what this build freed
+            _release_memory()
+        return frame
+
+
+#: Tables of at least this many rows give freed memory back once built ([Note: bounded memory]).
+RELEASE_ROWS = 16_384
+
+
+def _release_memory() -> None:
+    """Hand memory freed while building a frame back to the OS (see [Note: bounded memory])."""
+    pa = sys.modules.get("pyarrow")  # only if pandas (or the user) loaded it
+    if pa is not None:
+        with contextlib.suppress(Exception):
+            pa.default_memory_pool().release_unused()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None elsewhere (musl, macOS, Windows)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _load_malloc_trim() if sys.platform.startswith("linux") else None
 
 
 def _t0(t0_ns: int | None, starts: pd.Series) -> int:
