@@ -645,7 +645,7 @@ def lab_module(
         yield driver
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a pure function: module fixtures may use it too
 def notebook_factory() -> Callable[[list[str]], str]:
     """Make a small notebook (JSON text) of code cells with a ``python3`` kernelspec."""
     nbformat = pytest.importorskip("nbformat")

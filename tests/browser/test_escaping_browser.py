@@ -13,7 +13,7 @@ test proves the recorder sees them. Artifacts: ``test-artifacts/test_escaping_br
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,19 +114,6 @@ def assert_the_recorder_sees_an_alert(page: Any, dialogs: Dialogs) -> None:
     assert dialogs.opened[before:] == [("alert", "probe")]
 
 
-def notebook(sources: list[str]) -> str:
-    """A notebook (JSON text) of code cells, as conftest's ``notebook_factory`` makes them."""
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
-    return str(nbformat.writes(nb))
-
-
 @dataclass
 class Notebook:
     lab: Any  # conftest.JupyterLab, on the notebook
@@ -134,12 +121,12 @@ class Notebook:
 
 
 @pytest.fixture(scope="module")
-def escaping(lab_module: Any) -> Iterator[Notebook]:
+def escaping(lab_module: Any, notebook_factory: Callable[[list[str]], str]) -> Iterator[Notebook]:
     """The notebook run once: a live dashboard in view and the report written."""
     lab = lab_module
     (lab.server.root_dir / "escaping_tasks.py").write_text(TASK_FILE, encoding="utf-8")
     dialogs = Dialogs(lab.page)
-    lab.open(lab.server.add_notebook(NOTEBOOK, notebook(CELLS)))
+    lab.open(lab.server.add_notebook(NOTEBOOK, notebook_factory(CELLS)))
     try:
         lab.run_all(timeout_s=RUN_S)
         yield Notebook(lab, dialogs)
