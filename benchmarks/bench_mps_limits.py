@@ -117,40 +117,32 @@ def main(argv: list[str] | None = None) -> int:
         help="check the bookkeeping on CPU with a tiny model (numbers mean nothing)",
     )
     args = parser.parse_args(argv)
+    # one training rank, as the GPU bench's stage; the CPU dry run only shrinks it
+    config = RunConfig(
+        schedule="1F1B",
+        stages=1,
+        microbatches=4,
+        steps=10**7,
+        workload="text",
+        layers=args.layers,
+        d_model=args.d_model,
+        heads=32,
+        seq_len=2048,
+        microbatch_size=3,
+        dtype="bfloat16",
+        device="cuda",
+        mps=True,
+    )
     if args.dry_run_cpu:
-        config = RunConfig(
-            schedule="1F1B",
-            stages=1,
-            microbatches=2,
-            steps=10**7,
-            workload="text",
-            layers=2,
-            d_model=64,
-            heads=2,
-            seq_len=32,
-            microbatch_size=2,
-            device="cpu",
-        )
+        config = config.replace(
+            microbatches=2, layers=2, d_model=64, heads=2, seq_len=32, microbatch_size=2,
+            dtype="float32", device="cpu", backend=None, mps=None,
+        )  # fmt: skip
         args.preset = "cpu"
     elif not torch.cuda.is_available():
         print("bench_mps_limits: needs a CUDA GPU (MPS limits do not exist on CPU)")
         return 2
     else:
-        config = RunConfig(
-            schedule="1F1B",
-            stages=1,
-            microbatches=4,
-            steps=10**7,
-            workload="text",
-            layers=args.layers,
-            d_model=args.d_model,
-            heads=32,
-            seq_len=2048,
-            microbatch_size=3,
-            dtype="bfloat16",
-            device="cuda",
-            mps=True,
-        )
         args.preset = "gpu"
     root = Path(tempfile.mkdtemp(prefix="frl-mps-limits-"))
     samples: dict[str, list[float]] = {m: [] for m in MODES}
