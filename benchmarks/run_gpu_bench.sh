@@ -12,7 +12,7 @@
 # 4. runs `freeride-lab bench --quick --emulate-peers` with whatever time is left of
 #    FRL_TOTAL_S (default 380 s: the whole script stays under 7 minutes), writing
 #    $OUT/<gpu>-<date>.json and .md (<gpu> is the model, e.g. h200 or h100);
-# 5. packs the runs' logs (and, separately, their event files) into $OUT, plus an
+# 5. packs the runs' logs (and, separately, their event files; never a secret) into $OUT, plus an
 #    `nvidia-smi dmon` trace of power and clocks over the whole benchmark.
 # Every step prints a time stamp and the seconds since the start.
 #
@@ -117,9 +117,9 @@ kill "$DMON" 2>/dev/null
 stamp "bench exit code $code"
 
 stamp "packing logs"
-( cd "$RUNS" && tar czf "$OUT/bench-logs.tgz" --exclude='*/events' --exclude='*/tasks' . ) \
-    || stamp "no logs packed"
-( cd "$RUNS" && tar czf "$OUT/bench-events.tgz" ./*/events ) 2>/dev/null \
+# never the runs' secrets (see freeride_lab/lab/archive.py)
+"$PY" -m freeride_lab.lab.archive logs "$RUNS" "$OUT/bench-logs.tgz" || stamp "no logs packed"
+"$PY" -m freeride_lab.lab.archive events "$RUNS" "$OUT/bench-events.tgz" \
     || stamp "no events packed"
 nvidia-smi --query-gpu=temperature.gpu,power.draw,clocks.sm,memory.used --format=csv,noheader
 ls -la "$OUT"

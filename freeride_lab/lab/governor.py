@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ import pandas as pd
 from freeride_lab.core.governor import GovernorDecision, OverheadGovernor, StepObservation
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.runtime.rundir import open_append
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +266,7 @@ class GovernorLoop:
     def _write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: (None if _nan(v) else v) for k, v in record.items()})
         try:
-            with open(self.log_path, "a") as f:
+            with os.fdopen(open_append(self.log_path), "a") as f:
                 f.write(line + "\n")
         except OSError as exc:
             log.warning("governor: could not append to %s: %s", self.log_path, exc)

@@ -114,6 +114,7 @@ class SideTaskManager:
         self._bubbles = bubbles
         self._live = live
         self._client_factory = client
+        self._secret: bytes | None = None  # read once, on the first command
         self.worker_wait_s = worker_wait_s
         self._lock = threading.RLock()
         spec = Schedule.from_name(config.schedule)
@@ -549,10 +550,14 @@ class SideTaskManager:
             return self._client_factory(rank)
         from freeride_lab.runtime.worker_client import WorkerClient
 
+        if self._secret is None:
+            self._secret = self.run_dir.secret()
         deadline = time.monotonic() + self.worker_wait_s
         while True:
             try:
-                return WorkerClient.from_run_dir(self.run_dir.path, rank, timeout_s=1.0)
+                return WorkerClient.from_run_dir(
+                    self.run_dir.path, rank, timeout_s=1.0, secret=self._secret
+                )
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise RuntimeError(

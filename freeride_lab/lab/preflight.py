@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.runtime.rundir import check_private_dir
 
 __all__ = ["MIN_FREE_BYTES", "check_environment"]
 
@@ -29,7 +30,9 @@ def check_environment(config: RunConfig, run_dir: Path) -> None:
 
     Raises:
         ValueError: ``master_port`` in use, ``bus_host`` not bindable, ``run_dir`` already
-            holding a run, or several nodes without an agreed ``master_port``.
+            holding a run or not empty, or several nodes without an agreed ``master_port``.
+        PermissionError: ``run_dir`` exists but is a symlink, another user's, or open to
+            others (see [Note: a private run directory]).
         OSError: ``run_dir`` cannot be created or written, or its disk is (nearly) full.
         RuntimeError: ``device="cuda"`` without (enough) CUDA devices.
     """
@@ -70,17 +73,15 @@ def _check_bindable(host: str) -> None:
 
 
 def _check_run_dir(path: Path) -> None:
-    if (path / "run.json").exists():
-        raise ValueError(
-            f"run_dir={str(path)!r} already holds a run (it has run.json); pass a new "
-            "directory, or run_dir=None for a fresh one under ./runs"
-        )
-    if path.is_dir() and any(path.iterdir()):
-        # Taking it over would make it mode 0700 (the cwd, $HOME or /tmp locked for others).
-        raise ValueError(
-            f"run_dir={str(path)!r} exists and is not empty; pass a new directory, "
-            "or run_dir=None for a fresh one under ./runs"
-        )
+    if os.path.lexists(path):
+        if (path / "run.json").exists():
+            raise ValueError(
+                f"run_dir={str(path)!r} already holds a run (it has run.json); pass a new "
+                "directory, or run_dir=None for a fresh one under ./runs"
+            )
+        # see [Note: a private run directory]: another user's, a shared or a linked directory
+        # would let others swap the run's secret
+        check_private_dir(path, empty=True)
     parent = path
     while not parent.exists():
         parent = parent.parent

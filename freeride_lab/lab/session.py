@@ -110,7 +110,7 @@ from freeride_lab.runtime.launcher import (
     state_of_exit_code,
     stop_processes,
 )
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, open_append
 
 if TYPE_CHECKING:
     from freeride_lab.lab.governor import GovernorLoop
@@ -330,7 +330,7 @@ class Session(SideTaskControls):
 
         rd = RunDir(path)
         try:
-            rd.create()
+            secret = rd.create()
         except OSError as e:
             raise type(e)(
                 e.errno,
@@ -338,12 +338,12 @@ class Session(SideTaskControls):
                 "pass run_dir= a writable path",
             ) from None
         session = cls(rd, config=config, run_id=run_id, owner=True, grace_s=grace_s)
-        session._start(rank_entry or DEFAULT_RANK_ENTRY, detached=detached)
+        session._start(rank_entry or DEFAULT_RANK_ENTRY, secret, detached=detached)
         return session
 
-    def _start(self, rank_entry: Sequence[str], *, detached: bool = False) -> None:
+    def _start(self, rank_entry: Sequence[str], secret: bytes, *, detached: bool = False) -> None:
         rd = self.run_dir
-        self._bus = BusServer(rd.secret(), host=self.config.bus_host, on_batch=self._on_batch)
+        self._bus = BusServer(secret, host=self.config.bus_host, on_batch=self._on_batch)
         try:
             self._bus.start()
             mps = self._mps.start()
@@ -369,7 +369,8 @@ class Session(SideTaskControls):
                 "--parent-pid", str(os.getpid()),
                 "--grace-s", str(self.grace_s),
             ]  # fmt: skip
-            with open(rd.logs_dir / "launcher.log", "ab") as out, _sigint_ignored():
+            log_fd = open_append(rd.logs_dir / "launcher.log")
+            with os.fdopen(log_fd, "ab") as out, _sigint_ignored():
                 # Same process group as the caller, on purpose: a kernel restart reaches it.
                 self._launcher = subprocess.Popen(
                     cmd,

@@ -92,7 +92,7 @@ from torch import nn
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.models import GPTConfig, StageChunk, build_stage_chunks
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, create_file, open_append
 from freeride_lab.runtime.synthetic import _Sleep  # the synthetic stages' sleep-timed identity
 
 if TYPE_CHECKING:
@@ -263,8 +263,9 @@ class ControlFile:
 
     def write(self, control: Control) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".control.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(control.to_dict()))
+        tmp = self.path.with_name(f".control.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        with os.fdopen(create_file(tmp), "w") as f:
+            f.write(json.dumps(control.to_dict()))
         os.replace(tmp, self.path)
 
     def read(self) -> Control | None:
@@ -284,7 +285,7 @@ class ControlFile:
 
     def note_applied(self, seq: int, step: int, t_ns: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.applied_path, "a") as f:
+        with os.fdopen(open_append(self.applied_path), "a") as f:
             f.write(json.dumps({"seq": seq, "step": step, "t_ns": t_ns}) + "\n")
 
     def applied(self) -> list[dict[str, int]]:
@@ -583,7 +584,10 @@ class Emulation:
         log.info("emulate calibration %s", report)
         path = self.control_file.dir / f"calibration-rank-{self.rank}.json"
         self.control_file.dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report))
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a recalibration replaces the last report
+        with os.fdopen(create_file(path), "w") as f:
+            f.write(json.dumps(report))
         return report
 
     def _calibrate_own(self) -> None:

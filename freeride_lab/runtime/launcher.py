@@ -51,7 +51,7 @@ from typing import Any
 
 import psutil
 
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, open_append
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class Launcher:
                 rdzv = replace(rdzv, master_port=free_port(rdzv.master_addr))
             entry = tuple(run.get("rank_entry") or DEFAULT_RANK_ENTRY)
             cmd = torchrun_command(rdzv, self.run_dir, entry=entry, grace_s=self.grace_s)
-            out = open(self.run_dir.logs_dir / "torchrun.log", "ab")  # noqa: SIM115
+            out = os.fdopen(open_append(self.run_dir.logs_dir / "torchrun.log"), "ab")
             with out:
                 self._proc = subprocess.Popen(
                     cmd,

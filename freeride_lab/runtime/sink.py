@@ -31,7 +31,7 @@ from pathlib import Path
 
 from freeride_lab.core.events import Event, to_json
 from freeride_lab.runtime.bus import BusAddress, BusPublisher
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, open_append
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class EventSink:
         self._failing = False
         self._retry_at = 0.0  # monotonic time of the next attempt while failing
         # unbuffered: a failed write leaves nothing behind in a buffer to be written later
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+        self._file = os.fdopen(open_append(self.path), "ab", buffering=0)  # closed in close()
         self._offset = self._file.tell()  # byte offset of the next line (see bus wire format)
         self._publisher: BusPublisher | None = None
         if bus is not None:

@@ -94,7 +94,7 @@ from freeride_lab.core.sidetask_state import (
 from freeride_lab.runtime.imperative import ImperativeDriver
 from freeride_lab.runtime.limits import apply_in_process, support_summary
 from freeride_lab.runtime.loader import load_task_class
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, create_file
 from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask, SideTaskBase
 from freeride_lab.runtime.signal import Edge, EdgeReader, Phase
 from freeride_lab.runtime.sink import EventSink
@@ -124,13 +124,18 @@ _OVERRUN_WINDOW = 100  # steps the overrun policy looks at
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` atomically (see [Note: checkpoint format])."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.save(state, tmp)
-    else:
-        tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(create_file(tmp), "wb") as f:
+            if torch is not None:
+                torch.save(state, f)
+            else:
+                f.write(json.dumps(state).encode())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

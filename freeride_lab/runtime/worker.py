@@ -101,6 +101,7 @@ class Worker:
         exit_on_close: bool = True,
     ) -> None:
         self.run_dir = RunDir(Path(run_dir))
+        self._secret = self.run_dir.secret()  # once: see [Note: a private run directory]
         self.rank = rank
         self.stage = rank if stage is None else stage
         self.device = device
@@ -135,7 +136,7 @@ class Worker:
         info = {"address": [host, port], "pid": os.getpid(), "rank": self.rank}
         info |= {"stage": self.stage, "device": self.device, "mps_active": self.mps_active}
         path = worker_address_file(self.run_dir.path, self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.run_dir.write_json(path, info)
         log.info("worker rank %d listening on %s:%d (%s)", self.rank, host, port, self.device)
         try:
@@ -212,9 +213,8 @@ class Worker:
         timer.start()
         try:
             try:
-                secret = self.run_dir.secret()
-                deliver_challenge(conn, secret)
-                answer_challenge(conn, secret)
+                deliver_challenge(conn, self._secret)
+                answer_challenge(conn, self._secret)
             except (AuthenticationError, EOFError, OSError, ValueError) as exc:
                 log.warning("worker: refused a control connection: %s", exc or type(exc).__name__)
                 return

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from freeride_lab.core import events as ev
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.rundir import RunDir, open_append
 from freeride_lab.runtime.signal import EdgeWriter, edge_path
 from freeride_lab.runtime.task_process import child_env
 from freeride_lab.runtime.taskspec import TaskSpec
@@ -69,9 +69,17 @@ class WorkerClient:
 
     @classmethod
     def from_run_dir(
-        cls, run_dir: str | os.PathLike[str], rank: int, *, timeout_s: float = 30.0
+        cls,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        *,
+        timeout_s: float = 30.0,
+        secret: bytes | None = None,
     ) -> WorkerClient:
         """The client of the worker of ``rank``, waiting up to ``timeout_s`` for it to listen.
+
+        Args:
+            secret: the run's secret as this process read it once; None reads it now.
 
         Raises:
             TimeoutError: no worker address appeared in time.
@@ -91,7 +99,9 @@ class WorkerClient:
                     ) from None
                 time.sleep(0.05)
         host, port = info["address"]
-        return cls((str(host), int(port)), RunDir(Path(run_dir)).secret())
+        if secret is None:
+            secret = RunDir(Path(run_dir)).secret()
+        return cls((str(host), int(port)), secret)
 
     def attach(self, spec: TaskSpec | Mapping[str, Any] | str, **fields: Any) -> ev.ControlAck:
         """Queue a task: a ``TaskSpec``, its dict, or a task reference plus ``TaskSpec`` fields.
@@ -192,7 +202,7 @@ class WorkerProcess:
             command.append("--mps" if self.mps_active else "--no-mps")
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"worker-{self.rank}.log", "ab") as out:
+        with os.fdopen(open_append(logs / f"worker-{self.rank}.log"), "ab") as out:
             self.popen = subprocess.Popen(
                 command, env=child_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out
             )

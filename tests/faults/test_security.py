@@ -342,12 +342,13 @@ def test_run_dir_is_private_and_its_secret_owner_only_even_under_umask_0(tmp_pat
     assert len(run.secret()) == 32
 
 
-def test_an_existing_run_dir_is_made_private(tmp_path: Path) -> None:
+def test_an_existing_shared_run_dir_is_refused_not_taken_over(tmp_path: Path) -> None:
     path = tmp_path / "run"
     path.mkdir(mode=0o777)
     os.chmod(path, 0o777)
-    RunDir(path).create()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    with pytest.raises(PermissionError, match="0700"):
+        RunDir(path).create()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o777 and not any(path.iterdir())
 
 
 def test_every_run_gets_its_own_secret(tmp_path: Path) -> None:
