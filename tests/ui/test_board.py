@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from freeride_lab.ui.board import SideTaskBoard, plain_controls
+for _ui_package in ("anywidget",):
+    pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
+
+from freeride_lab.ui.board import SideTaskBoard, plain_controls  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PALETTE = [

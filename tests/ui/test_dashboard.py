@@ -14,10 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fake_session import GIB, FakeSession
 
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.ui.dashboard import (
+for _ui_package in ("plotly", "anywidget"):
+    pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
+from fake_session import GIB, FakeSession  # noqa: E402
+
+from freeride_lab.runtime.launcher import RunState  # noqa: E402
+from freeride_lab.ui.dashboard import (  # noqa: E402
     WIDGET_MIME,
     Dashboard,
     SessionController,

@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_session import FakeSession
-from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
-from freeride_lab.magics import FreerideMagics, _parser
-from freeride_lab.ui.dashboard import dashboard_for, mimebundle, user_tasks
+for _ui_package in ("IPython", "plotly", "anywidget"):
+    pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
+from fake_session import FakeSession  # noqa: E402
+from IPython.core.error import UsageError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+from freeride_lab.magics import FreerideMagics, _parser  # noqa: E402
+from freeride_lab.ui.dashboard import dashboard_for, mimebundle, user_tasks  # noqa: E402
 
 LAUNCH = (
     "launch --schedule 1F1B --stages 2 --microbatches 4 --steps 3000 --workload synthetic "

@@ -8,8 +8,11 @@ import re
 import pandas as pd
 import pytest
 
-from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report
+for _ui_package in ("plotly",):
+    pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
+
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
+from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report  # noqa: E402
 
 EVIL = "<img src=x onerror=alert(1)>"
 EVIL_CONFIG = "</script><script>alert('config')</script>"

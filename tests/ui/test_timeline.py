@@ -11,8 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.ui.timeline import (
+for _ui_package in ("plotly",):
+    pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
+
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
+from freeride_lab.ui.timeline import (  # noqa: E402
     Timeline,
     TimelinePump,
     TimelineTables,
