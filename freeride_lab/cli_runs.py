@@ -11,8 +11,11 @@
     freeride-lab list [--root runs]
 
 ``launch`` detaches the run: a keeper process (``freeride_lab.lab.keeper``) owns it and outlives
-the command. The other commands open the run directory (``Session.open``) from any process of
-the same user: the run's secret is in the directory. Errors print one line and exit 2.
+the command. The other commands open the run directory (``Session.open``); ``attach``, ``tune``,
+``detach`` and ``stop`` ask the keeper, the one process that commands the run, so they work on
+runs started with ``launch`` (a run a notebook or script launched refuses them, naming its
+owner). ``status``, ``list`` and ``report`` read any run, damaged ones for what is left. Errors
+print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.cli import PROG, UsageError, add_run_options, run_config_fields
+from freeride_lab.runtime.rundir import RunDir
 
 __all__ = [
     "add_attach",
@@ -220,14 +224,21 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise UsageError(f"--root {str(root)!r} is not a directory; runs go to ./runs by default")
     rows = []
     for path in sorted(p for p in root.iterdir() if (p / "run.json").is_file()):
-        with contextlib.suppress(OSError, ValueError):
-            run = json.loads((path / "run.json").read_text())
-            cfg = run.get("config", {})
-            created = datetime.fromtimestamp(int(run.get("created_ns", 0)) / 1e9)
-            shape = f"{cfg.get('schedule')} S={cfg.get('stages')} M={cfg.get('microbatches')}"
-            rows.append(
-                (created, run.get("run_id", path.name), _light_state(path, run), shape, path)
-            )
+        rd = RunDir(path)
+        try:
+            run = rd.read_run()
+        except (OSError, ValueError):  # listed, so that a damaged run does not just vanish
+            with contextlib.suppress(OSError):
+                created = datetime.fromtimestamp(rd.run_json.stat().st_mtime)
+                rows.append((created, path.name, "damaged", "run.json unreadable", path))
+            continue
+        cfg = run.get("config", {})
+        try:
+            created = datetime.fromtimestamp(run.get("created_ns", 0) / 1e9)
+        except (OverflowError, OSError, ValueError):  # a damaged time: sorted first
+            created = datetime.fromtimestamp(0)
+        shape = f"{cfg.get('schedule')} S={cfg.get('stages')} M={cfg.get('microbatches')}"
+        rows.append((created, run.get("run_id", path.name), _light_state(rd, run), shape, path))
     if not rows:
         print(f"no runs under {root}")
         return EXIT_OK
@@ -236,23 +247,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _light_state(path: Path, run: dict[str, Any]) -> str:
+def _light_state(rd: RunDir, run: dict[str, Any]) -> str:
     """A run's state from status.json and its launcher's liveness, without reading events."""
     import psutil
 
     from freeride_lab.runtime.launcher import RunState
 
-    try:
-        status = json.loads((path / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
+    status = rd.read_status()  # {} when missing or damaged
     state = str(status.get("state", RunState.STARTING))
     if state in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED):
         return state
     pid = status.get("launcher_pid") or run.get("launcher_pid")
     with contextlib.suppress(psutil.Error, TypeError, ValueError):
         p = psutil.Process(int(str(pid)))
-        if p.status() != psutil.STATUS_ZOMBIE and str(path.name) in " ".join(p.cmdline()):
+        if p.status() != psutil.STATUS_ZOMBIE and str(rd.path.name) in " ".join(p.cmdline()):
             return state
     return "gone"  # the launcher died without a final status
 

@@ -12,7 +12,10 @@ durations are integer nanoseconds. ``to_json``/``from_json`` round-trip exactly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "SideTaskStateChanged",
     "SideTaskStep",
     "StepTimed",
+    "check_dict",
     "from_dict",
     "from_json",
     "to_json",
@@ -227,3 +231,95 @@ def from_dict(data: dict[str, Any]) -> Event:
 def from_json(line: str) -> Event:
     """Parse one JSON line written by ``to_json``."""
     return from_dict(json.loads(line))
+
+
+# [Note: checking events read back]
+# Event files are the run's truth, but a file can be damaged after it was written (a disk
+# error, a copy cut short, a hand edit). ``check_dict`` is what a reader asks of each decoded
+# line before using it: the ``kind`` is a string; for a known kind, every field without a
+# default is there and every field present has its declared type (``bool`` is not an ``int``;
+# ``1e400`` decodes to a float, so it is not one either); integers fit in int64 and are >= 0
+# (indices, pids, counts and run-clock times) except where ``_INT_MINIMUM`` says otherwise;
+# floats may be NaN or infinite (a diverged loss is data). Unknown kinds and unknown keys pass:
+# a newer writer may add them, and the all-events table shows them.
+
+_INT64_MAX = 2**63 - 1
+# (kind, field) -> the least value allowed; None = any int64 (a signed offset).
+_INT_MINIMUM: dict[tuple[str, str], int | None] = {
+    ("rank_started", "clock_offset_ns"): None,
+    ("side_task_step", "step"): -1,  # -1: the task stepped before training's first bubble
+}
+
+_Check = Callable[[object], bool]
+
+
+def _int_check(least: int | None) -> _Check:
+    low = -_INT64_MAX - 1 if least is None else least
+    return lambda v: type(v) is int and low <= v <= _INT64_MAX
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_index_list(v: object) -> bool:
+    return isinstance(v, list | tuple) and all(type(x) is int and 0 <= x <= _INT64_MAX for x in v)
+
+
+def _check_of(kind: str, name: str, hint: object) -> tuple[_Check, str]:
+    """A test for one field's value, and the rule it enforces in words."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    (base,) = [o for o in options if o is not type(None)]
+    origin = typing.get_origin(base) or base
+    check: _Check
+    if base is int:
+        least = _INT_MINIMUM.get((kind, name), 0)
+        check, rule = _int_check(least), "an integer" + ("" if least is None else f" >= {least}")
+    elif base is float:
+        check, rule = _is_number, "a number"
+    elif base in (str, bool) or origin is dict:
+        check, rule = lambda v: isinstance(v, origin), _RULES[origin]
+    elif origin is tuple:
+        check, rule = _is_index_list, "a list of integers >= 0"
+    else:  # a field type this checker does not know: a new event type needs a rule here
+        raise TypeError(f"no check for {kind}.{name}: {hint!r}")
+    if type(None) in options:
+        inner = check
+        return (lambda v: v is None or inner(v)), rule + " or null"
+    return check, rule
+
+
+_RULES: dict[object, str] = {str: "a string", bool: "true or false", dict: "an object"}
+
+
+def _field_checks(cls: type[Event]) -> tuple[tuple[str, bool, _Check, str], ...]:
+    """(name, required, check, rule) per field of ``cls``."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        required = f.default is MISSING and f.default_factory is MISSING
+        out.append((f.name, required, *_check_of(cls.kind, f.name, hints[f.name])))
+    return tuple(out)
+
+
+_FIELD_CHECKS = {kind: _field_checks(cls) for kind, cls in EVENT_TYPES.items()}
+
+
+def check_dict(data: object) -> None:
+    """Raise ``ValueError`` saying what is wrong if ``data`` (a decoded event line) is not an
+    event a reader can use (see [Note: checking events read back]); return quietly if it is."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"not a JSON object but {type(data).__name__}")
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        raise ValueError(f"'kind' must be a string naming the event type, got {kind!r}")
+    for name, required, check, rule in _FIELD_CHECKS.get(kind, ()):
+        if name not in data:
+            if required:
+                raise ValueError(f"{kind} event without its {name!r}")
+            continue
+        value = data[name]
+        if not check(value):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ValueError(f"{kind} event: {name!r} must be {rule}, got {shown}")

@@ -3,10 +3,13 @@
 ``freeride-lab launch`` returns at once, but a run needs an owner: something that holds its
 bus, starts and always stops its MPS daemon, and notices when it ends. The CLI starts this
 small process in a new session (so the shell's Ctrl-C and hang-up do not reach it); it calls
-``Session.launch(..., detached=True)``, writes one JSON line to stdout (``{"run_dir",
-"run_id"}`` or ``{"error"}``) for the CLI to print, then waits for the run to end and stops
-it (MPS included) like any owner. SIGTERM makes it stop the run (that is what ``Session.stop``
-on an observer of a detached run sends); SIGINT and SIGHUP are ignored.
+``Session.launch(..., detached=True)``, serves the run's request channel
+(``lab.owner_channel``: the attach, tune, move and detach that other processes ask for, carried
+out by its owning Session; the address goes into run.json as ``"keeper"``), writes one JSON
+line to stdout (``{"run_dir", "run_id"}`` or ``{"error"}``) for the CLI to print, then waits
+for the run to end and stops it (MPS included) like any owner. SIGTERM makes it stop the run
+(that is what ``Session.stop`` on an observer of a detached run sends); SIGINT and SIGHUP are
+ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 from pathlib import Path
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.owner_channel import OwnerServer
 from freeride_lab.lab.session import Session
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # reported to the CLI, which prints one line
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
+    try:
+        server = _serve_requests(session)
+    except Exception as exc:  # a run nobody could command: end it rather than keep it
+        session.stop()
+        print(json.dumps({"error": f"no request channel: {type(exc).__name__}: {exc}"}), flush=True)
+        return 2
     logging.basicConfig(
         level=logging.INFO,
         filename=str(session.run_dir.logs_dir / "keeper.log"),
@@ -61,8 +71,23 @@ def main(argv: list[str] | None = None) -> int:
         except TimeoutError:
             continue
     log.info("keeper: %s", "stop requested" if stop.is_set() else "the run ended")
+    server.close()
     session.stop()
     return 0
+
+
+def _serve_requests(session: Session) -> OwnerServer:
+    """Start the run's request channel and name it in run.json (``"keeper"``)."""
+    rd = session.run_dir
+    server = OwnerServer(session, rd.secret()).start()
+    try:
+        run = rd.read_run()
+        run["keeper"] = {"address": list(server.address), "pid": os.getpid()}
+        rd.write_json(rd.run_json, run)
+    except BaseException:
+        server.close()
+        raise
+    return server
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """``SideTaskManager``: side tasks of one run — attach, tune, move, detach, and what they did.
 
-The Session owns one (``session.attach(...)`` and friends delegate here); it works the same in
-the process that launched the run and in any other process of the same user that opened its
-run directory (the CLI, a second notebook): everything it needs is in the run directory.
+The Session that owns the run holds one (``session.attach(...)`` and friends delegate here);
+an observer's Session holds one only to read ``tasks`` (everything it needs is in the run
+directory) and sends no requests (``lab.session`` [Note: owner and observers]).
 
     mgr.attach("pagerank", options={"n_nodes": 2000})       # placed by core.placement
     mgr.attach("my_tasks.py:Count", stage=2, memory="1GiB", budget_ms=20)

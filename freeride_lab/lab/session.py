@@ -27,20 +27,34 @@ bytes over the session's authenticated bus; the session merges both exactly once
 (``EventTailer``), so tables are live when the bus works and complete when it does not.
 
 [Note: owner and observers]
-Only the process that launched a run owns it. While the run is alive, ``Session.open`` in that
-process returns the owning ``Session`` itself; otherwise, and in any other process, it returns a
-read-only observer: its tables and state come from the files, ``wait()`` works, and ``stop()``
-raises ``RuntimeError`` while the run is alive (naming the owner, and the launcher pid to
-signal instead). An observer never stops a run at exit, so opening a run can never kill what
-another process started. The exception is a *detached* run (``freeride-lab launch``, owned by a
-background ``lab.keeper`` process): any observer may stop it, by asking its keeper.
+Only the process that launched a run owns it, and only the owner commands it (see
+``lab.owner_channel`` [Note: one commander per run]). While the run is alive, ``Session.open``
+in that process returns the owning ``Session`` itself; otherwise, and in any other process, it
+returns a read-only observer: its tables, state and ``tasks`` come from the files and
+``wait()`` works, but ``stop()``, ``attach``, ``tune``, ``move``, ``detach`` and
+``enable_governor`` raise ``PermissionError`` naming the owner's pid and what to do instead. An
+observer never stops a run at exit, so opening a run can never kill what another process
+started. The exception is a *detached* run (``freeride-lab launch``, owned by a background
+``lab.keeper`` process): an observer's ``stop()`` asks its keeper to stop it (SIGTERM), and its
+side-task commands are requests the keeper carries out (``lab.owner_channel``).
 
 [Note: side tasks]
 With ``RunConfig(side_tasks=True)`` (the default) every rank starts a side-task worker
-(``extra["edges_factory"]``), and ``attach``/``tune``/``move``/``detach``/``tasks`` go through a
-``lab.manager.SideTaskManager``. They work from observers too (the CLI attaches to runs it did
-not launch): the workers authenticate with the run's secret, and the manager keeps its records
-in the run directory.
+(``extra["edges_factory"]``), and the owner's ``attach``/``tune``/``move``/``detach`` go
+through its ``lab.manager.SideTaskManager``. ``tasks`` works in observers too: the manager keeps
+its records in the run directory.
+
+[Note: damaged run directories]
+A run directory can be damaged after the fact (a copy cut short, a disk error, a hand edit).
+Readers work on what is left: event lines that are not valid events are skipped, counted
+(``bad_lines``) and logged once per file and read (``lab.tables`` [Note: damaged event
+files]); a missing or damaged status.json reads as no status (``RunDir.read_status``, logged
+once), and a run whose launcher is gone without one is judged from its events: FINISHED if
+every rank here said so, else FAILED. run.json is different: it is the only record of the
+run's config (schedule, stages, micro-batches, chunks), without which bubbles cannot be
+labelled or compared with theory, and of who owns the run. A damaged run.json therefore makes
+``Session.open`` raise one ``ValueError`` naming the file, rather than guess a config and show
+plausible but wrong tables; the events stay readable with ``lab.tables.read_events``.
 
 [Note: MPS daemon]
 On CUDA (``RunConfig.mps`` True, or None when MPS is available here) the owner starts a private
@@ -98,6 +112,7 @@ import psutil
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.lab.owner_channel import OwnerClient
 from freeride_lab.lab.preflight import check_environment
 from freeride_lab.lab.run_mps import RunMps
 from freeride_lab.lab.side_tasks import SideTaskControls
@@ -220,6 +235,33 @@ def _process(pid: object, *, needle: str) -> psutil.Process | None:
     return None
 
 
+def _described_run(rd: RunDir) -> tuple[dict[str, Any], RunConfig]:
+    """run.json and the ``RunConfig`` in it, or one ``ValueError`` naming the file (see
+    [Note: damaged run directories])."""
+    fix = (
+        "restore run.json from a copy of the run directory; the events can still be read "
+        f"without it: freeride_lab.lab.read_events({str(rd.path)!r})"
+    )
+    try:
+        run = rd.read_run()
+    except ValueError as e:
+        raise ValueError(f"{e}: without it the run's config is unknown; {fix}") from None
+    config = run.get("config")
+    if config is None:
+        raise ValueError(
+            f"{rd.run_json} holds no 'config' object, so the run's config is unknown; {fix}"
+        )
+    try:
+        # checked when the run was launched; checking again would import torch (seconds)
+        return run, RunConfig.from_dict(config, check_plan=False)
+    except (TypeError, ValueError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(
+            f"{rd.run_json}: its 'config' is not a valid RunConfig ({why}), so the run's config "
+            f"is unknown; {fix}"
+        ) from None
+
+
 @contextlib.contextmanager
 def _sigint_ignored() -> Iterator[None]:
     """Ignore SIGINT while starting a child, so that it starts with SIGINT ignored.
@@ -274,6 +316,7 @@ class Session(SideTaskControls):
         self._stopped = False
         self._stop_requested = False
         self._unwritten_status: dict[str, Any] | None = None  # a final status the disk refused
+        self._writers_done = False  # the status says the run is over: no line is still growing
         self._live_events = 0
         self._manager: SideTaskManager | None = None
         self._governor: GovernorLoop | None = None
@@ -439,10 +482,14 @@ class Session(SideTaskControls):
 
     @classmethod
     def open(cls, run_dir: str | Path) -> Session:
-        """The run in ``run_dir``, from its files (see [Note: owner and observers]).
+        """The run in ``run_dir``, from its files (see [Note: owner and observers]); damaged
+        event files and status.json are read for what is left (see [Note: damaged run
+        directories]).
 
         Raises:
             FileNotFoundError: ``run_dir`` has no run.json.
+            ValueError: run.json is damaged, so the run's config is unknown; the message names
+                the file.
         """
         rd = RunDir(Path(run_dir).expanduser().absolute())
         if not rd.run_json.is_file():
@@ -452,15 +499,14 @@ class Session(SideTaskControls):
         for live in list(_live_sessions):
             if live.run_dir.path.resolve() == rd.path.resolve():
                 return live
-        run = rd.read_run()
-        # checked when the run was launched; checking again would import torch (seconds)
-        config = RunConfig.from_dict(run["config"], check_plan=False)
+        run, config = _described_run(rd)
+        grace_s = run.get("grace_s", 10.0)
         session = cls(
             rd,
             config=config,
-            run_id=str(run["run_id"]),
+            run_id=str(run.get("run_id") or rd.path.name),
             owner=False,
-            grace_s=float(run.get("grace_s", 10.0)),
+            grace_s=float(grace_s) if math.isfinite(grace_s) and grace_s >= 0 else 10.0,
         )
         session._refresh()
         return session
@@ -512,9 +558,11 @@ class Session(SideTaskControls):
                 traceback=str(first.get("traceback", "")),
             )
         if self._state(poll_files=False) == RunState.FAILED:
+            unfinished = [str(r) for r in self._ranks if r not in self._tables.finished]
             return RunFailure(
                 rank=None,
-                reason=f"the launcher (pid {self._launcher_pid()}) is gone without a final status",
+                reason=f"the launcher (pid {self._launcher_pid()}) is gone without a final status"
+                + (f"; rank {', '.join(unfinished)} never said it finished" if unfinished else ""),
             )
         return None
 
@@ -553,14 +601,14 @@ class Session(SideTaskControls):
         if not self.owner:
             if self._state(poll_files=False).done:
                 return
-            run = self.run_dir.read_run()
+            run = self._run_info()
             if run.get("detached"):
                 self._stop_detached(run, self.grace_s if grace_s is None else grace_s)
                 return
-            raise RuntimeError(
-                f"run {self.run_id} belongs to pid {run.get('owner_pid')}; this Session came from "
-                "Session.open and is read-only. Stop it from its owner, or send SIGTERM to its "
-                f"launcher: kill -TERM {self._launcher_pid()}"
+            raise self._read_only(
+                "stop it",
+                run,
+                also=f"send SIGTERM to its launcher: kill -TERM {self._launcher_pid()}",
             )
         with self._stop_lock:
             if self._stopped:
@@ -585,6 +633,58 @@ class Session(SideTaskControls):
             self._stopped = True
         self._stop_watchdog()
         _live_sessions.discard(self)
+
+    # -- who may command the run (see [Note: owner and observers]) -----------------------------
+
+    def _run_info(self) -> dict[str, Any]:
+        """run.json now, or {} if it cannot be read."""
+        try:
+            return self.run_dir.read_run()
+        except (OSError, ValueError):
+            return {}
+
+    def _commands(self, what: str) -> SideTaskManager | OwnerClient:
+        """What carries out a side-task command: this owner's manager, or the keeper of a
+        detached run asked over its channel (``lab.owner_channel``).
+
+        Raises:
+            PermissionError: an observer of a run that is not detached.
+            RuntimeError: a detached run that has ended (its keeper is gone).
+        """
+        if self.owner:
+            return self._side_tasks()
+        run = self._run_info()
+        if not run.get("detached"):
+            raise self._read_only(what, run)
+        state = self._state(poll_files=False)
+        if state.done:
+            raise RuntimeError(
+                f"cannot {what}: run {self.run_id} is {state} and its keeper has gone; side "
+                "tasks run only beside a live run"
+            )
+        return OwnerClient.of_run(run, self.run_dir.secret(), run_id=self.run_id)
+
+    def _check_owner(self, what: str) -> None:
+        """Raise ``PermissionError`` unless this Session owns the run."""
+        if not self.owner:
+            raise self._read_only(what, self._run_info())
+
+    def _read_only(self, what: str, run: Mapping[str, Any], *, also: str = "") -> PermissionError:
+        """The refusal of ``what`` on an observer: who owns the run and what to do instead."""
+        owner = run.get("owner_pid", "unknown")
+        if run.get("detached"):
+            return PermissionError(
+                f"cannot {what}: run {self.run_id} is detached and its keeper (pid {owner}) owns "
+                "it; this Session came from Session.open, and only the owning process can "
+                f"{what}. To {what}, launch the run with Session.launch in that process"
+            )
+        instead = f"; or {also}" if also else ""
+        return PermissionError(
+            f"cannot {what}: run {self.run_id} belongs to pid {owner}, the process that "
+            "launched it; this Session came from Session.open and is read-only. Do it with the "
+            f"owning Session in pid {owner}{instead}. A run started with `freeride-lab launch` "
+            "takes commands from any process of its user (its keeper carries them out)"
+        )
 
     def _stop_detached(self, run: Mapping[str, Any], grace_s: float) -> None:
         """Stop a detached run from an observer: SIGTERM to its keeper (which stops the run
@@ -660,9 +760,18 @@ class Session(SideTaskControls):
                 self._settle()
                 return _parse_state(self._read_status().get("state"))
             if self._launcher_pid() is not None:  # observer: the launcher is gone, no status
-                return RunState.FAILED
+                return self._ended_without_status()
         self._refresh(poll_files=poll_files)
         return RunState.FAILED if self._tables.failures else state
+
+    def _ended_without_status(self) -> RunState:
+        """An observer's verdict on a run whose launcher is gone without a (readable) final
+        status: FINISHED if every rank here said it finished and none failed, else FAILED."""
+        self._refresh()
+        tables = self._tables
+        if not tables.failures and all(r in tables.finished for r in self._ranks):
+            return RunState.FINISHED
+        return RunState.FAILED
 
     def _settle(self) -> None:
         """After the launcher ended: final read, bus off, and a status if it left none."""
@@ -709,7 +818,16 @@ class Session(SideTaskControls):
             while self._inbox:
                 self._live_events += self._tables.add(self._tailer.feed(self._inbox.popleft()))
             if poll_files:
-                self._tables.add(self._tailer.poll())
+                if not self._writers_done:  # once the run is over, a cut last line is read too
+                    self._writers_done = _parse_state(self._read_status().get("state")).done
+                self._tables.add(self._tailer.poll(final=self._writers_done))
+
+    @property
+    def bad_lines(self) -> dict[str, int]:
+        """Lines skipped per event file because they are not valid events (damaged files; see
+        [Note: damaged run directories]); {} when every line was read."""
+        self._refresh()
+        return dict(self._tailer.bad_lines_by_file)
 
     @property
     def actions(self) -> pd.DataFrame:

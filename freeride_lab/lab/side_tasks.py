@@ -3,7 +3,10 @@ ledger, cost saving and the overhead governor.
 
 ``Session`` inherits it; every method here delegates to the run's ``lab.manager``
 ``SideTaskManager`` (requests), ``lab.harvest`` (views over the tables) or ``lab.governor``
-(the governor's thread). See ``lab.session`` [Note: side tasks] and [Note: upward hooks].
+(the governor's thread). Requests and the governor need the Session that owns the run; on a
+read-only observer they raise ``PermissionError``, except that a detached run's keeper carries
+out an observer's requests. See ``lab.session`` [Note: owner and observers], [Note: side tasks]
+and [Note: upward hooks].
 
     s = Session.launch(RunConfig(workload="synthetic", stages=4, microbatches=4))
     t = s.attach("pagerank", options={"n_nodes": 2000})      # placed, profiled, then stepping
@@ -21,6 +24,7 @@ import pandas as pd
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
 from freeride_lab.lab.manager import SideTaskManager
+from freeride_lab.lab.owner_channel import OwnerClient
 from freeride_lab.runtime.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -42,6 +46,15 @@ class SideTaskControls:
 
     # Provided by Session.
     def _side_tasks(self) -> SideTaskManager:
+        raise NotImplementedError
+
+    def _commands(self, what: str) -> SideTaskManager | OwnerClient:
+        """Who carries out a command (the owner's manager, or a detached run's keeper);
+        raises ``PermissionError`` on a read-only observer (``lab.session`` [Note: owner and
+        observers])."""
+        raise NotImplementedError
+
+    def _check_owner(self, what: str) -> None:
         raise NotImplementedError
 
     def _is_live(self) -> bool:
@@ -101,8 +114,9 @@ class SideTaskControls:
         Raises:
             ValueError: the request is invalid or no stage can take it; nothing changed.
             RuntimeError: the run is not training, or was launched with side_tasks=False.
+            PermissionError: this Session is a read-only observer (from ``Session.open``).
         """
-        return self._side_tasks().attach(
+        return self._commands("attach or resume side tasks").attach(
             task,
             stage=stage,
             memory=memory,
@@ -128,8 +142,9 @@ class SideTaskControls:
 
         Raises:
             ValueError: unknown or ended task, or a bad limit; nothing changed.
+            PermissionError: this Session is a read-only observer.
         """
-        return self._side_tasks().tune(
+        return self._commands("tune side tasks").tune(
             task_id, memory=memory, sm_pct=sm_pct, priority=priority, budget_ms=budget_ms
         )
 
@@ -138,12 +153,17 @@ class SideTaskControls:
 
         Raises:
             ValueError: unknown task or stage, or the stage cannot host it; nothing changed.
+            PermissionError: this Session is a read-only observer.
         """
-        return self._side_tasks().move(task_id, stage)
+        return self._commands("move side tasks").move(task_id, stage)
 
     def detach(self, task_id: str) -> dict[str, Any]:
-        """Checkpoint and stop a side task; its task dict (``attach(task_id)`` resumes it)."""
-        return self._side_tasks().detach(task_id)
+        """Checkpoint and stop a side task; its task dict (``attach(task_id)`` resumes it).
+
+        Raises:
+            PermissionError: this Session is a read-only observer.
+        """
+        return self._commands("detach side tasks").detach(task_id)
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
@@ -185,10 +205,14 @@ class SideTaskControls:
             baseline_step_s: training's step time without side tasks; None learns it from
                 steps without side-task work.
             options: further ``core.governor.OverheadGovernor`` settings.
+
+        Raises:
+            PermissionError: this Session does not own the run (the governor tunes its tasks).
         """
         from freeride_lab.core.governor import OverheadGovernor
         from freeride_lab.lab.governor import GovernorLoop
 
+        self._check_owner("run the overhead governor")
         self.disable_governor()
         sm_applies = self.mps_active
         if not sm_applies:  # SM shares need MPS: govern step budgets alone

@@ -260,7 +260,7 @@ def _refused(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``call(...)``, with a session's refusal (any of its documented errors) as ValueError."""
     try:
         return call(*args, **kwargs)
-    except (RuntimeError, LookupError) as exc:
+    except (RuntimeError, LookupError, PermissionError) as exc:  # PermissionError: an observer
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         raise ValueError(str(message)) from exc
 

@@ -320,7 +320,7 @@ def test_an_observer_cannot_stop_a_run_it_does_not_own(foreign: Owner) -> None:
     observer = Session.open(foreign.run_dir)
     assert not observer.owner
     launcher_pid = json.loads((foreign.run_dir / "run.json").read_text())["launcher_pid"]
-    with pytest.raises(RuntimeError, match=rf"read-only.*kill -TERM {launcher_pid}"):
+    with pytest.raises(PermissionError, match=rf"read-only.*kill -TERM {launcher_pid}"):
         observer.stop()
     assert observer.state == RunState.RUNNING
 
