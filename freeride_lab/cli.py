@@ -430,7 +430,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark, print progress with time stamps, then the markdown tables."""
     import time
 
-    from freeride_lab.lab import bench, bench_results
+    from freeride_lab.lab import bench, bench_markdown, bench_results
 
     if not args.emulate_peers:
         raise UsageError(
@@ -466,7 +466,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
-    print(bench_results.markdown(result))
+    print(bench_markdown.markdown(result))
     progress(f"done in {result.get('elapsed_s')} s; wrote {out} and {out.with_suffix('.md')}")
     return EXIT_OK if result.get("blocks") else EXIT_FAILED
 

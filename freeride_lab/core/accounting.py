@@ -32,6 +32,8 @@ from types import MappingProxyType
 
 import pandas as pd
 
+from freeride_lab.core.budget import overrun_mask
+
 __all__ = [
     "FREERIDE_REFERENCE_THROUGHPUT_PER_S",
     "FREERIDE_UNITS",
@@ -242,8 +244,8 @@ def ledger(side_task_steps: pd.DataFrame, *, wall_s: float | None = None) -> pd.
 
     Columns (in order): task_id, name, stage, steps (count), progress (sum, in ``unit``),
     unit, throughput_per_s (progress ÷ ``wall_s``, FreeRide's P/T_f), busy_s (summed step
-    durations), overruns (steps with overrun_ms > 0), overrun_ms_total. Sorted by stage, then
-    task_id.
+    durations), overruns (steps that overran, ``core.budget.overrun_mask``), overrun_ms_total.
+    Sorted by stage, then task_id.
 
     Args:
         side_task_steps: the ``side_task_steps`` table (task_id, name, stage, rank, step,
@@ -261,7 +263,7 @@ def ledger(side_task_steps: pd.DataFrame, *, wall_s: float | None = None) -> pd.
     if side_task_steps.empty:
         return _empty_ledger()
     df = side_task_steps.assign(
-        _overran=side_task_steps["overrun_ms"].fillna(0.0) > 0,
+        _overran=overrun_mask(side_task_steps["overrun_ms"]),
         _overrun=side_task_steps["overrun_ms"].fillna(0.0).clip(lower=0.0),
     )
     if wall_s is None:

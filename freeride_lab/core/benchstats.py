@@ -1,5 +1,6 @@
 """The bookkeeping of ``freeride-lab bench``: block order, medians, ratios, bubble use, harvest,
-cost. Pure functions over numbers a benchmark has measured; ``lab/bench.py`` does the measuring.
+cost. Pure functions over numbers a benchmark has measured; ``lab/bench.py`` does the measuring,
+``core.benchtables`` builds the per-stage and pipeline tables from them.
 
 A benchmark run interleaves *blocks* of training steps in different *modes* (A B C A B C …) so
 that slow drift (clocks, temperature, other load) hits every mode alike, and reports medians
@@ -13,9 +14,12 @@ and ratios, never one absolute time:
 
 [Note: paired ratios]
 A mode's step-time ratio is taken block by block against the vanilla blocks next to it in run
-order (the mean of the nearest one before and the nearest one after), then the median over its
-blocks; the overhead is that median minus one. A drift that is linear over a few blocks cancels,
-and one disturbed block moves the median little.
+order (the mean of the nearest one before and the nearest one after); a drift that is linear
+over a few blocks cancels. The overhead is the mean of those paired differences (ratio - 1)
+with a 95% t-interval over the blocks (``core.intervals`` [Note: paired design]: neighbouring
+differences share a vanilla block, and the interval accounts for it). The median of the
+ratios, which one disturbed block moves little, is kept beside it (``overhead_median_frac``);
+the mean is the headline because it is what the interval is about.
 
 Cost and harvest go through ``core.accounting`` (FreeRide's formulas), so the benchmark's numbers
 cannot drift from the library's:
@@ -32,39 +36,35 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
-from freeride_lab.core.accounting import (
-    CostModel,
-    CostSaving,
-    bubble_limit,
-    cost_saving,
-    harvest_frac,
-)
+from freeride_lab.core.accounting import CostModel, CostSaving, cost_saving
+from freeride_lab.core.intervals import Interval, mean_interval
 
 __all__ = [
     "BLOCK_COLUMNS",
     "MODES",
-    "PIPELINE_COLUMNS",
     "REFERENCE_MODE",
-    "SUMMARY_COLUMNS",
+    "SPREAD_FLAG_FRAC",
+    "SegmentKey",
     "bubble_use_frac",
+    "dedicated_speed",
     "dedicated_throughput_per_s",
     "interleave",
     "median",
     "merge_intervals",
+    "overhead_interval",
     "overlap_ms",
     "paired_ratios",
     "percentile",
     "pipeline_cost",
-    "pipeline_summary",
     "signal_latency_ms",
     "step_periods_ms",
-    "summarize_blocks",
 ]
 
 MODES: tuple[str, ...] = ("vanilla", "plain", "managed", "governed", "naive")
 REFERENCE_MODE = "vanilla"
+#: One segment of a run: (run, case, stage, task); its solo phases give its dedicated speed.
+SegmentKey = tuple[str, str, int, str]
 
 #: Columns of the blocks table ``lab/bench.py`` builds (one row per block), in order.
 BLOCK_COLUMNS: tuple[str, ...] = (
@@ -90,55 +90,6 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     "latency_ms",  # tuple: bubble start edge → first side-task step start, per bubble used
     "sm_clock_mhz",  # median NVML SM clock in the block (NaN without NVML)
     "power_w",  # median NVML board power in the block (NaN without NVML)
-)
-
-#: Columns of ``summarize_blocks``, in order.
-SUMMARY_COLUMNS: tuple[str, ...] = (
-    "run",
-    "case",
-    "stage",
-    "task",
-    "mode",
-    "blocks",
-    "step_ms_median",
-    "ratio_vs_vanilla",  # median of paired ratios (see [Note: paired ratios])
-    "overhead_frac",  # ratio_vs_vanilla - 1
-    "overhead_min_frac",
-    "overhead_max_frac",
-    "progress",
-    "unit",
-    "throughput_per_s",  # progress ÷ wall time of the mode's blocks
-    "bubble_used_frac",  # side-task busy time inside bubbles ÷ bubble time
-    "idle_frac",  # the real rank's measured bubble time ÷ wall time
-    "harvest_frac",  # work at the same GPU's dedicated speed ÷ wall time
-    "bubble_limit_frac",  # (S-1)/(M+S-1)
-    "harvest_of_limit_frac",  # harvest_frac ÷ bubble_limit_frac
-    "overruns",
-    "side_steps",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "sm_clock_mhz",
-    "power_w",
-)
-
-#: Columns of ``pipeline_summary``, in order.
-PIPELINE_COLUMNS: tuple[str, ...] = (
-    "run",
-    "case",
-    "mode",
-    "stages_covered",
-    "tasks",  # "stage:task" pairs, comma-separated
-    "overhead_mean_frac",  # mean over stages of the per-stage overhead
-    "overhead_max_frac",
-    "overhead_sum_frac",  # conservative: every stage harvesting at once, delays adding up
-    "harvest_frac",  # mean over stages: the whole pipeline's GPU time
-    "bubble_limit_frac",
-    "harvest_of_limit_frac",
-    "reference_gpus",  # FreeRide's x: RTX 3080s' worth of work
-    "saving_published_frac",
-    "saving_corrected_frac",  # published - overhead_sum_frac
-    "latency_p50_ms",
-    "latency_p99_ms",
 )
 
 
@@ -215,23 +166,59 @@ def paired_ratios(
     Returns:
         One ratio per ``mode`` block that has a reference neighbour, in run order.
     """
+    return [1.0 + d for d in _paired(order, modes, step_ms, mode, reference)[0]]
+
+
+def overhead_interval(
+    order: Sequence[int],
+    modes: Sequence[str],
+    step_ms: Sequence[float],
+    mode: str,
+    *,
+    reference: str = REFERENCE_MODE,
+) -> Interval:
+    """The mean of ``mode``'s per-block paired differences (ratio - 1) with its t-interval,
+    corrected for the reference blocks that neighbouring differences share
+    (``core.intervals`` [Note: paired design])."""
+    diffs, design = _paired(order, modes, step_ms, mode, reference)
+    return mean_interval(diffs, design=design)
+
+
+def _paired(
+    order: Sequence[int],
+    modes: Sequence[str],
+    step_ms: Sequence[float],
+    mode: str,
+    reference: str,
+) -> tuple[list[float], np.ndarray]:
+    """Paired differences of ``mode``'s blocks, in run order, and their design C = WWᵀ."""
     if not len(order) == len(modes) == len(step_ms):
         raise ValueError(
             f"order, modes and step_ms differ in length ({len(order)}, {len(modes)}, "
             f"{len(step_ms)}); give one entry per block"
         )
     rows = sorted(zip(order, modes, step_ms, strict=True))
-    refs = [(o, v) for o, m, v in rows if m == reference and not _isnan(v)]
-    out: list[float] = []
-    for o, m, v in rows:
+    refs = [(i, v) for i, (_, m, v) in enumerate(rows) if m == reference and not _isnan(v)]
+    diffs: list[float] = []
+    weights: list[dict[int, float]] = []  # block index -> weight, one dict per difference
+    for i, (_, m, v) in enumerate(rows):
         if m != mode or _isnan(v):
             continue
-        before = [r for r in refs if r[0] < o]
-        after = [r for r in refs if r[0] > o]
-        near = ([before[-1][1]] if before else []) + ([after[0][1]] if after else [])
-        if near:
-            out.append(v / (sum(near) / len(near)))
-    return out
+        before = [r for r in refs if r[0] < i]
+        after = [r for r in refs if r[0] > i]
+        near = ([before[-1]] if before else []) + ([after[0]] if after else [])
+        if not near:
+            continue
+        diffs.append(v / (sum(x[1] for x in near) / len(near)) - 1.0)
+        w = {i: 1.0}
+        for j, _ in near:
+            w[j] = w.get(j, 0.0) - 1.0 / len(near)
+        weights.append(w)
+    big_w = np.zeros((len(diffs), len(rows)))
+    for k, w in enumerate(weights):
+        for j, x in w.items():
+            big_w[k, j] = x
+    return diffs, big_w @ big_w.T
 
 
 # -- intervals ------------------------------------------------------------------------------
@@ -320,6 +307,34 @@ def dedicated_throughput_per_s(
     return float(p.sum()) / total_s if p.size and total_s > 0 else math.nan
 
 
+#: A segment whose dedicated speeds before and after its blocks differ by more than this
+#: (relative to their mean) is flagged: its harvest rests on a speed that moved.
+SPREAD_FLAG_FRAC = 0.10
+
+
+def dedicated_speed(before: float | None, after: float | None) -> dict[str, float | bool | None]:
+    """The speed a segment's harvest uses and how far it moved.
+
+    Returns:
+        dedicated_per_s: the mean of the solo speeds before and after the segment's blocks (or
+        the one measured; None without either); dedicated_spread_frac: |after - before| ÷
+        that mean (None unless both were measured); dedicated_unstable: the spread is over
+        ``SPREAD_FLAG_FRAC``.
+    """
+    measured = [float(v) for v in (before, after) if v is not None and math.isfinite(v)]
+    used = sum(measured) / len(measured) if measured else None
+    spread = (
+        abs(float(after) - float(before)) / used
+        if len(measured) == 2 and used and before is not None and after is not None
+        else None
+    )
+    return {
+        "dedicated_per_s": used,
+        "dedicated_spread_frac": spread,
+        "dedicated_unstable": spread is not None and spread > SPREAD_FLAG_FRAC,
+    }
+
+
 def pipeline_cost(
     rates_per_s: Mapping[str, float],
     *,
@@ -341,162 +356,6 @@ def pipeline_cost(
     freeride_s = 1.0 + overhead_frac
     progress = {k: float(v) * freeride_s for k, v in rates_per_s.items()}
     return cost_saving(progress, vanilla_s=1.0, freeride_s=freeride_s, model=model)
-
-
-# -- tables ---------------------------------------------------------------------------------
-
-
-def summarize_blocks(
-    blocks: pd.DataFrame,
-    *,
-    stages: int,
-    microbatches: int | Mapping[str, int],
-    dedicated_per_s: Mapping[str, float],
-) -> pd.DataFrame:
-    """One row per (run, case, stage, task, mode): medians, ratios and fractions over its blocks.
-
-    Args:
-        blocks: rows with ``BLOCK_COLUMNS``.
-        stages: S; microbatches: M, or M per run name (for the bubble limit).
-        dedicated_per_s: each task's units per second alone on the same device (harvest).
-
-    Returns:
-        ``SUMMARY_COLUMNS``; ratios come from [Note: paired ratios] within (run, case, stage,
-        task); harvest is NaN where a task's dedicated speed is unknown.
-    """
-    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns]
-    if missing:
-        raise ValueError(f"blocks lack column(s) {missing}; expected {', '.join(BLOCK_COLUMNS)}")
-    rows: list[dict[str, object]] = []
-    keys = ["run", "case", "stage", "task"]
-    for key, seg in blocks.groupby(keys, sort=False):
-        run = str(key[0])
-        m = microbatches if isinstance(microbatches, int) else microbatches[run]
-        limit = bubble_limit(stages, m)
-        for mode in [x for x in MODES if x in set(seg["mode"])]:
-            b = seg[seg["mode"] == mode]
-            ratios = (
-                [1.0] * len(b)
-                if mode == REFERENCE_MODE
-                else paired_ratios(
-                    list(seg["order"]), list(seg["mode"]), list(seg["step_ms_median"]), mode
-                )
-            )
-            ratio = median(ratios)
-            wall_s = float(b["wall_s"].sum())
-            progress = float(b["progress"].sum())
-            task = str(key[3])
-            theta = dedicated_per_s.get(task, math.nan)
-            harvest = (
-                harvest_frac({task: progress}, {task: theta}, wall_s)
-                if task and theta > 0 and wall_s > 0
-                else (0.0 if not task or progress == 0 else math.nan)
-            )
-            bubble_ms = float(b["bubble_ms"].sum())
-            latencies = [x for t in b["latency_ms"] for x in t]
-            rows.append(
-                {
-                    "run": run,
-                    "case": str(key[1]),
-                    "stage": int(key[2]),
-                    "task": task,
-                    "mode": mode,
-                    "blocks": len(b),
-                    "step_ms_median": median(b["step_ms_median"]),
-                    "ratio_vs_vanilla": ratio,
-                    "overhead_frac": ratio - 1.0,
-                    "overhead_min_frac": min(ratios) - 1.0 if ratios else math.nan,
-                    "overhead_max_frac": max(ratios) - 1.0 if ratios else math.nan,
-                    "progress": progress,
-                    "unit": next((str(u) for u in seg["unit"] if u), ""),
-                    "throughput_per_s": progress / wall_s if wall_s > 0 else math.nan,
-                    "bubble_used_frac": (
-                        float(b["busy_in_bubble_ms"].sum()) / bubble_ms
-                        if bubble_ms > 0
-                        else math.nan
-                    ),
-                    "idle_frac": bubble_ms / (wall_s * 1e3) if wall_s > 0 else math.nan,
-                    "harvest_frac": harvest,
-                    "bubble_limit_frac": limit,
-                    "harvest_of_limit_frac": harvest / limit,
-                    "overruns": int(b["overruns"].sum()),
-                    "side_steps": int(b["side_steps"].sum()),
-                    "latency_p50_ms": percentile(latencies, 50),
-                    "latency_p99_ms": percentile(latencies, 99),
-                    "sm_clock_mhz": median(b["sm_clock_mhz"]),
-                    "power_w": median(b["power_w"]),
-                }
-            )
-    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-
-
-def pipeline_summary(
-    summary: pd.DataFrame,
-    blocks: pd.DataFrame,
-    *,
-    stages: int,
-    reference_keys: Mapping[str, str],
-    model: CostModel | None = None,
-) -> pd.DataFrame:
-    """One row per (run, case, mode) over the stages its case covered: FreeRide's table row.
-
-    Rows without a side task (timed-vs-plain instrumentation blocks) are left out. Overheads
-    combine per-stage measurements (mean, max, and the conservative sum that
-    assumes every stage harvesting at once adds its delay); harvest is the mean over stages
-    (each stage is one GPU); cost sums each stage's side-task rate per FreeRide reference key
-    and uses the summed overhead for the corrected saving. Stages not covered count as not
-    harvesting (``stages_covered`` says how many were).
-
-    Args:
-        summary: ``summarize_blocks`` output; blocks: its input (for pooled latencies).
-        reference_keys: task name → FreeRide reference key (``freeride_lab.tasks.REFERENCE_KEYS``).
-    """
-    rows: list[dict[str, object]] = []
-    work = summary[(summary["mode"] != REFERENCE_MODE) & (summary["task"] != "")]
-    for (run, case, mode), g in work.groupby(["run", "case", "mode"], sort=False):
-        tasks = g[g["task"] != ""]
-        rates: dict[str, float] = {}
-        for _, r in tasks.iterrows():
-            key = reference_keys.get(str(r["task"]), str(r["task"]))
-            rate = float(r["throughput_per_s"])
-            if math.isfinite(rate):
-                rates[key] = rates.get(key, 0.0) + rate
-        over = [float(x) for x in g["overhead_frac"] if math.isfinite(float(x))]
-        over_sum = sum(over) if over else math.nan
-        harvests = [float(x) for x in g["harvest_frac"]]
-        harvest = sum(h for h in harvests if math.isfinite(h)) / stages
-        if any(not math.isfinite(h) for h in harvests):
-            harvest = math.nan
-        limit = float(g["bubble_limit_frac"].iloc[0])
-        cost: CostSaving | None = None
-        if rates and math.isfinite(over_sum) and over_sum > -1:
-            try:
-                cost = pipeline_cost(rates, overhead_frac=over_sum, model=model)
-            except KeyError:
-                cost = None  # a task without a reference throughput: no FreeRide cost
-        b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
-        latencies = [x for t in b["latency_ms"] for x in t]
-        rows.append(
-            {
-                "run": run,
-                "case": case,
-                "mode": mode,
-                "stages_covered": int(g["stage"].nunique()),
-                "tasks": ", ".join(f"{s}:{t}" for s, t in zip(g["stage"], g["task"], strict=True)),
-                "overhead_mean_frac": sum(over) / len(over) if over else math.nan,
-                "overhead_max_frac": max(over) if over else math.nan,
-                "overhead_sum_frac": over_sum,
-                "harvest_frac": harvest,
-                "bubble_limit_frac": limit,
-                "harvest_of_limit_frac": harvest / limit,
-                "reference_gpus": cost.reference_gpus if cost else math.nan,
-                "saving_published_frac": cost.saving_published_frac if cost else math.nan,
-                "saving_corrected_frac": cost.saving_corrected_frac if cost else math.nan,
-                "latency_p50_ms": percentile(latencies, 50),
-                "latency_p99_ms": percentile(latencies, 99),
-            }
-        )
-    return pd.DataFrame(rows, columns=list(PIPELINE_COLUMNS))
 
 
 def _isnan(v: object) -> bool:

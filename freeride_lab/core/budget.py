@@ -18,12 +18,21 @@ reference's ``math.ceil(x * 100) / 100`` has the same flaw. ``_ceil_multiple`` t
 quotient within 1e-9 (relative) of a positive integer as that integer, so 0.03 s stays
 0.03 s and 4.0 GiB given as a float stays 4 GiB (whole bytes use exact integer division);
 results are rounded to 12 decimals so 0.04 x 1.2 prints as 0.048.
+
+# [Note: overruns]
+Overruns are counted in one place, ``overrun_mask``: the task host's running count and the
+log line it writes when it exits, the ``side_task_steps`` ledger, the task board's cards and
+the benchmark's blocks all go through it, so over the same steps they give the same number.
+Where numbers still differ, the steps differ: the overrun policy looks at the last
+``task_host._OVERRUN_WINDOW`` gated steps; a benchmark block counts the steps that started
+inside it, and its segment counts every step of the task (solo phases and the steps left out
+after a mode switch too).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,6 +47,8 @@ __all__ = [
     "Profile",
     "apply_overrun_policy",
     "memory_request_gib",
+    "overran",
+    "overrun_mask",
     "profile_from_steps",
     "should_step",
     "step_budget_s",
@@ -226,6 +237,23 @@ class OverrunActionKind(StrEnum):
     STOP = "STOP"
 
 
+def overrun_mask(overrun: Iterable[float | int | None]) -> np.ndarray:
+    """Which steps overran: the one definition every count uses (see [Note: overruns]).
+
+    A step overran when it ended after its bubble was seen to end: its recorded overrun
+    (``overrun_ns`` on the bus, ``overrun_ms`` in tables; the unit does not matter) is > 0.
+    A missing or NaN overrun is a step that did not overrun.
+    """
+    a = np.asarray(overrun if isinstance(overrun, np.ndarray) else list(overrun), dtype=float)
+    mask: np.ndarray = np.nan_to_num(a, nan=0.0) > 0
+    return mask
+
+
+def overran(overrun: float | int | None) -> bool:
+    """One step's verdict under ``overrun_mask``."""
+    return bool(overrun_mask([overrun])[0])
+
+
 @dataclass(frozen=True, kw_only=True)
 class OverrunStats:
     """A task's overrun record over some window of steps.
@@ -253,10 +281,30 @@ class OverrunStats:
         if self.budget_ns < 0:
             raise ValueError(f"budget_ns={self.budget_ns} must be >= 0")
 
+    @classmethod
+    def of(cls, overrun_ns: Iterable[float | int | None], *, budget_ns: int = 0) -> OverrunStats:
+        """The record of steps with these overruns (ns), counted by ``overrun_mask``."""
+        values = list(overrun_ns)
+        mask = overrun_mask(values)
+        total = sum(float(v or 0) for v, m in zip(values, mask, strict=True) if m)
+        return cls(
+            steps=len(values),
+            overruns=int(mask.sum()),
+            overrun_ns_total=round(total),
+            budget_ns=budget_ns,
+        )
+
     @property
     def overrun_frac(self) -> float:
         """Share of steps that overran (0 with no steps)."""
         return self.overruns / self.steps if self.steps else 0.0
+
+    def describe(self) -> str:
+        """ "2 of 33 steps overran (4.10 ms in all)": the sentence logs and tables share."""
+        return (
+            f"{self.overruns} of {self.steps} steps overran "
+            f"({self.overrun_ns_total / 1e6:.2f} ms in all)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

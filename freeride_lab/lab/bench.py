@@ -6,16 +6,18 @@ side, on one GPU with emulated pipeline peers (``runtime/emulate.py``).
 
 One *run* is one pipeline process tree (a ``Session``) with a fixed M and MPS setting. Inside
 it the benchmark steps through *segments*, one per (real stage, side task): it holds training
-and lets the task run alone on the device (its dedicated speed, FreeRide's step budget from
-its median step, and the tight budget of ``core.budget.tight_step_budget_s`` from its 95th
-percentile: the governed mode's starting point), then interleaves blocks of training steps in
-each mode (A B C D A B C D A: ``core.benchstats.interleave``, closed by one more vanilla
-block), switching between blocks through the emulation's control file: which rank computes
-for real and what its side-task worker sees of its bubbles (``Gate``). The first
-``drop_steps`` steps after every switch are left out. The side tasks stay attached all run
-long (``Session.attach``; one active per stage, FIFO), so no mode pays a process start. A run
-may begin with an ``instrumentation`` segment: timed vs plain ``PipelineStage``, no side tasks,
-once the tasks' set-up is over.
+and lets the task run alone on the device for at least ``solo_min_s`` and ``solo_steps`` steps
+(its dedicated speed, FreeRide's step budget from its median step, and the tight budget of
+``core.budget.tight_step_budget_s`` from its 95th percentile: the governed mode's starting
+point), then interleaves blocks of training steps in each mode (A B C D A B C D A:
+``core.benchstats.interleave``, closed by one more vanilla block), and then measures the task
+alone once more: the segment's harvest uses the mean of its two speeds, and a segment whose
+two speeds differ by more than 10% is flagged. Blocks switch modes through the emulation's
+control file: which rank computes for real and what its side-task worker sees of its bubbles
+(``Gate``). The first ``drop_steps`` steps after every switch are left out. The side tasks
+stay attached all run long (``Session.attach``; one active per stage, FIFO), so no mode pays
+a process start. A run may begin with an ``instrumentation`` segment: timed vs plain
+``PipelineStage``, no side tasks, once the tasks' set-up is over.
 
 The benchmark owns the MPS daemon of a run with ``mps=True`` (private pipe and log directories
 in the environment of everything the run starts; stopped after the run). Every number comes
@@ -48,7 +50,7 @@ from typing import Any
 from freeride_lab.core import benchstats as bs
 from freeride_lab.core.accounting import CostModel
 from freeride_lab.core.bubbles import extract_bubbles
-from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
+from freeride_lab.core.budget import OverrunStats, step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.governor import OverheadGovernor, StepObservation
 from freeride_lab.lab.bench_results import (
@@ -150,11 +152,12 @@ class BenchProfile:
     schedule: str = "1F1B"
     stages: int = 4
     modes: tuple[str, ...] = ("vanilla", "managed", "governed", "naive")
-    repeats: int = 2
+    repeats: int = 5  # blocks per mode: the 95% intervals need at least five
     block_steps: int = 4
     drop_steps: int = 1
-    instrumentation_repeats: int = 2
-    solo_steps: int = 12
+    instrumentation_repeats: int = 5
+    solo_steps: int = 20  # a solo phase lasts at least solo_steps measured steps ...
+    solo_min_s: float = 2.0  # ... and solo_min_s seconds (both), at most solo_max_s
     solo_max_s: float = 8.0
     layers: int = 16
     d_model: int = 4096
@@ -179,6 +182,11 @@ class BenchProfile:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.drop_steps < 0:
             raise ValueError(f"drop_steps={self.drop_steps} must be >= 0")
+        if not 0 <= self.solo_min_s <= self.solo_max_s:
+            raise ValueError(
+                f"solo_min_s={self.solo_min_s}, solo_max_s={self.solo_max_s}: need "
+                "0 <= solo_min_s <= solo_max_s"
+            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
 
@@ -210,8 +218,8 @@ def bench_profile(name: str, device: str) -> BenchProfile:
             microbatch_size=4, wire_d_model=32, dtype="float32", task_preset="cpu",
             task_options={"pagerank": {"n_nodes": 2000, "n_edges": 10000, **_OPEN_ENDED}},
             runs=(RunPlan(name="m4", microbatches=4, cases=("pagerank",), instrumentation=True),),
-            repeats=2, block_steps=2, drop_steps=1, instrumentation_repeats=1, solo_steps=5,
-            solo_max_s=3.0, time_budget_s=600.0, startup_estimate_s=20.0,
+            block_steps=2, drop_steps=1, solo_max_s=4.0, time_budget_s=600.0,
+            startup_estimate_s=20.0,
         )  # fmt: skip
     gpu = device == "cuda"
     runs: tuple[RunPlan, ...]
@@ -230,8 +238,8 @@ def bench_profile(name: str, device: str) -> BenchProfile:
             for m in (4, 8) for mps in ((False, True) if gpu else (False,))
         )  # fmt: skip
         base = BenchProfile(
-            name="full", device=device, runs=runs, repeats=4, block_steps=8, solo_steps=30,
-            instrumentation_repeats=5, time_budget_s=6 * 3600.0,
+            name="full", device=device, runs=runs, repeats=6, block_steps=8, solo_steps=30,
+            instrumentation_repeats=6, time_budget_s=6 * 3600.0,
         )  # fmt: skip
     if gpu:
         return base
@@ -522,7 +530,8 @@ class _RunDriver:
         p = self.profile
         blocks = len(self.modes) * p.repeats + 1
         steps = blocks * (p.drop_steps + p.block_steps + 2)
-        return steps * self.step_ms_estimate / 1e3 + p.solo_max_s + 10.0
+        solo_s = 2 * (p.solo_min_s + 2 * self.step_ms_estimate / 1e3)  # before and after
+        return steps * self.step_ms_estimate / 1e3 + solo_s + 10.0
 
     def _instrumentation(self, stage: int) -> None:
         p = self.profile
@@ -548,6 +557,7 @@ class _RunDriver:
         )
         solo = self._solo(seg)
         rec.update(solo)
+        rec["dedicated_before_per_s"] = rec.pop("dedicated_per_s", None)
         budget_ms = solo.get("budget_ms")
         if budget_ms is None:  # no speed, no budget: its blocks would mean nothing
             self.say(f"  segment {seg.case}@{seg.stage} ({seg.task}): too few solo steps; skipped")
@@ -575,27 +585,52 @@ class _RunDriver:
             if mode == "governed":
                 on_step = self._governor_hook(seg, governor, governed_base_ms, state)
             self._block(seg, repeat, mode, on_step=on_step)
+        after = self._solo(seg)  # the same measurement after the blocks: did the speed move?
+        rec.update(
+            solo_after_steps=after["solo_steps"],
+            solo_after_s=after["solo_s"],
+            dedicated_after_per_s=after.get("dedicated_per_s"),
+        )
+        rec.update(bs.dedicated_speed(rec["dedicated_before_per_s"], rec["dedicated_after_per_s"]))
         with contextlib.suppress(Exception):
             self.session.detach(seg.task_id)
         rec["elapsed_s"] = round(time.monotonic() - t0, 1)
+        unit = f"{rec.get('unit', '')}/s"
+        spread = rec.get("dedicated_spread_frac")
+        flag = (
+            f"; FLAGGED: before and after differ by {spread:.0%} (> {bs.SPREAD_FLAG_FRAC:.0%})"
+            if rec.get("dedicated_unstable")
+            else ""
+        )
         self.say(
             f"  segment {seg.case}@{seg.stage} ({seg.task}) done in {rec['elapsed_s']} s; "
-            f"dedicated {rec.get('dedicated_per_s', math.nan):.4g} {rec.get('unit', '')}/s"
+            f"dedicated {_g(rec['dedicated_before_per_s'])} {unit} before, "
+            f"{_g(rec['dedicated_after_per_s'])} {unit} after{flag}"
         )
 
     def _solo(self, seg: _Segment) -> dict[str, Any]:
-        """Hold training, let the task run alone, release: its dedicated speed and budget."""
+        """Hold training, let the task run alone, release: its dedicated speed and budget.
+
+        The phase lasts at least ``solo_min_s`` and ``solo_steps`` measured steps (a
+        fraction of a second measured speeds that moved by half between runs), at most
+        ``solo_max_s``.
+        """
         p = self.profile
         self._settle()
         seq = self._write_control(real_rank=seg.stage, gate=Gate.OPEN, hold=True)
         start_ns = self._wait_applied(seq)["t_ns"]
         path = self.run_dir / "events" / f"task-{seg.task_id}.jsonl"
+        t_min = time.monotonic() + p.solo_min_s
         t_end = time.monotonic() + p.solo_max_s
         while time.monotonic() < t_end:
             steps = _task_steps(path, start_ns)[2:]
-            # enough steps, and (for a task whose progress comes every few steps, like the
-            # image task's bands) at least three completed units to measure whole cycles
-            if len(steps) >= p.solo_steps and sum(float(e["progress"]) > 0 for e in steps) >= 3:
+            # long enough, enough steps, and (for a task whose progress comes every few
+            # steps, like the image task's bands) three completed units to measure whole cycles
+            if (
+                time.monotonic() >= t_min
+                and len(steps) >= p.solo_steps
+                and sum(float(e["progress"]) > 0 for e in steps) >= 3
+            ):
                 break
             time.sleep(_POLL_S)
         seq = self._write_control(real_rank=seg.stage, gate=Gate.CLOSED)
@@ -802,12 +837,21 @@ class _RunDriver:
         edges = [e for e in events if e.get("kind") == "bubble_edge"]
         self.record["stage_memory"] = _stage_memory(events)
         samples = list(self.sampler.samples()) if self.sampler is not None else []
+        for rec in self.record["segments"]:
+            if rec.get("task_id"):  # every step of the task in this run, as its host counts
+                mine = side[side["task_id"] == rec["task_id"]]
+                stats = OverrunStats.of(mine["overrun_ms"] * 1e6)
+                rec.update(task_steps_total=stats.steps, task_overruns_total=stats.overruns)
         rows = []
         for b in self.blocks:
             row = block_row(b, self.plan.name, starts, bubbles, side, edges, samples, t0)
             if row is not None:
                 rows.append(row)
         return rows
+
+
+def _g(v: float | None) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.4g}"
 
 
 def _stage_memory(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,15 +1,19 @@
-"""The results of ``freeride-lab bench``: blocks from a run's events, the tables, JSON and
-markdown. ``lab/bench.py`` drives the runs; ``core/benchstats.py`` holds the arithmetic.
+"""The results of ``freeride-lab bench``: blocks from a run's events, the tables, the JSON.
+``lab/bench.py`` drives the runs; ``core/benchstats.py`` and ``core/benchtables.py`` hold the
+arithmetic, ``core/intervals.py`` the 95% intervals, ``lab/bench_markdown.py`` the markdown.
 
     rows = [block_row(b, "m4", starts, bubbles, side, edges, samples, t0) for b in blocks]
-    fill_tables(result, stages=4)          # summary, pipeline, dedicated speeds, headline
+    fill_tables(result, stages=4)          # summary, pipeline, dedicated, headline, goal_checks
     write_results(result, Path("results/h200.json"))   # and results/h200.md
 
 The results file holds: benchmark, profile, command, date, versions (python, torch, CUDA,
 driver, GPU), machine, config (the profile), cost_model, goals, runs (per run: its settings,
-calibration, segments with each task's solo speed and budget, skipped parts, errors, governor
-decisions), blocks (``core.benchstats.BLOCK_COLUMNS`` plus the raw ``step_ms``), summary
-(``SUMMARY_COLUMNS``), pipeline (``PIPELINE_COLUMNS``), dedicated_per_s and headline.
+calibration, segments with each task's solo speed before and after its blocks, budget and
+step and overrun totals, skipped parts, errors, governor decisions), blocks
+(``core.benchstats.BLOCK_COLUMNS`` plus the raw ``step_ms``), summary
+(``benchtables.SUMMARY_COLUMNS``), pipeline (``benchtables.PIPELINE_COLUMNS``), dedicated
+(``DEDICATED_COLUMNS``), headline (``HEADLINE_FIGURES``, each with its interval) and
+goal_checks (``goal_checks``).
 """
 
 from __future__ import annotations
@@ -27,70 +31,242 @@ from typing import Any
 import pandas as pd
 
 from freeride_lab.core import benchstats as bs
+from freeride_lab.core import benchtables as bt
 from freeride_lab.core.accounting import CostModel
+from freeride_lab.core.budget import OverrunStats
+from freeride_lab.lab.bench_markdown import markdown
 
 __all__ = [
+    "DEDICATED_COLUMNS",
     "block_row",
     "cost_model_dict",
     "default_out",
     "fill_tables",
+    "goal_checks",
     "jsonable",
     "machine",
-    "markdown",
+    "segment_speeds",
     "versions",
     "write_results",
 ]
 
 
+#: Columns of ``segment_speeds`` (``result["dedicated"]``), in order.
+DEDICATED_COLUMNS: tuple[str, ...] = (
+    "run",
+    "case",
+    "stage",
+    "task",
+    "unit",
+    "before_per_s",  # solo phase before the segment's blocks
+    "after_per_s",  # solo phase after them (None: not measured in this result)
+    "dedicated_per_s",  # the speed harvest uses: the mean of the two (or the one measured)
+    "spread_frac",  # |after - before| ÷ their mean
+    "unstable",  # spread_frac > core.benchstats.SPREAD_FLAG_FRAC
+    "after_measured",  # False for results from before the after phase existed
+    "solo_before_s",
+    "solo_after_s",
+    "solo_before_steps",
+    "solo_after_steps",
+    "task_steps_total",  # every step of the task in the run (None: not measured)
+    "task_overruns_total",  # of those, the ones that overran (core.budget.overrun_mask)
+)
+
+
 def fill_tables(result: dict[str, Any], *, stages: int) -> None:
-    """Fill the summary tables from the blocks collected so far."""
+    """Fill the summary tables from the blocks and segments collected so far.
+
+    Each segment's side work is valued at that segment's own dedicated speed (never one
+    pooled over runs). Old results, whose segments have one solo phase, are read as they are:
+    what they lack is None in the tables (``NOT_MEASURED``).
+    """
+    result.pop("dedicated_per_s", None)  # the pooled speed of older results: not used
     blocks = pd.DataFrame(result["blocks"], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
+    dedicated = segment_speeds(result["runs"])
     if blocks.empty:
-        result.update(summary=[], pipeline=[], dedicated_per_s={}, headline={})
+        result.update(summary=[], pipeline=[], dedicated=dedicated, headline={}, goal_checks=[])
         return
     blocks["latency_ms"] = [tuple(x) for x in blocks["latency_ms"]]
-    dedicated: dict[str, list[float]] = {}
-    for run in result["runs"]:
-        for seg in run.get("segments", []):
-            v = seg.get("dedicated_per_s")
-            if seg.get("task") and v is not None and math.isfinite(v):
-                dedicated.setdefault(seg["task"], []).append(v)
-    dedicated_per_s = {k: bs.median(v) for k, v in dedicated.items()}
+    speeds: dict[bs.SegmentKey, float] = {
+        (d["run"], d["case"], d["stage"], d["task"]): d["dedicated_per_s"]
+        for d in dedicated
+        if d["dedicated_per_s"] is not None
+    }
     m_of_run = {r["name"]: r["microbatches"] for r in result["runs"] if "microbatches" in r}
-    summary = bs.summarize_blocks(
-        blocks, stages=stages, microbatches=m_of_run, dedicated_per_s=dedicated_per_s
+    summary = bt.summarize_blocks(
+        blocks, stages=stages, microbatches=m_of_run, dedicated_per_s=speeds
     )
     from freeride_lab.tasks import REFERENCE_KEYS
 
-    pipeline = bs.pipeline_summary(summary, blocks, stages=stages, reference_keys=REFERENCE_KEYS)
-    result["dedicated_per_s"] = dedicated_per_s
+    pipeline = bt.pipeline_summary(summary, blocks, stages=stages, reference_keys=REFERENCE_KEYS)
+    result["dedicated"] = dedicated
     result["summary"] = _records(summary)
     result["pipeline"] = _records(pipeline)
     result["headline"] = _headline(summary, pipeline)
+    result["goal_checks"] = goal_checks(result["pipeline"], result["summary"], result.get("goals"))
+
+
+def segment_speeds(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One ``DEDICATED_COLUMNS`` row per segment with a side task, in run order."""
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        for seg in run.get("segments", []):
+            if not seg.get("task"):
+                continue
+            new = "dedicated_before_per_s" in seg
+            before = _finite(seg.get("dedicated_before_per_s" if new else "dedicated_per_s"))
+            after = _finite(seg.get("dedicated_after_per_s")) if new else None
+            speed = bs.dedicated_speed(before, after)
+            out.append(
+                {
+                    "run": str(run["name"]),
+                    "case": str(seg.get("case", "")),
+                    "stage": int(seg["stage"]),
+                    "task": str(seg["task"]),
+                    "unit": str(seg.get("unit", "")),
+                    "before_per_s": before,
+                    "after_per_s": after,
+                    "dedicated_per_s": speed["dedicated_per_s"],
+                    "spread_frac": speed["dedicated_spread_frac"],
+                    "unstable": speed["dedicated_unstable"],
+                    "after_measured": new,
+                    "solo_before_s": seg.get("solo_s"),
+                    "solo_after_s": seg.get("solo_after_s"),
+                    "solo_before_steps": seg.get("solo_steps"),
+                    "solo_after_steps": seg.get("solo_after_steps"),
+                    "task_steps_total": seg.get("task_steps_total"),
+                    "task_overruns_total": seg.get("task_overruns_total"),
+                }
+            )
+    return out
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
+def _bounds(row: Mapping[str, Any], name: str, unit: str = "frac") -> dict[str, Any]:
+    return {
+        "value": row[f"{name}_{unit}"],
+        "lo": row[f"{name}_lo_{unit}"],
+        "hi": row[f"{name}_hi_{unit}"],
+    }
+
+
+#: Headline figures per (run, mode): name in the JSON → pipeline column it comes from.
+HEADLINE_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("overhead_all_stages_estimate_frac", "overhead_all_stages_estimate", "frac"),
+    ("overhead_one_stage_mean_frac", "overhead_one_stage_mean", "frac"),
+    ("overhead_one_stage_worst_frac", "overhead_one_stage_worst", "frac"),
+    ("harvest_frac", "harvest", "frac"),
+    ("harvest_of_theory_limit_frac", "harvest_of_theory_limit", "frac"),
+    ("harvest_of_measured_idle_frac", "harvest_of_measured_idle", "frac"),
+    ("saving_published_frac", "saving_published", "frac"),
+    ("saving_corrected_frac", "saving_corrected", "frac"),
+    ("latency_p50_ms", "latency_p50", "ms"),
+    ("latency_p99_ms", "latency_p99", "ms"),
+)
 
 
 def _headline(summary: pd.DataFrame, pipeline: pd.DataFrame) -> dict[str, Any]:
-    """The numbers the issue's goals are about, per run (mix case) and instrumentation."""
+    """The figures the goals are about, per run (mix case) and mode, each as
+    ``{"value", "lo", "hi"}`` (the 95% interval), and the instrumentation overhead."""
     out: dict[str, Any] = {}
     for _, row in pipeline[pipeline["case"] == "mix"].iterrows():
-        out.setdefault(str(row["run"]), {})[str(row["mode"])] = {
-            "overhead_mean_frac": row["overhead_mean_frac"],
-            "overhead_worst_frac": row["overhead_max_frac"],
-            "harvest_frac": row["harvest_frac"],
-            "harvest_of_limit_frac": row["harvest_of_limit_frac"],
-            "saving_published_frac": row["saving_published_frac"],
-            "saving_corrected_frac": row["saving_corrected_frac"],
-            "latency_p50_ms": row["latency_p50_ms"],
-            "latency_p99_ms": row["latency_p99_ms"],
+        figures: dict[str, Any] = {
+            key: _bounds(row, name, unit) for key, name, unit in HEADLINE_FIGURES
         }
+        figures["overhead_one_stage_worst_frac"].update(
+            stage=row["worst_stage"], task=row["worst_task"]
+        )
+        figures["idle_frac"] = row["idle_frac"]
+        figures["bubble_limit_frac"] = row["bubble_limit_frac"]
+        figures["blocks_min"] = row["blocks_min"]
+        out.setdefault(str(row["run"]), {})[str(row["mode"])] = figures
     plain = summary[(summary["case"] == "instrumentation") & (summary["mode"] == "plain")]
     for _, row in plain.iterrows():
-        ratio = float(row["ratio_vs_vanilla"])  # plain / timed
-        out.setdefault(str(row["run"]), {})["instrumentation_overhead_frac"] = (
-            1.0 / ratio - 1.0 if ratio > 0 else math.nan
-        )
+        # plain ÷ timed = 1 + overhead; the timed stage costs 1 / that - 1
+        def inv(x: float) -> float:
+            return 1.0 / (1.0 + x) - 1.0 if 1.0 + x > 0 else math.nan
+
+        out.setdefault(str(row["run"]), {})["instrumentation_overhead_frac"] = {
+            "value": inv(float(row["overhead_frac"])),
+            "lo": inv(float(row["overhead_hi_frac"])),
+            "hi": inv(float(row["overhead_lo_frac"])),
+        }
     headline: dict[str, Any] = jsonable(out)
     return headline
+
+
+#: The goals and the figure each is judged on: (goal key in ``result["goals"]``, name, pipeline
+#: figure, "max" (met when the interval's upper bound is under it) or "min" (lower bound
+#: over it)). "worst stage" is judged on every stage's own interval.
+GOAL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    ("overhead_mean_frac_max", "overhead, all stages at once (estimate)",
+     "overhead_all_stages_estimate", "max"),
+    ("overhead_worst_frac_max", "overhead, worst stage (one at a time)", "", "max"),
+    ("harvest_of_limit_frac_min", "harvest of the theory limit", "harvest_of_theory_limit",
+     "min"),
+    ("harvest_of_limit_frac_min", "harvest of the measured idle time",
+     "harvest_of_measured_idle", "min"),
+    ("saving_corrected_frac_min", "saving, overhead-corrected", "saving_corrected", "min"),
+)  # fmt: skip
+_PRODUCT_MODES = ("managed", "governed")
+
+
+def goal_checks(
+    pipeline: Sequence[Mapping[str, Any]],
+    summary: Sequence[Mapping[str, Any]],
+    goals: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """Each goal against each (run, case) of the product's modes: met only when the 95%
+    interval clears it (upper bound under a maximum, lower bound over a minimum); a figure
+    without an interval (fewer than two blocks) meets nothing."""
+    out: list[dict[str, Any]] = []
+    for row in pipeline:
+        if row["mode"] not in _PRODUCT_MODES:
+            continue
+        for key, name, figure, kind in GOAL_FIGURES:
+            threshold = (goals or {}).get(key)
+            if threshold is None:
+                continue
+            if figure:
+                if f"{figure}_frac" not in row:
+                    continue
+                value, lo, hi = (row[f"{figure}{s}_frac"] for s in ("", "_lo", "_hi"))
+            else:  # the worst stage: every stage's interval must clear the goal
+                stages = [
+                    s
+                    for s in summary
+                    if (s["run"], s["case"], s["mode"]) == (row["run"], row["case"], row["mode"])
+                    and s["task"]
+                ]
+                value = max((s["overhead_frac"] for s in stages), default=None)
+                his = [s["overhead_hi_frac"] for s in stages]
+                hi = None if not his or any(h is None for h in his) else max(his)
+                lo = None
+            bound = hi if kind == "max" else lo
+            met = (
+                None
+                if bound is None
+                else (bound < threshold if kind == "max" else bound > threshold)
+            )
+            out.append(
+                {
+                    "run": row["run"],
+                    "case": row["case"],
+                    "mode": row["mode"],
+                    "goal": name,
+                    "kind": kind,
+                    "threshold": threshold,
+                    "value": value,
+                    "lo": lo,
+                    "hi": hi,
+                    "met": bool(met) if met is not None else False,
+                    "note": "" if met is not None else "no interval: too few blocks",
+                }
+            )
+    return out
 
 
 def block_row(
@@ -133,6 +309,7 @@ def block_row(
         latency = bs.signal_latency_ms([p[0] for p in pairs], [p[1] for p in pairs], step_ns)
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
+    overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
     return {
         "run": run,
         "case": b["case"],
@@ -151,8 +328,8 @@ def block_row(
         "side_steps": len(s),
         "busy_ms": float(sum(e - a for a, e in busy if e > a)),
         "busy_in_bubble_ms": bs.overlap_ms(gaps, busy),
-        "overruns": int((s["overrun_ms"] > 0).sum()),
-        "overrun_ms_total": float(s["overrun_ms"].clip(lower=0).sum()),
+        "overruns": overruns.overruns,
+        "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),
@@ -234,90 +411,6 @@ def write_results(result: dict[str, Any], out: Path) -> None:
     tmp.write_text(json.dumps(jsonable(result), indent=1) + "\n")
     os.replace(tmp, out)
     out.with_suffix(".md").write_text(markdown(result))
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and not math.isfinite(v))
-
-
-def _pct(v: Any, digits: int = 2) -> str:
-    return "-" if _missing(v) else f"{100 * float(v):.{digits}f}%"
-
-
-def _num(v: Any, fmt: str = ".3g") -> str:
-    return "-" if _missing(v) else format(float(v), fmt)
-
-
-def markdown(result: Mapping[str, Any]) -> str:
-    """The results as markdown tables: pipeline rows, per-stage rows, calibration."""
-    v = result.get("versions", {})
-    lines = [
-        f"# freeride-lab bench ({result.get('profile')}) — {result.get('date')}",
-        "",
-        f"`{result.get('command')}`",
-        "",
-        f"GPU {v.get('gpu')}, driver {v.get('driver')}, torch {v.get('torch')} "
-        f"(CUDA {v.get('cuda')}), python {v.get('python')}; "
-        f"{result.get('machine', {}).get('cpu_count')} CPUs; elapsed {result.get('elapsed_s')} s",
-        "",
-        "## Pipeline (per run, case and mode; overheads vs interleaved vanilla blocks)",
-        "",
-        "| run | case | mode | stages | overhead mean | worst | sum | harvest | of limit | "
-        "saving published | corrected | latency p50/p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result.get("pipeline", []):
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['mode']} | {r['stages_covered']} | "
-            f"{_pct(r['overhead_mean_frac'])} | {_pct(r['overhead_max_frac'])} | "
-            f"{_pct(r['overhead_sum_frac'])} | {_pct(r['harvest_frac'], 1)} | "
-            f"{_pct(r['harvest_of_limit_frac'], 0)} | {_pct(r['saving_published_frac'])} | "
-            f"{_pct(r['saving_corrected_frac'])} | {_num(r['latency_p50_ms'])}/"
-            f"{_num(r['latency_p99_ms'])} |"
-        )
-    lines += [
-        "",
-        "## Per stage",
-        "",
-        "| run | case | stage | task | mode | blocks | step ms | overhead (min..max) | "
-        "throughput | bubble used | harvest | idle | overruns | SM MHz | W |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result.get("summary", []):
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['stage']} | {r['task'] or '-'} | {r['mode']} | "
-            f"{r['blocks']} | {_num(r['step_ms_median'], '.1f')} | {_pct(r['overhead_frac'])} "
-            f"({_pct(r['overhead_min_frac'])}..{_pct(r['overhead_max_frac'])}) | "
-            f"{_num(r['throughput_per_s'])} {r['unit']}/s | {_pct(r['bubble_used_frac'], 0)} | "
-            f"{_pct(r['harvest_frac'], 1)} | {_pct(r['idle_frac'], 0)} | {r['overruns']} | "
-            f"{_num(r['sm_clock_mhz'], '.0f')} | {_num(r['power_w'], '.0f')} |"
-        )
-    lines += ["", "## Runs", ""]
-    for run in result.get("runs", []):
-        if "skipped" in run and isinstance(run["skipped"], str):
-            lines.append(f"- {run['name']}: skipped ({run['skipped']})")
-            continue
-        cal = "; ".join(
-            f"rank {c['rank']}: F {c['forward_ms']} B {c['backward_ms']} opt {c['optimizer_ms']}"
-            for c in run.get("calibration", [])
-        )
-        lines.append(
-            f"- {run['name']} (M={run.get('microbatches')}, MPS {run.get('mps')}): state "
-            f"{run.get('state')}, start-up {run.get('startup_s')} s; calibration (ms) {cal}"
-        )
-        memory = ", ".join(
-            f"rank {m['rank']} {m['peak_reserved_bytes'] / 2**30:.1f} GiB"
-            for m in run.get("stage_memory", [])
-        )
-        if memory:
-            lines.append(f"  - peak reserved memory: {memory}")
-        for note in [*run.get("skipped", []), *run.get("errors", [])]:
-            lines.append(f"  - {note}")
-    ded = result.get("dedicated_per_s", {})
-    if ded:
-        lines += ["", "Dedicated speed alone on the device (units/s): "
-                  + ", ".join(f"{k} {_num(x)}" for k, x in ded.items())]  # fmt: skip
-    return "\n".join(lines) + "\n"
 
 
 def default_out(device: str, gpu_name: str = "") -> Path:

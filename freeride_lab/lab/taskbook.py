@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from freeride_lab.core.budget import overran
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
 from freeride_lab.runtime.limits import GpuLimits
 from freeride_lab.runtime.rundir import RunDir
@@ -166,7 +167,7 @@ class TaskBook:
             if kind == "side_task_step":
                 seen.progress += float(e.get("progress") or 0.0)
                 seen.steps += 1
-                seen.overruns += int(e.get("overrun_ns") or 0) > 0
+                seen.overruns += overran(e.get("overrun_ns"))
                 seen.unit = str(e.get("unit") or seen.unit)
                 continue
             if not e.get("accepted", True) or str(e.get("event", "")) not in _STATE_EVENTS:

@@ -80,6 +80,7 @@ from freeride_lab.core.budget import (
     OverrunStats,
     Profile,
     apply_overrun_policy,
+    overran,
     profile_from_steps,
     should_step,
 )
@@ -171,7 +172,8 @@ class TaskHost:
         self.task: SideTaskBase | None = None
         self.mode = "iterative"
         self.steps = 0
-        self.overruns = 0
+        self.overruns = 0  # counted by core.budget.overran, as every table counts them
+        self.overrun_ns_total = 0
         self._cmds: queue.Queue[dict[str, Any]] = queue.Queue()
         self._send_lock = threading.Lock()
         self._done = threading.Event()
@@ -676,13 +678,24 @@ class TaskHost:
             log.warning("task %s: could not write its profile: %s", self.spec.task.task_id, exc)
         self._emit_state("PROFILE", True, text)
 
+    def overrun_stats(self) -> OverrunStats:
+        """Every step this host ran and how many overran (``core.budget.overran``)."""
+        return OverrunStats(
+            steps=self.steps,
+            overruns=self.overruns,
+            overrun_ns_total=self.overrun_ns_total,
+            budget_ns=self._budget_ns(),
+        )
+
     def _emit_step(
         self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
     ) -> None:
         task = self.task
         assert task is not None
         self.steps += 1
-        self.overruns += overrun_ns > 0
+        if overran(overrun_ns):
+            self.overruns += 1
+            self.overrun_ns_total += overrun_ns
         self.sink.emit(
             ev.SideTaskStep(
                 task_id=self.spec.task.task_id,
@@ -699,12 +712,7 @@ class TaskHost:
         )
 
     def _apply_overrun_policy(self) -> None:
-        stats = OverrunStats(
-            steps=len(self._window),
-            overruns=sum(1 for o in self._window if o > 0),
-            overrun_ns_total=sum(self._window),
-            budget_ns=self._budget_ns(),
-        )
+        stats = OverrunStats.of(self._window, budget_ns=self._budget_ns())
         action = apply_overrun_policy(self._policy, stats)
         if action.kind is OverrunActionKind.NONE:
             return
@@ -959,6 +967,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sink.close()
     log.info("task %s exits in state %s", spec.task.task_id, host.machine.state)
+    log.info("task %s: %s", spec.task.task_id, host.overrun_stats().describe())
     return code
 
 

@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from freeride_lab.core.budget import overrun_mask
 from freeride_lab.ui.timeline import fractions_figure, safe_text, timeline_figure
 from freeride_lab.ui.trace import write_traces
 
@@ -465,7 +466,7 @@ def overheads(steps: pd.DataFrame, side_task_steps: pd.DataFrame) -> dict[str, f
         "step_p50_ms_with_side_tasks": p50_with,
         "training_overhead_frac": p50_with / p50_without - 1 if p50_without > 0 else nan,
         "side_task_steps": float(len(side_task_steps)),
-        "side_task_overruns": float((overrun > 0).sum()),
+        "side_task_overruns": float(overrun_mask(overrun).sum()),
         "side_task_overrun_ms": float(overrun.sum()),
     }
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from freeride_lab.core import benchstats as bs
+from freeride_lab.core import benchtables as bt
 from freeride_lab.core.accounting import CostModel, bubble_limit, cost_saving, harvest_frac
+from freeride_lab.core.intervals import t_quantile
 
 
 def _block(**kw: object) -> dict[str, object]:
@@ -156,11 +159,11 @@ def test_summary_overhead_comes_from_paired_block_ratios() -> None:
             _block(order=4, mode="vanilla", step_ms_median=108.0),
         ]
     )
-    out = bs.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    out = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
     managed = out[out["mode"] == "managed"].iloc[0]
     assert managed["overhead_frac"] == pytest.approx(0.0)
     assert managed["throughput_per_s"] == pytest.approx(1280.0 / 0.8)
-    assert list(out.columns) == list(bs.SUMMARY_COLUMNS)
+    assert list(out.columns) == list(bt.SUMMARY_COLUMNS)
 
 
 def test_summary_harvest_values_work_at_the_dedicated_speed_against_the_bubble_limit() -> None:
@@ -177,16 +180,17 @@ def test_summary_harvest_values_work_at_the_dedicated_speed_against_the_bubble_l
             ),
         ]
     )
-    out = bs.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={"resnet18": 2000})
+    speeds = {("m4", "mix", 1, "resnet18"): 2000.0}
+    out = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
     row = out[out["mode"] == "managed"].iloc[0]
     assert row["harvest_frac"] == pytest.approx(harvest_frac({"r": 1000.0}, {"r": 2000.0}, 2.0))
-    assert row["harvest_of_limit_frac"] == pytest.approx(0.25 / bubble_limit(4, 4))
+    assert row["harvest_of_theory_limit_frac"] == pytest.approx(0.25 / bubble_limit(4, 4))
     assert row["bubble_used_frac"] == pytest.approx(0.75)
 
 
 def test_summary_rejects_blocks_without_the_documented_columns() -> None:
     with pytest.raises(ValueError, match="lack column"):
-        bs.summarize_blocks(
+        bt.summarize_blocks(
             pd.DataFrame({"run": ["x"]}), stages=2, microbatches=4, dedicated_per_s={}
         )
 
@@ -207,15 +211,149 @@ def test_pipeline_row_sums_rates_over_stages_and_adds_overheads_for_the_correcte
             ),
         ]
     blocks = pd.DataFrame(rows)
-    summary = bs.summarize_blocks(
-        blocks, stages=4, microbatches=4, dedicated_per_s={"pagerank": 400.0, "resnet18": 400.0}
-    )
+    speeds = {("m4", "mix", 0, "pagerank"): 400.0, ("m4", "mix", 1, "resnet18"): 400.0}
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
     keys = {"pagerank": "pagerank", "resnet18": "resnet18"}
-    pipe = bs.pipeline_summary(summary, blocks, stages=4, reference_keys=keys)
+    pipe = bt.pipeline_summary(summary, blocks, stages=4, reference_keys=keys)
     row = pipe[pipe["mode"] == "managed"].iloc[0]
     expected = bs.pipeline_cost({"pagerank": 100.0, "resnet18": 100.0}, overhead_frac=0.03)
-    assert row["overhead_sum_frac"] == pytest.approx(0.03)
-    assert row["overhead_mean_frac"] == pytest.approx(0.015)
+    assert row["overhead_all_stages_estimate_frac"] == pytest.approx(0.03)
+    assert row["overhead_one_stage_mean_frac"] == pytest.approx(0.015)
     assert row["saving_corrected_frac"] == pytest.approx(expected.saving_corrected_frac)
     assert row["harvest_frac"] == pytest.approx((0.25 + 0.25) / 4)  # two of four GPUs harvest
     assert row["stages_covered"] == 2
+
+
+# -- each segment at its own speed; intervals ------------------------------------------------
+
+
+def _segment(
+    run: str, *, stage: int = 0, task: str = "pagerank", **managed: object
+) -> list[dict[str, object]]:
+    """vanilla, managed, vanilla, managed, vanilla blocks of one segment."""
+    rows = []
+    for order in range(5):
+        mode = "managed" if order % 2 else "vanilla"
+        extra = managed if mode == "managed" else {}
+        rows.append(_block(run=run, stage=stage, task=task, order=order, mode=mode, **extra))
+    return rows
+
+
+def test_summary_values_each_segment_at_its_own_dedicated_speed() -> None:
+    blocks = pd.DataFrame(
+        _segment("m4-timeslice", progress=400.0, wall_s=1.0)
+        + _segment("m4-mps", progress=400.0, wall_s=1.0)
+    )
+    speeds = {
+        ("m4-timeslice", "mix", 0, "pagerank"): 4000.0,
+        ("m4-mps", "mix", 0, "pagerank"): 8000.0,
+    }
+    out = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
+    managed = out[out["mode"] == "managed"].set_index("run")
+    assert managed.loc["m4-timeslice", "harvest_frac"] == pytest.approx(0.1)
+    assert managed.loc["m4-mps", "harvest_frac"] == pytest.approx(0.05)
+    assert managed.loc["m4-mps", "dedicated_per_s"] == 8000.0
+
+
+def test_overhead_is_the_mean_paired_difference_with_a_t_interval() -> None:
+    steps = [100.0, 101.0, 100.0, 103.0, 100.0]  # managed blocks 1% and 3% slower
+    blocks = pd.DataFrame(
+        [_block(order=i, mode="managed" if i % 2 else "vanilla", step_ms_median=v)
+         for i, v in enumerate(steps)]
+    )  # fmt: skip
+    row = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    row = row[row["mode"] == "managed"].iloc[0]
+    assert row["overhead_frac"] == pytest.approx(0.02)
+    assert row["overhead_lo_frac"] < 0.02 < row["overhead_hi_frac"]
+    assert row["blocks"] == 2 and row["overhead_df"] == 1
+
+
+def test_overhead_interval_keeps_95_percent_coverage_though_differences_share_vanilla_blocks() -> (
+    None
+):
+    # equally noisy blocks, a true overhead of 1%: the design-corrected interval covers it 95%
+    # of the time; treating the paired differences as independent covers it less often
+    from freeride_lab.core.intervals import mean_interval
+
+    rng = np.random.default_rng(7)
+    modes = ["vanilla", "managed"] * 5 + ["vanilla"]
+    order = list(range(len(modes)))
+    corrected = independent = 0
+    trials = 3000
+    for _ in range(trials):
+        noise = 1 + rng.normal(0, 0.01, len(modes))
+        step = [
+            100 * n * (1.01 if m == "managed" else 1) for n, m in zip(noise, modes, strict=True)
+        ]
+        iv = bs.overhead_interval(order, modes, step, "managed")
+        corrected += iv.lo <= 0.01 <= iv.hi
+        plain = mean_interval([r - 1 for r in bs.paired_ratios(order, modes, step, "managed")])
+        independent += plain.lo <= 0.01 <= plain.hi
+    assert 0.935 <= corrected / trials <= 0.965
+    assert independent / trials < corrected / trials - 0.015
+
+
+def test_all_stage_estimate_sums_per_stage_overheads_and_adds_their_variances() -> None:
+    rows = []
+    for stage, task, slow in ((0, "pagerank", (1.01, 1.03)), (1, "resnet18", (1.02, 1.02))):
+        for order, (mode, factor) in enumerate(
+            [("vanilla", 1.0), ("managed", slow[0]), ("vanilla", 1.0), ("managed", slow[1]),
+             ("vanilla", 1.0)]
+        ):  # fmt: skip
+            rows.append(
+                _block(stage=stage, task=task, order=order, mode=mode, step_ms_median=100 * factor)
+            )
+    blocks = pd.DataFrame(rows)
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    pipe = bt.pipeline_summary(summary, blocks, stages=4, reference_keys={})
+    row = pipe[pipe["mode"] == "managed"].iloc[0]
+    stages = summary[summary["mode"] == "managed"]
+    assert row["overhead_all_stages_estimate_frac"] == pytest.approx(0.02 + 0.02)
+    assert row["overhead_one_stage_mean_frac"] == pytest.approx(0.02)
+    se = math.sqrt(sum(stages["overhead_se_frac"] ** 2))
+    half = row["overhead_all_stages_estimate_hi_frac"] - row["overhead_all_stages_estimate_frac"]
+    # one stage has no spread, so the sum has the other's: its t quantile with its df
+    assert se == pytest.approx(float(stages["overhead_se_frac"].max()))
+    assert half == pytest.approx(t_quantile(0.975, 1) * se)
+    assert (row["worst_stage"], row["worst_task"]) == (0, "pagerank")
+
+
+def test_harvest_is_divided_by_the_theory_limit_and_by_the_measured_idle_share() -> None:
+    blocks = pd.DataFrame(
+        _segment("m4", progress=1000.0, wall_s=1.0, bubble_ms=300.0)
+    )  # vanilla blocks: 160 ms idle in 0.4 s, 40% measured idle
+    speeds = {("m4", "mix", 0, "pagerank"): 4000.0}
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
+    row = summary[summary["mode"] == "managed"].iloc[0]
+    assert row["harvest_frac"] == pytest.approx(0.25)
+    assert row["vanilla_idle_frac"] == pytest.approx(0.4)
+    assert row["harvest_of_theory_limit_frac"] == pytest.approx(0.25 / (3 / 7))
+    assert row["harvest_of_measured_idle_frac"] == pytest.approx(0.25 / 0.4)
+    pipe = bt.pipeline_summary(summary, blocks, stages=1, reference_keys={})
+    assert pipe.iloc[0]["harvest_of_measured_idle_frac"] == pytest.approx(0.25 / 0.4)
+    assert pipe.iloc[0]["idle_frac"] == pytest.approx(0.4)
+
+
+def test_corrected_saving_subtracts_the_all_stage_estimate_and_carries_an_interval() -> None:
+    rows = []
+    for stage, task in ((0, "pagerank"), (1, "resnet18")):
+        for order, (mode, factor, done) in enumerate(
+            [("vanilla", 1.0, 0.0), ("managed", 1.01, 120.0), ("vanilla", 1.0, 0.0),
+             ("managed", 1.02, 130.0), ("vanilla", 1.0, 0.0), ("managed", 1.015, 125.0),
+             ("vanilla", 1.0, 0.0)]
+        ):  # fmt: skip
+            rows.append(
+                _block(stage=stage, task=task, order=order, mode=mode,
+                       step_ms_median=100 * factor, progress=done, wall_s=1.0)
+            )  # fmt: skip
+    blocks = pd.DataFrame(rows)
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    keys = {"pagerank": "pagerank", "resnet18": "resnet18"}
+    row = bt.pipeline_summary(summary, blocks, stages=4, reference_keys=keys).iloc[0]
+    assert row["mode"] == "managed"
+    over = row["overhead_all_stages_estimate_frac"]
+    assert row["saving_corrected_frac"] == pytest.approx(row["saving_published_frac"] - over)
+    expected = bs.pipeline_cost({"pagerank": 125.0, "resnet18": 125.0}, overhead_frac=over)
+    assert row["saving_published_frac"] == pytest.approx(expected.saving_published_frac)
+    assert row["saving_corrected_lo_frac"] < row["saving_corrected_frac"]
+    assert row["saving_corrected_hi_frac"] > row["saving_corrected_frac"]

@@ -195,3 +195,21 @@ def test_a_tight_budget_refuses_bad_numbers(kwargs: dict, match: str) -> None:
 
     with pytest.raises(ValueError, match=match):
         tight_step_budget_s(**kwargs)
+
+
+def test_a_step_overran_when_its_overrun_is_positive_and_missing_means_it_did_not() -> None:
+    from freeride_lab.core.budget import overran, overrun_mask
+
+    assert overrun_mask([0, 1, None, math.nan, -5, 1e-6]).tolist() == [
+        False, True, False, False, False, True,
+    ]  # fmt: skip
+    assert overran(2_000_000) and not overran(None)
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(-10, 10**9)), max_size=50))
+def test_overrun_stats_count_what_the_mask_counts(values: list[int | None]) -> None:
+    from freeride_lab.core.budget import OverrunStats, overrun_mask
+
+    stats = OverrunStats.of(values)
+    assert (stats.steps, stats.overruns) == (len(values), int(overrun_mask(values).sum()))
+    assert stats.overrun_ns_total == sum(v for v in values if v is not None and v > 0)

@@ -1,0 +1,494 @@
+"""Write BENCHMARKS.md's tables, and the ``.md`` beside each bench result, from the committed JSON.
+
+Every table of BENCHMARKS.md sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
+and is computed here from ``benchmarks/results/*.json`` with the package's own arithmetic
+(``lab.bench_results.fill_tables``), so no number in a table is typed by hand and an old
+result is read with today's arithmetic. What an old result did not record (the solo phase
+after the blocks, the task's own overrun count) is written "not measured in this result".
+
+Run from the repository root with the package importable (``pip install -e .`` or
+``PYTHONPATH=.``)::
+
+    python benchmarks/make_tables.py            # rewrite the tables in place
+    python benchmarks/make_tables.py --check    # exit 1 naming every stale table or .md file
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from freeride_lab.lab.bench_markdown import (
+    NOT_MEASURED,
+    fmt_interval,
+    fmt_num,
+    fmt_pct,
+    fmt_rate,
+    markdown,
+)
+from freeride_lab.lab.bench_results import fill_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "BENCHMARKS.md"
+
+#: The H200 results BENCHMARKS.md reports (the r4 calls of 2026-12-03).
+H200_M4 = "h200-2026-12-03-m4-timeslice-m4-mps-r4.json"
+H200_M8 = "h200-2026-12-03-m8-timeslice-r4.json"
+CPU_OLD = "cpu-2026-12-02.json"
+CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
+
+#: FreeRide's published per-task results (paper notes §14; corrected = published - overhead).
+FREERIDE_TASKS: tuple[tuple[str, str, float, float | None, float], ...] = (
+    # (our task, label, overhead, saving published, saving corrected)
+    ("resnet18", "ResNet-18", 0.0003, 0.0807, 0.0804),
+    ("resnet50", "ResNet-50", 0.0136, 0.0592, 0.0456),
+    ("vgg19", "VGG-19", 0.0210, 0.0534, 0.0324),
+    ("sgd_mf", "SGD", 0.0116, 0.1987, 0.1871),
+    ("pagerank", "PageRank", 0.0005, 0.0306, 0.0301),
+    ("image", "image", 0.0074, 0.0485, 0.0411),
+    ("mix", "mix", 0.0157, None, 0.0615),
+)
+_MARK = re.compile(r"<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)<!-- /table:(?P=name) -->",
+                   re.S)  # fmt: skip
+_MODES = ("managed", "governed", "naive")
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+@cache
+def raw(name: str) -> dict[str, Any]:
+    """A committed result as it was written."""
+    data: dict[str, Any] = json.loads((RESULTS / name).read_text())
+    return data
+
+
+@cache
+def result(name: str) -> dict[str, Any]:
+    """A committed result with its tables computed by today's arithmetic."""
+    data = copy.deepcopy(raw(name))
+    fill_tables(data, stages=int(data["config"]["stages"]))
+    return data
+
+
+def bench_results() -> list[str]:
+    """Names of the committed ``freeride-lab bench`` results."""
+    names = []
+    for path in sorted(RESULTS.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("benchmark") == "bench":
+            names.append(path.name)
+    return names
+
+
+def run_label(run: str) -> str:
+    """ "m4-timeslice" → "M = 4, time-sliced"."""
+    found = re.fullmatch(r"m(\d+)-(timeslice|mps)", run)
+    if not found:
+        return run
+    return f"M = {found[1]}, {'time-sliced' if found[2] == 'timeslice' else 'MPS'}"
+
+
+def h200_rows() -> list[tuple[str, dict[str, Any]]]:
+    """(file, pipeline row) of the mix for each H200 run BENCHMARKS.md reports, in order."""
+    out = []
+    for name in (H200_M4, H200_M8):
+        for row in result(name)["pipeline"]:
+            if row["case"] == "mix":
+                out.append((name, row))
+    return out
+
+
+def _iv(row: Mapping[str, Any], name: str, digits: int = 2, *, signed: bool = False) -> str:
+    return fmt_interval(
+        row[f"{name}_frac"], row[f"{name}_lo_frac"], row[f"{name}_hi_frac"], digits,
+        signed=signed,
+    )  # fmt: skip
+
+
+def _ms(row: Mapping[str, Any], name: str) -> str:
+    return fmt_interval(row[f"{name}_ms"], row[f"{name}_lo_ms"], row[f"{name}_hi_ms"], 2, pct=False)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _first_of_run(rows: list[list[str]]) -> list[list[str]]:
+    """Leave the run column empty after the first row of each run."""
+    last = None
+    for r in rows:
+        if r[0] == last:
+            r[0] = ""
+        else:
+            last = r[0]
+    return rows
+
+
+# -- BENCHMARKS.md tables ---------------------------------------------------------------------
+
+
+def h200_overhead() -> list[str]:
+    rows = [
+        [run_label(r["run"]), r["mode"], str(r["blocks_min"]),
+         _iv(r, "overhead_all_stages_estimate", signed=True),
+         _iv(r, "overhead_one_stage_mean", signed=True),
+         f"{_iv(r, 'overhead_one_stage_worst', signed=True)} ({r['worst_task']})"]
+        for _, r in h200_rows()
+    ]  # fmt: skip
+    return _table(
+        ["run", "mode", "blocks per mode", "**all stages at once (estimate)**",
+         "one stage at a time: mean", "one stage at a time: worst"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
+def h200_harvest() -> list[str]:
+    rows = [
+        [run_label(r["run"]), r["mode"], _iv(r, "harvest", 1),
+         f"{_iv(r, 'harvest_of_theory_limit', 0)} of {fmt_pct(r['bubble_limit_frac'], 1)}",
+         f"{_iv(r, 'harvest_of_measured_idle', 0)} of {fmt_pct(r['idle_frac'], 1)}",
+         f"{_iv(r, 'saving_published', 1)} / {_iv(r, 'saving_corrected', 1)}",
+         f"{_ms(r, 'latency_p50')} / {_ms(r, 'latency_p99')}"]
+        for _, r in h200_rows()
+    ]  # fmt: skip
+    return _table(
+        ["run", "mode", "harvest", "of the theory limit", "of the measured idle time",
+         "saving published / corrected", "edge → step p50 / p99 ms"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
+def h200_old_vs_new() -> list[str]:
+    rows = []
+    for name, new in h200_rows():
+        old = next(
+            r
+            for r in raw(name)["pipeline"]
+            if (r["run"], r["case"], r["mode"]) == (new["run"], new["case"], new["mode"])
+        )
+        rows.append(
+            [
+                run_label(new["run"]),
+                new["mode"],
+                f"{fmt_pct(old['overhead_mean_frac'], signed=True)} → "
+                f"{fmt_pct(new['overhead_one_stage_mean_frac'], signed=True)}",
+                f"{fmt_pct(old['overhead_sum_frac'], signed=True)} → "
+                f"{fmt_pct(new['overhead_all_stages_estimate_frac'], signed=True)}",
+                f"{fmt_pct(old['harvest_frac'], 1)} → {fmt_pct(new['harvest_frac'], 1)}",
+                f"{fmt_pct(old['harvest_of_limit_frac'], 0)} → "
+                f"{fmt_pct(new['harvest_of_theory_limit_frac'], 0)}",
+                f"{fmt_pct(old['saving_corrected_frac'], 1)} → "
+                f"{fmt_pct(new['saving_corrected_frac'], 1)}",
+            ]
+        )
+    return [
+        *_table(
+            ["run", "mode", "one stage: mean", "all stages (sum)", "harvest",
+             "of theory limit", "saving corrected"],
+            _first_of_run(rows),
+        ),
+        "",
+        *textwrap.wrap(
+            "Old → new, same blocks. Overheads moved because the estimate is now the mean of "
+            "the per-block paired differences (the quantity the interval is about) instead of "
+            "their median; harvest moved because each run's side work is now valued at that "
+            f"run's own solo speed instead of the median over all runs of the file ({_spread()}).",
+            100,
+        ),
+    ]  # fmt: skip
+
+
+def _spread() -> str:
+    """The task whose solo speed differed most between the runs of the M = 4 file, in words."""
+    speeds: dict[str, dict[str, float]] = {}
+    unit = {}
+    for d in result(H200_M4)["dedicated"]:
+        speeds.setdefault(d["task"], {})[d["run"]] = d["dedicated_per_s"]
+        unit[d["task"]] = d["unit"]
+    task, runs = max(speeds.items(), key=lambda kv: max(kv[1].values()) / min(kv[1].values()))
+    parts = [f"{fmt_rate(v)} {unit[task]}/s in run {r}" for r, v in runs.items()]
+    return f"{task}'s solo speed was " + " and ".join(parts)
+
+
+def h200_goals() -> list[str]:
+    rows = []
+    for name in (H200_M4, H200_M8):
+        for c in result(name)["goal_checks"]:
+            if c["case"] != "mix":
+                continue
+            sign = "≤" if c["kind"] == "max" else "≥"
+            if c["lo"] is None and c["hi"] is not None:  # the worst stage
+                figure = (
+                    f"{fmt_pct(c['value'], 2, signed=True)} (highest stage upper bound "
+                    f"{fmt_pct(c['hi'], 2, signed=True)})"
+                )
+            else:
+                figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
+            met = "**yes**" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
+            rows.append(
+                [run_label(c["run"]), c["mode"], f"{c['goal']} {sign} {fmt_pct(c['threshold'], 1)}",
+                 figure, met]
+            )  # fmt: skip
+    return _table(["run", "mode", "goal", "figure [95% interval]", "met"], _first_of_run(rows))
+
+
+def h200_per_stage() -> list[str]:
+    rows = []
+    for r in result(H200_M4)["summary"]:
+        if r["run"] != "m4-timeslice" or r["case"] != "mix" or r["mode"] == "vanilla":
+            continue
+        rows.append(
+            [f"{r['stage']} · {r['task']}", r["mode"], _iv(r, "overhead", signed=True),
+             f"{fmt_pct(r['overhead_median_frac'], 2, signed=True)} "
+             f"({fmt_pct(r['overhead_min_frac'])}..{fmt_pct(r['overhead_max_frac'])})",
+             f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+             fmt_pct(r["bubble_used_frac"], 0), _iv(r, "harvest", 1),
+             f"{_iv(r, 'harvest_of_measured_idle', 0)} of {fmt_pct(r['vanilla_idle_frac'], 0)}",
+             f"{r['overruns']} of {r['side_steps']}"]
+        )  # fmt: skip
+    return _table(
+        ["stage · task", "mode", "overhead (mean) [95%]", "median (min..max)",
+         "side-task throughput", "bubble time used", "harvest [95%]", "of measured idle",
+         "overruns in blocks"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
+def h200_dedicated() -> list[str]:
+    rows = []
+    for name in (H200_M4, H200_M8):
+        for d in result(name)["dedicated"]:
+            unit = f" {d['unit']}/s"
+            rows.append(
+                [run_label(d["run"]), f"{d['stage']} · {d['task']}",
+                 f"{fmt_rate(d['before_per_s'])}{unit} in {fmt_num(d['solo_before_s'], '.2f')} s",
+                 f"{fmt_rate(d['after_per_s'])}{unit}" if d["after_measured"] else NOT_MEASURED,
+                 fmt_pct(d["spread_frac"], 1) if d["after_measured"] else NOT_MEASURED,
+                 f"{d['task_overruns_total']} of {d['task_steps_total']}"
+                 if d["task_steps_total"] is not None else NOT_MEASURED]
+            )  # fmt: skip
+    return _table(
+        ["run", "stage · task", "solo phase before the blocks", "after the blocks", "spread",
+         "task's steps in the run: overran"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
+def h200_instrumentation() -> list[str]:
+    rows = []
+    for name in (H200_M4, H200_M8):
+        for run, head in result(name)["headline"].items():
+            figure = head.get("instrumentation_overhead_frac")
+            if figure:
+                iv = fmt_interval(figure["value"], figure["lo"], figure["hi"], 2, signed=True)
+                rows.append([run_label(run), iv])
+    return _table(["run", "instrumentation: timed vs plain stage [95%]"], rows)
+
+
+def freeride_comparison() -> list[str]:
+    """FreeRide's per-task numbers beside ours (managed, the stage the mix puts the task on)."""
+    summary = result(H200_M4)["summary"]
+    pipeline = {(r["run"], r["mode"]): r for r in result(H200_M4)["pipeline"] if r["case"] == "mix"}
+
+    def stage_row(run: str, task: str) -> dict[str, Any] | None:
+        return next(
+            (r for r in summary if (r["run"], r["case"], r["task"], r["mode"])
+             == (run, "mix", task, "managed")),
+            None,
+        )  # fmt: skip
+
+    rows = []
+    for task, label, over, published, corrected in FREERIDE_TASKS:
+        saving = (
+            f"{fmt_pct(published)} / {fmt_pct(corrected)}"
+            if published
+            else (f"- / {fmt_pct(corrected)}")
+        )
+        if task == "mix":
+            ts, mps = pipeline.get(("m4-timeslice", "managed")), pipeline.get(("m4-mps", "managed"))
+            ours = " / ".join(
+                _iv(p, "overhead_all_stages_estimate", signed=True) if p else "-" for p in (ts, mps)
+            )
+            harvest = (
+                f"{_iv(ts, 'harvest', 1)} ({fmt_pct(ts['harvest_of_theory_limit_frac'], 0)} of "
+                "the theory limit)"
+                if ts else "-"
+            )  # fmt: skip
+            rows.append([label, f"{fmt_pct(over)} (all stages)", saving,
+                         f"{ours} (all stages, estimate)", harvest])  # fmt: skip
+            continue
+        ts, mps = stage_row("m4-timeslice", task), stage_row("m4-mps", task)
+        if ts is None:
+            rows.append([label, fmt_pct(over), saving, "not run on the GPU", "-"])
+            continue
+        ours = " / ".join(_iv(r, "overhead", signed=True) if r else "-" for r in (ts, mps))
+        rows.append([label, fmt_pct(over), saving, f"{ours} (stage {ts['stage']} only)",
+                     _iv(ts, "harvest", 1)])  # fmt: skip
+    return _table(
+        ["task", "FreeRide overhead (its stages at once)", "saving published / corrected",
+         "ours: overhead time-sliced / MPS [95%]", "ours: harvest (time-sliced)"],
+        rows,
+    )  # fmt: skip
+
+
+def _cpu_pipeline(name: str) -> list[str]:
+    data = result(name)
+    rows = [
+        [r["mode"], str(r["stages_covered"]), str(r["blocks_min"]),
+         _iv(r, "overhead_all_stages_estimate", 1, signed=True),
+         _iv(r, "overhead_one_stage_mean", 1, signed=True),
+         f"{_iv(r, 'overhead_one_stage_worst', 1, signed=True)} ({r['worst_task']})",
+         f"{_iv(r, 'harvest', 1)}",
+         f"{fmt_pct(r['harvest_of_theory_limit_frac'], 0)} / "
+         f"{fmt_pct(r['harvest_of_measured_idle_frac'], 0)}",
+         f"{fmt_pct(r['saving_published_frac'], 1)} / {fmt_pct(r['saving_corrected_frac'], 1)}",
+         f"{fmt_num(r['latency_p50_ms'], '.2f')} / {fmt_num(r['latency_p99_ms'], '.2f')}"]
+        for r in data["pipeline"]
+        if r["case"] == "mix"
+    ]  # fmt: skip
+    return _table(
+        ["mode (CPU)", "stages", "blocks per mode", "all stages at once (estimate)",
+         "one stage: mean", "one stage: worst", "harvest", "of theory limit / measured idle",
+         "saving published / corrected", "latency p50 / p99 ms"],
+        rows,
+    )  # fmt: skip
+
+
+def cpu_2026_12_02() -> list[str]:
+    return _cpu_pipeline(CPU_OLD)
+
+
+def cpu_dry_run() -> list[str]:
+    data = result(CPU_DRY_RUN)
+    lines = _cpu_pipeline(CPU_DRY_RUN)
+    rows = [
+        [f"{d['stage']} · {d['task']}",
+         f"{fmt_rate(d['before_per_s'])} in {fmt_num(d['solo_before_s'], '.1f')} s "
+         f"({d['solo_before_steps']} steps)",
+         f"{fmt_rate(d['after_per_s'])} in {fmt_num(d['solo_after_s'], '.1f')} s "
+         f"({d['solo_after_steps']} steps)",
+         fmt_pct(d["spread_frac"], 1), "**yes**" if d["unstable"] else "no",
+         f"{d['task_overruns_total']} of {d['task_steps_total']}"]
+        for d in data["dedicated"]
+    ]  # fmt: skip
+    return [
+        *lines,
+        "",
+        *_table(
+            ["stage · task (CPU)", "solo before the blocks (units/s)", "after the blocks",
+             "spread", "flagged (> 10%)", "task's steps in the run: overran"],
+            rows,
+        ),
+    ]  # fmt: skip
+
+
+TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-overhead": h200_overhead,
+    "h200-harvest": h200_harvest,
+    "h200-old-vs-new": h200_old_vs_new,
+    "h200-goals": h200_goals,
+    "h200-per-stage": h200_per_stage,
+    "h200-dedicated": h200_dedicated,
+    "h200-instrumentation": h200_instrumentation,
+    "freeride-comparison": freeride_comparison,
+    "cpu-2026-12-02": cpu_2026_12_02,
+    "cpu-dry-run": cpu_dry_run,
+}
+
+
+# -- rewriting --------------------------------------------------------------------------------
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table regenerated.
+
+    Raises:
+        ValueError: a marker names no known table, or a known table has no marker.
+    """
+    found = [m["name"] for m in _MARK.finditer(text)]
+    unknown = sorted(set(found) - set(TABLES))
+    if unknown:
+        raise ValueError(
+            f"BENCHMARKS.md marks unknown table(s) {unknown}; known: {', '.join(TABLES)}"
+        )
+    missing = sorted(set(TABLES) - set(found))
+    if missing:
+        raise ValueError(
+            f"table(s) {missing} have no <!-- table:NAME --> ... <!-- /table:NAME --> region"
+        )
+
+    def fill(m: re.Match[str]) -> str:
+        body = "\n".join(TABLES[m["name"]]())
+        return f"<!-- table:{m['name']} -->\n{body}\n<!-- /table:{m['name']} -->"
+
+    return _MARK.sub(fill, text)
+
+
+def stale_regions(old: str, new: str) -> list[str]:
+    """Names of the regions whose text differs between ``old`` and ``new``."""
+    before = {m["name"]: m["body"] for m in _MARK.finditer(old)}
+    after = {m["name"]: m["body"] for m in _MARK.finditer(new)}
+    return sorted(n for n in after if before.get(n) != after[n])
+
+
+def result_markdowns() -> dict[Path, str]:
+    """The ``.md`` beside each committed bench result, as today's arithmetic writes it."""
+    out = {}
+    for name in bench_results():
+        path = (RESULTS / name).with_suffix(".md")
+        if path.exists():
+            out[path] = markdown(result(name))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if anything is stale"
+    )
+    parser.add_argument("--doc", type=Path, default=DOC, help="the document (BENCHMARKS.md)")
+    parser.add_argument("--no-results-md", action="store_true",
+                        help="leave the .md files beside the results alone")  # fmt: skip
+    args = parser.parse_args(argv)
+    text = args.doc.read_text()
+    try:
+        new = render(text)
+    except ValueError as exc:
+        print(f"make_tables: {exc}", file=sys.stderr)
+        return 2
+    stale = [f"{args.doc.name}: table {n}" for n in stale_regions(text, new)]
+    mds = {} if args.no_results_md else result_markdowns()
+    stale += [str(p.relative_to(ROOT)) for p, md in mds.items() if p.read_text() != md]
+    if args.check:
+        if stale:
+            print("stale (run python benchmarks/make_tables.py):", *stale, sep="\n  ")
+            return 1
+        return 0
+    args.doc.write_text(new)
+    for path, md in mds.items():
+        path.write_text(md)
+    print(
+        f"rewrote {len(stale)} table(s)/file(s)" + (":\n  " + "\n  ".join(stale) if stale else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
