@@ -382,7 +382,9 @@ class FreerideMagics(Magics):
         ``ImperativeSideTask`` and import what it uses (it runs as its own module, in the
         side-task process too). It is written to ``./.freeride_tasks/NAME.py``; then
         ``%freeride attach NAME --stage 1`` attaches it and the dashboard's palette offers it.
-        The class is also defined in the notebook, to try it out by hand.
+        The class is also defined in the notebook, to try it out by hand. A cell that raises
+        anything while it runs (``sys.exit()``, ``KeyboardInterrupt`` and endless recursion
+        included) is refused with one ``UsageError`` line; the kernel goes on.
         """
         from freeride_lab.runtime.loader import load_task_class
         from freeride_lab.tasks import BUILTIN_TASKS
@@ -415,6 +417,8 @@ class FreerideMagics(Magics):
             load_task_class(ref)  # what the side-task process will do
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        except BaseException as exc:  # see _the_task_class
+            raise UsageError(_cell_failure(name, exc)) from None
         UserTask(name=name, ref=ref, unit=str(cls.unit), title=name).save(self.tasks_dir)
         if self.shell is not None:
             self.shell.user_ns[cls.__name__] = cls
@@ -470,6 +474,12 @@ def _forget_module(path: Path) -> None:
             del sys.modules[key]
 
 
+def _cell_failure(name: str, exc: BaseException) -> str:
+    """One line on why running a ``%%freeride_task`` cell failed."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"{name}: running the cell failed: {detail}; the task was not registered"
+
+
 def _the_task_class(name: str, path: Path) -> type[SideTaskBase]:
     """Import ``path`` once, on its own, and return its one side-task class."""
     from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask
@@ -482,8 +492,8 @@ def _the_task_class(name: str, path: Path) -> type[SideTaskBase]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
-        raise UsageError(f"{name}: running the cell failed: {type(exc).__name__}: {exc}") from None
+    except BaseException as exc:  # sys.exit(), KeyboardInterrupt, RecursionError: the kernel lives
+        raise UsageError(_cell_failure(name, exc)) from None
     bases = (IterativeSideTask, ImperativeSideTask)
     found = [
         value

@@ -65,8 +65,10 @@ from freeride_lab.lab.harvest import free_bytes_by_rank, predicted_bubbles_by_ra
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.runtime.limits import GpuLimits, parse_bytes
 from freeride_lab.runtime.loader import BUILTIN_TASKS, check_task_ref, load_task_class
+from freeride_lab.runtime.proctree import kill_tree
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.taskspec import GATINGS, TaskSpec, parse_overrun_policy
+from freeride_lab.runtime.watchdog import worker_hang_reason
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ class SideTaskManager:
         self._secret: bytes | None = None  # read once, on the first command
         self.worker_wait_s = worker_wait_s
         self._lock = threading.RLock()
+        self._hung_workers: dict[int, tuple[int, str]] = {}  # rank -> (pid, why it was killed)
         spec = Schedule.from_name(config.schedule)
         nproc = config.stages // config.nnodes
         self.ranks = list(range(config.node_rank * nproc, (config.node_rank + 1) * nproc))
@@ -346,8 +349,10 @@ class SideTaskManager:
             return self.book.view(self.book.record(task_id))
 
     def check_workers(self) -> bool:
-        """Fail the tasks of a worker that died (see ``_check_workers``), unless a request holds
-        the manager right now; whether it checked. The session's watchdog calls this."""
+        """Kill hung workers (``_kill_hung_workers``), then fail the tasks of workers that died
+        or were killed (``_check_workers``) unless a request holds the manager right now;
+        whether it checked. The session's watchdog calls this."""
+        self._kill_hung_workers()
         if not self._lock.acquire(blocking=False):
             return False
         try:
@@ -370,8 +375,27 @@ class SideTaskManager:
 
     # -- internals: validation ---------------------------------------------------------------
 
+    def _kill_hung_workers(self) -> None:
+        """SIGKILL every worker of this node that is silent for three heartbeats (SIGSTOPped,
+        starved; see ``runtime.watchdog``), with its task processes, and remember why.
+
+        Takes no lock: a request waiting on a hung worker must not shield it from this.
+        """
+        for rank in self.ranks:
+            pid = _worker_pid(self.run_dir.path, rank)
+            if pid is None or self._hung_workers.get(rank, (None, ""))[0] == pid:
+                continue
+            hung = worker_hang_reason(self.run_dir.path, rank, pid)
+            if hung is None:
+                continue
+            cause = f"{hung}; killed it and its task processes (SIGKILL)"
+            self._hung_workers[rank] = (pid, cause)  # before the kill: its tasks fail with it
+            log.warning("%s", cause)
+            kill_tree(pid)
+
     def _check_workers(self) -> None:
-        """Fail the tasks of a worker that died (SIGKILL, OOM killer): nothing else would say so.
+        """Fail the tasks of a worker that died (SIGKILL, OOM killer) or that
+        ``_kill_hung_workers`` killed: nothing else would say so.
 
         A task counts as the worker's if its state is not terminal, or if its process stopped
         itself because the worker's channel closed (reason "worker exited"); a worker that
@@ -385,12 +409,12 @@ class SideTaskManager:
             pid = _worker_pid(self.run_dir.path, rank)
             if pid is None or _process_alive(pid):
                 continue
+            killed_pid, cause = self._hung_workers.get(rank, (None, ""))
+            if killed_pid != pid:
+                cause = f"worker for rank {rank} exited (pid {pid} is gone, e.g. killed by SIGKILL)"
+            reason = f"{cause}; see {self.run_dir.logs_dir}/worker-{rank}.log"
             # Read again: what the worker wrote before it ended is all in its files now.
             records = [r for r in records if self._worker_owns(r)]
-            reason = (
-                f"worker for rank {rank} exited (pid {pid} is gone, e.g. killed by SIGKILL); "
-                f"see {self.run_dir.logs_dir}/worker-{rank}.log"
-            )
             now = time.time_ns()
             for record in records:
                 log.warning("task %s failed: %s", record.id, reason)

@@ -64,15 +64,17 @@ of the run has exited: in ``stop()``, when the run ends by itself, when launchin
 exit. run.json's ``mps`` records whether it served the run.
 
 [Note: worker watchdog]
-A side-task worker killed from outside (SIGKILL, the OOM killer) cannot report it, and a run
-that ends on its own (finished, or a rank failed) leaves its MPS daemon to the session. While
-a run trains, the owner runs one daemon thread (``freeride-watchdog-<run_id>``) that every
-``WATCHDOG_PERIOD_S`` asks the manager to check the workers of the attached tasks
-(``SideTaskManager.check_workers``): a dead worker's tasks become FAILED, naming it, in the
-tables and in ``events/lab-<rank>.jsonl``, within about a second and without anyone reading
-``tasks``. Once the launcher has exited, the thread settles the run (``_settle``: final read,
-status, MPS daemon stopped) and ends, so nothing waits for someone to look. ``stop()`` ends
-it too.
+A side-task worker killed from outside (SIGKILL, the OOM killer) cannot report it, nor can one
+that hangs (SIGSTOPped, starved), and a run that ends on its own (finished, or a rank failed)
+leaves its MPS daemon to the session. While a run trains, the owner runs one daemon thread
+(``freeride-watchdog-<run_id>``) that every ``WATCHDOG_PERIOD_S`` asks the manager to check the
+workers once tasks were attached (``SideTaskManager.check_workers``): a worker silent for three
+heartbeats is killed with its task processes, and a dead or killed worker's tasks become FAILED,
+naming it ("worker for rank R exited …" or "hung: worker for rank R … sent no heartbeat …"),
+in the tables and in ``events/lab-<rank>.jsonl``, within a few seconds and without anyone
+reading ``tasks``. Once the launcher has exited, the thread settles the run (``_settle``:
+final read, status, MPS daemon stopped) and ends, so nothing waits for someone to look.
+``stop()`` ends it too.
 
 [Note: upward hooks]
 ``report`` and ``_repr_mimebundle_`` are the only places where ``lab`` touches ``ui``; both

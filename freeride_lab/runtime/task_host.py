@@ -10,8 +10,10 @@ restores the task's checkpoint, then runs the state machine of ``core.sidetask_s
   budget, observed end)`` holds; it stops launching as soon as the bubble is seen to end, even
   before its predicted end. Without a fixed budget the first steps profile the task (see
   [Note: profiling in bubbles]). Every step becomes a ``SideTaskStep`` event; a step that ends after
-  the observed end carries ``overrun_ns``. A watcher thread reports a step still running
-  ``hang_after_s`` past the end to the worker, which alone can stop or kill the process.
+  the observed end carries ``overrun_ns``. Hangs are judged from outside: the thread that runs
+  the steps marks each step's start and end, and every wait, in the beacon its worker reads
+  (``runtime.heartbeat``); a step past ``2 x budget + hang_after_s`` or a wait long overdue gets
+  the process killed by the worker's watchdog (``runtime.watchdog``).
 - **imperative:** ``run()`` runs in a thread from the first bubble on. At a bubble end the host
   closes the gate that ``pause_point()`` waits on, runs ``on_pause`` and tells the worker, which
   then stops the whole process with SIGSTOP (after ``pause_grace_s`` at the latest); at the next
@@ -19,10 +21,13 @@ restores the task's checkpoint, then runs the state machine of ``core.sidetask_s
 
 - **gating "none"** (naive co-location, for comparisons): an iterative task steps continuously
   and an imperative one is never paused; steps still become events, and the part of a step
-  during which training computed counts as its overrun (no overrun policy, no hang check).
+  during which training computed counts as its overrun (no overrun policy; hung steps are still
+  killed).
 
 Errors in any hook end the task FAILED with a one-line reason and the traceback (an OOM reads
-"out of memory: …"); the process exits non-zero and nothing else is affected.
+"out of memory: …"); so do ``sys.exit()``, ``SystemExit``, ``KeyboardInterrupt`` and
+``RecursionError`` raised by task code ("step raised SystemExit: 3"). The process exits
+non-zero and nothing else is affected.
 
 # [Note: host protocol]
 JSON objects over a socketpair (``multiprocessing.connection`` framing; never pickle).
@@ -30,8 +35,8 @@ worker → host: ``{"cmd": "activate"}`` (CREATED → PAUSED: take bubbles), ``{
 "budget_s": s|null, "overrun_policy": p}``, ``{"cmd": "resume"}`` (after an overrun PAUSE),
 ``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``, ``{"cmd": "stop", "reason": r, "restart": b}``.
 host → worker: ``{"type": "state", "state", "event", "accepted", "reason", "mode"}``,
-``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me),
-``{"type": "hung", "overrun_ns", "step_start_ns", "step"}``. End of file = worker gone: stop.
+``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me).
+End of file = worker gone: stop.
 
 # [Note: profiling in bubbles]
 FreeRide profiles a task alone before placing it (paper notes §9). Here the task is measured
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -68,7 +74,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -92,6 +98,7 @@ from freeride_lab.core.sidetask_state import (
     SideTaskState,
     transition,
 )
+from freeride_lab.runtime.heartbeat import TaskBeacon
 from freeride_lab.runtime.imperative import ImperativeDriver
 from freeride_lab.runtime.limits import apply_in_process, support_summary
 from freeride_lab.runtime.loader import load_task_class
@@ -111,7 +118,6 @@ log = logging.getLogger(__name__)
 __all__ = ["TaskHost", "load_checkpoint", "main", "save_checkpoint"]
 
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
-_HUNG_REPORT_EVERY_NS = 250_000_000
 _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
 _SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
 #: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
@@ -163,10 +169,18 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
 class TaskHost:
     """Runs one side task: its state machine, its steps in bubbles, its checkpoints."""
 
-    def __init__(self, spec: HostSpec, *, conn: Connection | None, sink: EventSink) -> None:
+    def __init__(
+        self,
+        spec: HostSpec,
+        *,
+        conn: Connection | None,
+        sink: EventSink,
+        beacon: TaskBeacon | None = None,
+    ) -> None:
         self.spec = spec
         self.conn = conn
         self.sink = sink
+        self.beacon = beacon  # marks for the worker's watchdog; written by this thread only
         self._reader: EdgeReader | None = None  # opened once the rank's edge file exists
         self.machine = SideTaskMachine()
         self.task: SideTaskBase | None = None
@@ -174,6 +188,7 @@ class TaskHost:
         self.steps = 0
         self.overruns = 0  # counted by core.budget.overran, as every table counts them
         self.overrun_ns_total = 0
+        self._steps_started = 0  # by this process (its first step initialises lazily)
         self._cmds: queue.Queue[dict[str, Any]] = queue.Queue()
         self._send_lock = threading.Lock()
         self._done = threading.Event()
@@ -190,7 +205,6 @@ class TaskHost:
         self._window: collections.deque[int] = collections.deque(maxlen=_OVERRUN_WINDOW)
         self._policy_paused = False
         self._warned_at_step = -(10**9)
-        self._in_flight: tuple[int, Edge] | None = None  # (start_ns, bubble) of a running step
         # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
         self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._bubble: Edge | None = None
@@ -225,8 +239,6 @@ class TaskHost:
             self._reader = EdgeReader.open(self.spec.edges)
         except FileNotFoundError:
             return False  # the rank has not created it yet
-        if self._driver is None:
-            threading.Thread(target=self._watch_hangs, name="task-hang-watch", daemon=True).start()
         return True
 
     def request_stop(self, reason: str) -> None:
@@ -319,7 +331,7 @@ class TaskHost:
         for hook in outcome.hooks:
             try:
                 self._hook(hook)
-            except Exception:
+            except BaseException:  # sys.exit() in teardown must not skip the FAILED event
                 log.exception("task %s: %s failed while failing", self.spec.task.task_id, hook)
         self.machine.apply(SideTaskEvent.FAIL, t_ns=self._now_ns())
         self._emit_state(str(SideTaskEvent.FAIL), True, reason, tb)
@@ -348,7 +360,9 @@ class TaskHost:
             self._apply(SideTaskEvent.CREATE, lambda: f"{limits_note}; {self._restore()}")
             while not self.machine.terminal and not self._exit:
                 self._turn()
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt, RecursionError: FAILED too
+            if self.beacon is not None:
+                self.beacon.busy()
             self._fail(exc, traceback.format_exc())
         finally:
             self._done.set()
@@ -399,12 +413,15 @@ class TaskHost:
         reader = self.reader
         predicted_ns = self._clock.next_start_ns() if self._spin_lead_s > 0 else None
         if predicted_ns is None:
-            edge = reader.wait(timeout_s=_WAIT_S)
+            with self._waiting():
+                edge = reader.wait(timeout_s=_WAIT_S)
         else:
             sleep_s = (predicted_ns - reader.now_ns()) / 1e9 - self._spin_lead_s
-            edge = reader.wait(timeout_s=min(sleep_s, _WAIT_S)) if sleep_s > 0 else None
+            with self._waiting():
+                edge = reader.wait(timeout_s=min(sleep_s, _WAIT_S)) if sleep_s > 0 else None
             if edge is None and sleep_s <= _WAIT_S:
-                edge = reader.wait(timeout_s=_WAIT_S, spin_s=2 * self._spin_lead_s)
+                with self._waiting():
+                    edge = reader.wait(timeout_s=_WAIT_S, spin_s=2 * self._spin_lead_s)
         if edge is None:
             return None
         if edge.in_bubble:
@@ -420,10 +437,26 @@ class TaskHost:
     def _wait_command(self, timeout_s: float) -> None:
         """Sleep until a command arrives (then carry it out) or ``timeout_s`` passes."""
         try:
-            message = self._cmds.get(timeout=timeout_s)
+            with self._waiting():
+                message = self._cmds.get(timeout=timeout_s)
         except queue.Empty:
             return
         self._handle(message)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """Mark a wait of at most ``_WAIT_S`` in the beacon (then busy again). Not once an
+        imperative task's ``run()`` has started: its thread may hold the GIL as long as it
+        likes, and the worker's SIGSTOPs pause this thread too."""
+        beacon = self.beacon
+        if beacon is None or (self._driver is not None and self._driver.started):
+            yield
+            return
+        beacon.waiting(_WAIT_S)
+        try:
+            yield
+        finally:
+            beacon.busy()
 
     def _handle_commands(self) -> None:
         while not self.machine.terminal and not self._exit:
@@ -538,10 +571,10 @@ class TaskHost:
         self._note_ends(cur)
         key = (bubble.step, bubble.slot)
         if key not in self._ends:
-            # Both its end edge and the next one were replaced before anyone looked (a step
-            # that held the GIL starves the watcher thread): it ended no later than the newest
-            # edge began, and, as far as anyone knows, at its predicted end. Take the earlier,
-            # so an overrun is rather over- than under-counted; keep it so it does not drift.
+            # Both its end edge and the next one were replaced before anyone looked (nobody
+            # looks while a step runs): it ended no later than the newest edge began, and, as
+            # far as anyone knows, at its predicted end. Take the earlier, so an overrun is
+            # rather over- than under-counted; keep it so it does not drift.
             later = [t for t in (cur.start_ns, cur.observed_end_ns) if t is not None and t > 0]
             if bubble.predicted_end_ns is not None:
                 later.append(max(bubble.predicted_end_ns, bubble.start_ns))
@@ -577,12 +610,8 @@ class TaskHost:
 
     def _step_in(self, task: IterativeSideTask, bubble: Edge, start_ns: int) -> bool:
         """One step inside ``bubble``; False once the task has FINISHED."""
-        self._where = "step"
-        self._in_flight = (start_ns, bubble)
-        progress = float(task.step() or 0.0)
-        _wait_for_device(task)
+        progress = self._one_step(task, bubble.step)
         end_ns = self.reader.now_ns()
-        self._in_flight = None
         observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
         overrun_ns = max(0, end_ns - observed_end_ns) if observed_end_ns is not None else 0
         task.progress += progress
@@ -602,9 +631,8 @@ class TaskHost:
         while self._cmds.empty() and time.monotonic() < deadline:
             start_edge = self.reader.latest()
             start_ns = self.reader.now_ns()
-            self._where = "step"
-            progress = float(task.step() or 0.0)
-            _wait_for_device(task)
+            step = start_edge.step if start_edge is not None else -1
+            progress = self._one_step(task, step)
             end_ns = self.reader.now_ns()
             end_edge = self.reader.latest()
             task.progress += progress
@@ -616,6 +644,21 @@ class TaskHost:
                 return
             if self.machine.terminal:
                 return
+
+    def _one_step(self, task: IterativeSideTask, step: int) -> float:
+        """Run ``step()`` until its GPU work is done, marked in the beacon from this thread (a
+        step that never returns leaves the mark for the worker's watchdog); its progress."""
+        self._where = "step"
+        if self.beacon is not None:
+            self.beacon.step_started(step, self._budget_ns(), first=self._steps_started == 0)
+        self._steps_started += 1
+        try:
+            progress = float(task.step() or 0.0)
+            _wait_for_device(task)
+        finally:
+            if self.beacon is not None:
+                self.beacon.busy()
+        return progress
 
     def _record_step(
         self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
@@ -735,35 +778,6 @@ class TaskHost:
         elif action.kind is OverrunActionKind.STOP:
             self._checkpoint()
             self._apply(SideTaskEvent.STOP, f"overrun policy KILL: {action.reason}")
-
-    def _watch_hangs(self) -> None:
-        """Tell the worker about a step still running ``hang_after_s`` after its bubble ended."""
-        reader = EdgeReader.open(self.reader.path)
-        hang_ns = int(self.spec.task.hang_after_s * 1e9)
-        last_report_ns = 0
-        try:
-            while not self._done.is_set():
-                self._note_ends(reader.wait(timeout_s=0.05))
-                in_flight = self._in_flight
-                if in_flight is None:
-                    continue
-                start_ns, bubble = in_flight
-                end_ns = self._observed_end_ns(bubble, reader.latest())
-                now_ns = reader.now_ns()
-                if end_ns is None or now_ns - end_ns < hang_ns:
-                    continue
-                if now_ns - last_report_ns >= _HUNG_REPORT_EVERY_NS:
-                    last_report_ns = now_ns
-                    self._send(
-                        {
-                            "type": "hung",
-                            "overrun_ns": now_ns - end_ns,
-                            "step_start_ns": start_ns,
-                            "step": bubble.step,
-                        }
-                    )
-        finally:
-            reader.close()
 
     # -- imperative --
 
@@ -930,7 +944,8 @@ def _failure_reason(exc: BaseException, where: str) -> str:
     message = lines[0][:300] if lines else ""
     if _is_oom(exc):
         return f"out of memory: {type(exc).__name__}: {message} (in {where})"
-    return f"{where} raised {type(exc).__name__}: {message}"
+    what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return f"{where} raised {what}"
 
 
 def _task_sink(spec: HostSpec) -> EventSink:
@@ -959,8 +974,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     spec = HostSpec.from_dict(json.loads(args.spec))
     conn = Connection(spec.control_fd) if spec.control_fd >= 0 else None
+    beacon = TaskBeacon.attach(spec.beacon_fd) if spec.beacon_fd >= 0 else None
     sink = _task_sink(spec)
-    host = TaskHost(spec, conn=conn, sink=sink)
+    host = TaskHost(spec, conn=conn, sink=sink, beacon=beacon)
     signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
     try:
         code = host.run()

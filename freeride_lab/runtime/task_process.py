@@ -4,16 +4,23 @@
     proc.start(HostSpec(task=spec, run_dir=..., rank=0, stage=0), env=env_for(limits, ...))
     proc.request({"cmd": "activate"})        # sends, then serves its messages until the ack
     proc.signal(signal.SIGSTOP)              # imperative tasks outside bubbles
-    proc.wait_exit(grace_s=15)               # kills it after the grace
+    proc.stop("detached", grace_s=8)         # checkpoint and stop; killed after the grace
+    stop_all(tasks, "worker stopped", grace_s=8)  # the same for many, in parallel
 
 Messages follow [Note: host protocol] in ``task_host``: JSON over a socketpair, never pickle.
 ``receive`` applies what concerns the handle itself (state, mode, acks, the imperative "paused")
-and returns every message so the worker can act on the rest (hung steps).
+and returns every message so the worker can act on the rest.
+
+Each start also gives the process a ``TaskBeacon`` (``runtime.heartbeat``), the marks the
+worker's watchdog judges hangs by, and a ``TaskLog``: its stdout and stderr go through a pipe
+into its capped log file. A kill (``kill``, or the end of a stop's grace) is a SIGKILL of the
+process and its descendants (``proctree.kill_tree``).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,18 +31,30 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
 import freeride_lab
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.runtime.heartbeat import TaskBeacon
+from freeride_lab.runtime.proctree import kill_tree
+from freeride_lab.runtime.task_log import TaskLog
 from freeride_lab.runtime.taskspec import HostSpec, TaskSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TaskProcess", "child_env", "spawn_host"]
+__all__ = ["STOP_GRACE_S", "TaskProcess", "child_env", "spawn_host", "stop_all"]
+
+#: How long a task may take to checkpoint and stop before it is killed: cleanup of any task
+#: (a hung one too) ends within this, well inside 10 s of a detach or stop.
+STOP_GRACE_S = 8.0
+_POLL_S = 0.05
+_REAP_S = 5.0  # a SIGKILLed process is gone at once; this only bounds the wait for its exit
+
+OnMessage = Callable[["TaskProcess", dict[str, Any]], None]
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -49,22 +68,33 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def spawn_host(
-    spec: HostSpec, *, env: Mapping[str, str] | None = None, log_path: Path | None = None
-) -> tuple[subprocess.Popen[bytes], Connection]:
-    """Start a task process for ``spec``; its ``Popen`` and the worker's end of its channel.
+    spec: HostSpec,
+    *,
+    env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    beacon: TaskBeacon | None = None,
+) -> tuple[subprocess.Popen[bytes], Connection, TaskLog | None]:
+    """Start a task process for ``spec``: its ``Popen``, the worker's end of its channel, and
+    the ``TaskLog`` draining its output.
 
     Args:
         env: extra environment (the limits from ``limits.env_for`` and MPS client variables).
-        log_path: file for the process's stdout/stderr (appended); None discards them.
+        log_path: file for the process's stdout/stderr (appended, capped: ``TaskLog``); None
+            discards them.
+        beacon: the beacon the host marks (its descriptor is handed over, then closed here).
     """
     ours, theirs = socket.socketpair()
-    fd = theirs.fileno()
-    spec = dataclasses.replace(spec, control_fd=fd)
+    fds = [theirs.fileno()]
+    spec = dataclasses.replace(spec, control_fd=fds[0])
+    if beacon is not None:
+        fds.append(beacon.fd)
+        spec = dataclasses.replace(spec, beacon_fd=beacon.fd)
+    task_log: TaskLog | None = None
     out: Any = subprocess.DEVNULL
     try:
         if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "ab")  # noqa: SIM115 - closed below, the child keeps its copy
+            task_log = TaskLog.open(log_path)
+            out = task_log.write_fd
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -73,7 +103,7 @@ def spawn_host(
                 "--spec",
                 json.dumps(spec.to_dict()),
             ],
-            pass_fds=(fd,),
+            pass_fds=tuple(fds),
             env=child_env(env),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -84,9 +114,11 @@ def spawn_host(
         raise
     finally:
         theirs.close()
-        if out is not subprocess.DEVNULL:
-            out.close()
-    return proc, Connection(ours.detach())
+        if beacon is not None:
+            beacon.close_fd()
+        if task_log is not None:
+            task_log.close_write_end()
+    return proc, Connection(ours.detach()), task_log
 
 
 class TaskProcess:
@@ -102,7 +134,9 @@ class TaskProcess:
         self.busy = False  # a stop or restart is under way: the edge thread keeps off
         self.kill_reason = ""  # why the worker killed it, for the FAILED event
         self.paused = threading.Event()  # imperative: the host paused cooperatively
-        self.last_hung_step_ns = -1
+        self.continued_ns = 0  # monotonic time of our last SIGCONT (the watchdog counts from it)
+        self.beacon: TaskBeacon | None = None  # the host's marks (runtime.heartbeat)
+        self.log: TaskLog | None = None
         self._acks: collections.deque[dict[str, Any]] = collections.deque()
 
     @property
@@ -122,10 +156,16 @@ class TaskProcess:
     ) -> None:
         """Start a (new) task process for ``host``; state goes back to SUBMITTED."""
         self.close_channel()
-        self.proc, self.conn = spawn_host(host, env=env, log_path=log_path)
+        if self.beacon is not None:
+            self.beacon.close()
+        self.beacon = TaskBeacon.create()
+        self.proc, self.conn, self.log = spawn_host(
+            host, env=env, log_path=log_path, beacon=self.beacon
+        )
         self.state = SideTaskState.SUBMITTED
         self.mode = ""
         self.sigstopped = False
+        self.continued_ns = 0
         self.kill_reason = ""
 
     def send(self, message: dict[str, Any]) -> bool:
@@ -164,7 +204,7 @@ class TaskProcess:
         message: dict[str, Any],
         *,
         timeout_s: float = 30.0,
-        on_message: Any = None,
+        on_message: OnMessage | None = None,
     ) -> bool:
         """Send a command and wait for its ack, handing other messages to ``on_message``.
 
@@ -197,15 +237,18 @@ class TaskProcess:
             os.kill(self.proc.pid, signum)
         except ProcessLookupError:
             return
+        if signum == signal.SIGCONT:
+            self.continued_ns = time.monotonic_ns()
         if signum in (signal.SIGSTOP, signal.SIGCONT):
             self.sigstopped = signum == signal.SIGSTOP
 
     def kill(self, reason: str) -> None:
-        """SIGKILL the process; ``reason`` becomes its FAILED reason."""
-        self.kill_reason = reason
+        """SIGKILL the process and its descendants; ``reason`` becomes its FAILED reason (the
+        first reason given sticks)."""
+        self.kill_reason = self.kill_reason or reason
         if self.alive:
             assert self.proc is not None
-            self.proc.kill()
+            kill_tree(self.proc.pid)
 
     def wait_exit(self, grace_s: float) -> None:
         """Wait for the process to exit, killing it after ``grace_s``."""
@@ -216,23 +259,20 @@ class TaskProcess:
         try:
             self.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            log.warning("task %s did not exit within %.0f s; killing it", self.task_id, grace_s)
-            self.kill_reason = self.kill_reason or f"killed: did not stop within {grace_s:.0f} s"
-            self.proc.kill()
+            log.warning("task %s did not exit within %.1f s; killing it", self.task_id, grace_s)
+            self.kill(f"killed: did not stop within {grace_s:.1f} s")
             self.proc.wait()
 
     def stop(
-        self, reason: str = "stopped", *, grace_s: float = 15.0, on_message: Any = None
+        self,
+        reason: str = "stopped",
+        *,
+        grace_s: float = STOP_GRACE_S,
+        on_message: OnMessage | None = None,
     ) -> None:
-        """Ask the task to checkpoint and stop, wait for the process, kill it after ``grace_s``.
-
-        Idempotent: a process that already exited is left alone.
-        """
-        if self.alive and not is_terminal(self.state):
-            self.request(
-                {"cmd": "stop", "reason": reason}, timeout_s=grace_s, on_message=on_message
-            )
-        self.wait_exit(grace_s)
+        """Ask the task to checkpoint and stop, wait for the process, kill it after ``grace_s``
+        (counted from now, the ack included). Idempotent: an exited process is left alone."""
+        stop_all([self], reason, grace_s=grace_s, on_message=on_message)
 
     def __enter__(self) -> TaskProcess:
         return self
@@ -255,6 +295,56 @@ class TaskProcess:
             self.conn.close()
             self.conn = None
 
+    def close(self) -> None:
+        """Close the channel and unmap the beacon (the process is gone or someone else's)."""
+        self.close_channel()
+        if self.beacon is not None:
+            self.beacon.close()
+
     def __repr__(self) -> str:
         where = "not started" if self.proc is None else f"pid={self.proc.pid}"
         return f"<TaskProcess({self.task_id!r}, {self.state}, {where})>"
+
+
+def stop_all(
+    tasks: Iterable[TaskProcess],
+    reason: str,
+    *,
+    grace_s: float = STOP_GRACE_S,
+    on_message: OnMessage | None = None,
+) -> None:
+    """Ask every live task to checkpoint and stop, all at once, serve their messages while they
+    do, and kill (with their descendants) those still running ``grace_s`` from now.
+
+    A task the worker stopped with SIGSTOP is continued first; one that cannot act on the
+    command (a step that never returns) is killed at the deadline, so cleanup never takes
+    longer than ``grace_s`` however many tasks there are.
+    """
+    tasks = list(tasks)
+    deadline = time.monotonic() + grace_s
+    for task in tasks:
+        if task.alive and not is_terminal(task.state):
+            if task.sigstopped:
+                task.signal(signal.SIGCONT)
+            task.send({"cmd": "stop", "reason": reason})
+    while True:
+        running = [t for t in tasks if t.alive]
+        remaining = deadline - time.monotonic()
+        if not running or remaining <= 0:
+            break
+        channels = {t.conn: t for t in running if t.conn is not None}
+        if not channels:  # every channel has closed: wait for the processes themselves
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running[0].proc.wait(min(_POLL_S, remaining))  # type: ignore[union-attr]
+            continue
+        for ready in wait_for(list(channels), timeout=min(_POLL_S, remaining)):
+            task = channels[ready]  # type: ignore[index]
+            message = task.receive()
+            kind = None if message is None else message.get("type")
+            if message is not None and on_message is not None and kind not in ("ack", "state"):
+                on_message(task, message)
+    for task in tasks:
+        if task.alive:
+            log.warning("task %s did not stop within %g s; killing it", task.task_id, grace_s)
+            task.kill(f"killed: did not stop within {grace_s:g} s ({reason})")
+        task.wait_exit(_REAP_S)

@@ -55,9 +55,10 @@ class TaskSpec:
         name: display name; "" uses ``task``.
         options: keyword arguments of the task class.
         limits: the task's ``GpuLimits`` (a dict is accepted).
-        overrun_policy: what the host does when its steps keep overrunning bubble ends, and what
-            the worker does with a hung step (KILL kills it; the others report it).
-        hang_after_s: a step still running this long after its bubble ended counts as hung.
+        overrun_policy: what the host does when its steps keep overrunning bubble ends (a hung
+            step is killed under every policy, see ``hang_after_s``).
+        hang_after_s: the slack of the hang rule: a step running longer than 2 x its budget +
+            this is hung, and its process is killed from outside (``runtime.watchdog``).
         pause_grace_s: imperative tasks: time between a bubble end and SIGSTOP at the latest.
         checkpoint_interval_s: periodic checkpoints while paused.
         gating: "bubbles" (step only inside bubbles) or "none" (run continuously; see
@@ -161,6 +162,8 @@ class HostSpec:
         edge_file: the rank's edge file; "" = ``edge_path(run_dir, rank)``.
         control_fd: the host's end of the worker's socketpair; -1 = no worker (tests).
         mps_active: an MPS daemon serves the run (limits came in the environment).
+        beacon_fd: the shared memory the host marks its steps and waits in, for the worker's
+            watchdog (``runtime.heartbeat.TaskBeacon``); -1 = none.
     """
 
     task: TaskSpec
@@ -171,6 +174,7 @@ class HostSpec:
     edge_file: str = ""
     control_fd: int = -1
     mps_active: bool = False
+    beacon_fd: int = -1
 
     @property
     def edges(self) -> Path:

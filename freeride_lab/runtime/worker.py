@@ -7,9 +7,11 @@ or started by the rank itself (``worker_client.open_edges``, rank.py's ``edges_f
 The worker holds an ``EdgeReader`` on its rank's edge file, starts one task process per
 attached task (``TaskProcess``: ``task_host`` with the limits in its environment), activates
 the first live task of its FIFO (only that one takes bubbles), stops and continues imperative
-tasks with SIGSTOP/SIGCONT at bubble edges, applies the overrun policy to hung steps, and
-acknowledges every command in its event file (``events/worker-<r>.jsonl``) with a
-``ControlAck``. Tasks write their own states and steps to ``events/task-<id>.jsonl``.
+tasks with SIGSTOP/SIGCONT at bubble edges, and acknowledges every command in its event file
+(``events/worker-<r>.jsonl``) with a ``ControlAck``. Tasks write their own states and steps to
+``events/task-<id>.jsonl``. Its watchdog thread (``runtime.watchdog``) kills task processes that
+hang (a step past ``2 x budget + hang_after_s``, a wait long overdue), whatever their overrun
+policy, and beats ``workers/worker-<r>.heartbeat`` for the session's watchdog.
 
 # [Note: worker control]
 A ``multiprocessing.connection`` listener on 127.0.0.1 (a free port), authenticated with the
@@ -26,7 +28,9 @@ Each request ``{"cmd": ...}`` gets exactly one reply, a ``ControlAck`` as JSON:
   PAUSE; ``status``: tasks and their states; ``stop``: detach every task, then exit.
 
 The worker exits when its rank closes the edge file (training over), when its parent dies, on
-SIGTERM or on ``stop``; every path checkpoints and stops its tasks first. SIGINT is ignored.
+SIGTERM or on ``stop``; every path checkpoints and stops its tasks first, all at once, killing
+any still running ``STOP_GRACE_S`` later (so cleanup takes at most that, hung tasks included).
+A detach does the same for one task. SIGINT is ignored.
 """
 
 from __future__ import annotations
@@ -51,15 +55,20 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.core import events as ev
-from freeride_lab.core.budget import OverrunPolicy
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.runtime.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.runtime.limits import GpuLimits, env_for, restart_fields
 from freeride_lab.runtime.loader import check_task_ref
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.signal import EdgeReader, Phase, edge_path
 from freeride_lab.runtime.sink import EventSink
-from freeride_lab.runtime.task_process import TaskProcess
+from freeride_lab.runtime.task_process import STOP_GRACE_S, TaskProcess, stop_all
 from freeride_lab.runtime.taskspec import HostSpec, TaskSpec, checkpoint_path
+from freeride_lab.runtime.watchdog import (
+    CUDA_FIRST_STEP_SLACK_S,
+    WORKER_HEARTBEAT_S,
+    TaskWatchdog,
+)
 from freeride_lab.runtime.worker_client import worker_address_file
 
 log = logging.getLogger(__name__)
@@ -69,7 +78,6 @@ __all__ = ["Worker", "main"]
 _TICK_S = 0.2  # main-loop wake-up without any message (reaping, parent check)
 _HANDSHAKE_TIMEOUT_S = 5.0
 _REPLY_TIMEOUT_S = 120.0
-_STOP_GRACE_S = 15.0
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLimits))
 _COMMANDS = "attach, tune, detach, resume, status, stop"
 _ON_DEVICE = (SideTaskState.PAUSED, SideTaskState.RUNNING)
@@ -121,6 +129,7 @@ class Worker:
         self._clock_offset_ns = 0
         self._sink = EventSink.for_rank(self.run_dir, rank, worker=True)
         self._initial_ppid = os.getppid()
+        self._watchdog: TaskWatchdog | None = None
 
     def __repr__(self) -> str:
         return f"<Worker(rank={self.rank}, device={self.device!r}, tasks={len(self._tasks)})>"
@@ -137,6 +146,7 @@ class Worker:
         info |= {"stage": self.stage, "device": self.device, "mps_active": self.mps_active}
         path = worker_address_file(self.run_dir.path, self.rank)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._watchdog = self._start_watchdog()
         self.run_dir.write_json(path, info)
         log.info("worker rank %d listening on %s:%d (%s)", self.rank, host, port, self.device)
         try:
@@ -174,11 +184,35 @@ class Worker:
         self._check_parent()
         self._activate_next()
 
+    def _start_watchdog(self) -> TaskWatchdog:
+        """The thread that judges the task processes and beats for the session."""
+        try:
+            heartbeat = WorkerHeartbeat(
+                heartbeat_path(self.run_dir.path, self.rank), period_s=WORKER_HEARTBEAT_S
+            )
+        except OSError as exc:  # the tasks are still watched; only the session cannot watch us
+            log.warning("worker rank %d: no heartbeat file (%s)", self.rank, exc)
+            heartbeat = None
+        first_step_slack_s = CUDA_FIRST_STEP_SLACK_S if self.device.startswith("cuda") else 0.0
+        return TaskWatchdog(
+            lambda: list(self._tasks.values()),
+            heartbeat=heartbeat,
+            first_step_slack_s=first_step_slack_s,
+        ).start()
+
     def _shutdown(self) -> None:
         reason = self._stop_reason or "worker stopped"
-        for task in list(self._tasks.values()):
-            self._end_task(task, reason)
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.busy = True
+        stop_all(tasks, reason, grace_s=STOP_GRACE_S, on_message=self._on_message)
+        for task in tasks:
+            self._forget(task)
         self._run_commands()  # answer what came in meanwhile (the tasks are gone now)
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            if self._watchdog.heartbeat is not None:
+                self._watchdog.heartbeat.close(remove=True)
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.close()
@@ -372,21 +406,22 @@ class Worker:
         log.info("worker rank %d: task %s started as pid %s", self.rank, task.task_id, task.pid)
 
     def _on_message(self, task: TaskProcess, message: dict[str, Any]) -> None:
-        if message.get("type") == "hung":
-            self._on_hung(task, message)
+        """A task message that ``TaskProcess.receive`` did not already apply (none is expected)."""
+        log.debug("task %s: ignoring message %s", task.task_id, message.get("type"))
 
     def _end_task(self, task: TaskProcess, reason: str) -> str:
         """Checkpoint and stop ``task`` (killing it if it does not stop), then forget it."""
         task.busy = True
-        task.stop(reason, grace_s=_STOP_GRACE_S, on_message=self._on_message)
+        task.stop(reason, grace_s=STOP_GRACE_S, on_message=self._on_message)
         self._forget(task)
         return str(task.state)
 
     def _restart(self, task: TaskProcess, reason: str) -> None:
         task.busy = True
+        deadline = time.monotonic() + STOP_GRACE_S
         stop = {"cmd": "stop", "reason": reason, "restart": True}
-        task.request(stop, timeout_s=_STOP_GRACE_S, on_message=self._on_message)
-        task.wait_exit(_STOP_GRACE_S)
+        task.request(stop, timeout_s=STOP_GRACE_S, on_message=self._on_message)
+        task.wait_exit(max(0.0, deadline - time.monotonic()))
         if self._active is task:
             self._active = None
         self._spawn(task)
@@ -406,7 +441,7 @@ class Worker:
             reason = task.kill_reason or f"task process exited with code {code} before it ended"
             task.state = SideTaskState.FAILED
             self._emit_state(task, "FAIL", reason)
-        task.close_channel()
+        task.close()
         self._tasks.pop(task.task_id, None)
         if self._active is task:
             self._active = None
@@ -426,7 +461,7 @@ class Worker:
                 self._active = task
                 return
 
-    # -- edges and overruns --
+    # -- edges --
 
     def _watch_edges(self) -> None:
         """SIGSTOP/SIGCONT of the active task at bubble edges; stop when training closes."""
@@ -460,24 +495,6 @@ class Worker:
                 if not task.busy and self._active is task:
                     task.signal(signal.SIGSTOP)
         reader.close()
-
-    def _on_hung(self, task: TaskProcess, message: dict[str, Any]) -> None:
-        overrun_ms = int(message.get("overrun_ns", 0)) / 1e6
-        step_start_ns = int(message.get("step_start_ns", -1))
-        policy = task.spec.overrun_policy
-        what = f"a step is still running {overrun_ms:.0f} ms after its bubble ended"
-        if policy is OverrunPolicy.KILL:
-            hang = f"hang_after_s={task.spec.hang_after_s:g}"
-            task.kill(f"killed: {what} (overrun policy KILL, {hang})")
-            log.warning("task %s: %s", task.task_id, task.kill_reason)
-            return
-        if policy is OverrunPolicy.PAUSE:
-            task.signal(signal.SIGSTOP)  # the edge thread continues it at the next bubble
-            if step_start_ns != task.last_hung_step_ns:
-                self._emit_state(task, "OVERRUN", f"{what}; SIGSTOP until the next bubble (PAUSE)")
-        elif step_start_ns != task.last_hung_step_ns:
-            self._emit_state(task, "OVERRUN", f"{what} (overrun policy {policy})")
-        task.last_hung_step_ns = step_start_ns
 
     def _emit_state(self, task: TaskProcess, event: str, reason: str) -> None:
         self._sink.emit(
