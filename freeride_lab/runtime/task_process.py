@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -40,13 +41,16 @@ from typing import Any
 import freeride_lab
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.runtime.heartbeat import TaskBeacon
+from freeride_lab.runtime.messages import MAX_FRAME_BYTES, MessageError, decode_host_message
 from freeride_lab.runtime.proctree import kill_tree
 from freeride_lab.runtime.task_log import TaskLog
 from freeride_lab.runtime.taskspec import HostSpec, TaskSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STOP_GRACE_S", "TaskProcess", "child_env", "spawn_host", "stop_all"]
+_FRAME_TIMEOUT_S = 2  # a frame of the task channel arrives whole within this
+
+__all__ = ["STOP_GRACE_S", "TaskProcess", "child_env", "spawn_host", "stop_all", "worker_end"]
 
 #: How long a task may take to checkpoint and stop before it is killed: cleanup of any task
 #: (a hung one too) ends within this, well inside 10 s of a detach or stop.
@@ -65,6 +69,13 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     return env
+
+
+def worker_end(sock: socket.socket) -> Connection:
+    """The worker's end of a task channel: a frame whose header promises more bytes than
+    arrive within ``_FRAME_TIMEOUT_S`` fails the read instead of blocking the worker's loop."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _FRAME_TIMEOUT_S, 0))
+    return Connection(sock.detach())
 
 
 def spawn_host(
@@ -118,7 +129,7 @@ def spawn_host(
             beacon.close_fd()
         if task_log is not None:
             task_log.close_write_end()
-    return proc, Connection(ours.detach()), task_log
+    return proc, worker_end(ours), task_log
 
 
 class TaskProcess:
@@ -183,11 +194,12 @@ class TaskProcess:
         if self.conn is None:
             return None
         try:
-            message: dict[str, Any] = json.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
+            message = decode_host_message(self.conn.recv_bytes(MAX_FRAME_BYTES))
+        except (EOFError, OSError):  # gone, a frame over the cap, or one cut short
             self.close_channel()
             return None
-        except ValueError:
+        except MessageError as exc:
+            log.warning("task %s: ignored a bad message: %s", self.task_id, exc)
             return None
         kind = message.get("type")
         if kind == "state" and message.get("accepted"):

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import queue
@@ -59,6 +58,12 @@ from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.runtime.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.runtime.limits import GpuLimits, env_for, restart_fields
 from freeride_lab.runtime.loader import check_task_ref
+from freeride_lab.runtime.messages import (
+    MAX_FRAME_BYTES,
+    MessageError,
+    command_dict,
+    decode_command,
+)
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.signal import EdgeReader, Phase, edge_path
 from freeride_lab.runtime.sink import EventSink
@@ -256,11 +261,17 @@ class Worker:
                 timer.cancel()
             while True:
                 try:
-                    message = json.loads(conn.recv_bytes(1 << 20))
-                except (EOFError, OSError):
+                    raw = conn.recv_bytes(MAX_FRAME_BYTES)
+                except EOFError:
                     return
-                except ValueError as exc:
-                    conn.send_bytes(ev.to_json(self._ack("?", False, f"not JSON: {exc}")).encode())
+                except OSError as exc:  # a frame over the cap is not read: the stream is lost
+                    log.warning("worker: closed a control connection: %s", exc)
+                    return
+                try:
+                    message = command_dict(decode_command(raw))
+                except MessageError as exc:
+                    log.warning("worker: refused a command: %s", exc)
+                    conn.send_bytes(ev.to_json(self._ack("?", False, str(exc))).encode())
                     continue
                 reply: Reply = queue.Queue(maxsize=1)
                 self._commands.put((message, reply))
