@@ -12,17 +12,40 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal
 
 from freeride_lab.core.schedule import Schedule, torch_plan
 
-__all__ = ["MAX_MICROBATCHES", "MAX_STAGE_CHUNKS", "RunConfig"]
+__all__ = ["EXTRA_KEYS", "MAX_COST_MS", "MAX_MICROBATCHES", "MAX_STAGE_CHUNKS", "RunConfig"]
 
 # Bounds checked before torch's plan is built (building it is quadratic-ish in these sizes:
 # 100000 stages take minutes and gigabytes).
 MAX_STAGE_CHUNKS = 4096
 MAX_MICROBATCHES = 65536
+# Bounds a run can meet: beyond them a value is a typo, or fails only after the launch.
+_UPPER = {
+    "steps": 10**9,
+    "layers": 4096,
+    "d_model": 65536,
+    "heads": 4096,
+    "seq_len": 1 << 20,
+    "microbatch_size": 1 << 16,
+    "nnodes": 4096,
+}
+MAX_COST_MS = 3_600_000.0  # one synthetic action: an hour
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
+MAX_ACTIVATION_BYTES = 1 << 40  # one micro-batch's activations per block, float32: 1 TiB
+EXTRA_KEYS = (
+    "alternate_every",
+    "edges_factory",
+    "emulate",
+    "pg_timeout_s",
+    "stop_grace_s",
+    "timed",
+)
 
 Workload = Literal["text", "synthetic"]
 Device = Literal["cpu", "cuda"]
@@ -96,11 +119,22 @@ class RunConfig:
     def __post_init__(self, check_plan: bool = True) -> None:
         spec = Schedule.from_name(self.schedule)
         object.__setattr__(self, "schedule", spec.name)
-        for name in ("stages", "microbatches", "steps", "layers", "d_model", "heads",
-                     "seq_len", "microbatch_size", "nnodes"):
+        for name in (
+            "stages",
+            "microbatches",
+            "steps",
+            "layers",
+            "d_model",
+            "heads",
+            "seq_len",
+            "microbatch_size",
+            "nnodes",
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
+            if name in _UPPER and value > _UPPER[name]:
+                raise ValueError(f"{name}={value} is above the limit of {_UPPER[name]}")
         for name in ("seed", "node_rank"):
             value = getattr(self, name)
             if not _is_int(value):
@@ -119,16 +153,25 @@ class RunConfig:
                 finite = False
             if not finite or value < 0:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+            if name.endswith("_ms") and value > MAX_COST_MS:
+                raise ValueError(
+                    f"{name}={value!r} is above the limit of {MAX_COST_MS:g} (an hour)"
+                )
+        if not -(2**63) <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed={self.seed} must fit in 64 bits (-2**63 .. 2**64-1)")
         for name in ("workload", "device", "dtype", "master_addr", "bus_host"):
             value = getattr(self, name)
-            if not isinstance(value, str):
-                raise ValueError(f"{name}={value!r} must be a string")
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name}={value!r} must be a non-empty string")
         for name in ("backend", "text_path", "run_dir"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}={value!r} must be a string or None")
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra={self.extra!r} must be a dict")
+        _check_extra(self.extra)
+        if self.text_path is not None and not self.text_path.strip():
+            raise ValueError("text_path='' must name a file, or be None for the built-in text")
         if self.workload not in ("text", "synthetic"):
             raise ValueError(f"workload={self.workload!r}; valid: text, synthetic")
         if self.device not in ("cpu", "cuda"):
@@ -175,7 +218,20 @@ class RunConfig:
             raise ValueError(
                 f"microbatches={self.microbatches} is above the limit of {MAX_MICROBATCHES}"
             )
+        activation = self.microbatch_size * self.seq_len * self.d_model * 4
+        if self.workload == "text" and activation > MAX_ACTIVATION_BYTES:
+            raise ValueError(
+                f"microbatch_size x seq_len x d_model x 4 bytes = {activation} bytes per block "
+                f"is above {MAX_ACTIVATION_BYTES} (1 TiB); lower the sizes"
+            )
         if check_plan:
+            # a new run (run.json of an old one may name a file that has moved since)
+            if self.workload == "text" and self.text_path is not None:
+                if not os.path.isfile(self.text_path):
+                    raise ValueError(
+                        f"text_path={self.text_path!r} is not a file; pass an existing text "
+                        "file, or None for the built-in text"
+                    )
             torch_plan(spec, self.stages, self.microbatches, v)  # ValueError with torch's reason
 
     @property
@@ -196,11 +252,50 @@ class RunConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown RunConfig field(s) {unknown}; valid: {', '.join(sorted(names))}")
+            raise ValueError(
+                f"unknown RunConfig field(s) {unknown}; valid: {', '.join(sorted(names))}"
+            )
         return cls(**data, check_plan=check_plan)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _check_extra(extra: dict[str, Any]) -> None:
+    """The runtime's keys of ``extra`` by type and range; other keys are the user's notes and
+    must be plain JSON (they are stored in run.json and shown in reports)."""
+    for key, value in extra.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"extra key {key!r} must be a non-empty string")
+        if key in ("stop_grace_s", "pg_timeout_s"):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or not 0 < value <= 3600:
+                raise ValueError(f"extra[{key!r}]={value!r} must be seconds in (0, 3600]")
+        elif key == "alternate_every":
+            if not _is_int(value) or not 1 <= value <= 10**6:
+                raise ValueError(f"extra['alternate_every']={value!r} must be an integer 1..10**6")
+        elif key == "timed":
+            if not (value is True or value is False or value == "alternate"):
+                raise ValueError(f"extra['timed']={value!r} must be True, False or 'alternate'")
+        elif key == "edges_factory":
+            if value is not None and not (isinstance(value, str) and _REF.fullmatch(value)):
+                raise ValueError(
+                    f"extra['edges_factory']={value!r} must be 'package.module:function' or None"
+                )
+        elif key == "emulate":
+            if not isinstance(value, dict):
+                raise ValueError(f"extra['emulate']={value!r} must be a dict of settings")
+        else:
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"extra[{key!r}] must be plain JSON (no NaN, no objects): {exc}; "
+                    f"the runtime's keys are {', '.join(EXTRA_KEYS)}"
+                ) from None
+
+
+_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def _is_int(value: Any) -> bool:

@@ -35,6 +35,7 @@ and no plan arrays are built, which is what makes 1,024 stages x 8,192 micro-bat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,9 @@ PlanLike = Mapping[int, Sequence[Action | None]]
 # costs
 
 
+MAX_COST_MS = 3_600_000.0  # an hour: one action or gap longer than that is a typo
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Costs:
     """Action costs in ms: a scalar for every stage or one value per global stage.
@@ -121,17 +125,26 @@ class Costs:
             if f.name in ("comm_ms", "dispatch_ms", "optimizer_ms") or np.ndim(value) == 0:
                 if isinstance(value, bool) or not isinstance(value, int | float | np.number):
                     raise TypeError(f"{f.name}={value!r} must be a number of ms")
-                value = float(value)
-                if not np.isfinite(value) or value < 0:
-                    raise ValueError(f"{f.name}={value!r} must be a finite number of ms >= 0")
+                try:
+                    value = float(value)
+                except OverflowError:  # an int too large for a float
+                    value = math.inf
+                if not np.isfinite(value) or not 0 <= value <= MAX_COST_MS:
+                    raise ValueError(
+                        f"{f.name}={value!r} must be a finite number of ms in 0..{MAX_COST_MS:g} "
+                        "(an hour)"
+                    )
             else:
                 arr = np.asarray(value, dtype=float)
                 if arr.ndim != 1 or arr.size == 0:
                     raise ValueError(
                         f"{f.name} has shape {arr.shape}; give a scalar or one value per stage"
                     )
-                if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-                    raise ValueError(f"{f.name}={arr.tolist()} must be finite numbers of ms >= 0")
+                if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > MAX_COST_MS):
+                    raise ValueError(
+                        f"{f.name}={arr.tolist()} must be finite numbers of ms in "
+                        f"0..{MAX_COST_MS:g} (an hour)"
+                    )
                 lengths.add(arr.size)
                 value = tuple(float(x) for x in arr)
             object.__setattr__(self, f.name, value)
