@@ -23,7 +23,6 @@ from freeride_lab import cli
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
 from freeride_lab.runtime.launcher import RunState
-from freeride_lab.ui.dashboard import Dashboard, html_summary
 
 STARTUP_S = 240.0  # a fresh run on a loaded two-core box
 CONFIG = RunConfig(
@@ -240,6 +239,9 @@ def test_status_and_report_commands_work_on_a_damaged_event_file(
 def test_the_dashboard_draws_a_damaged_run(source: Source, tmp_path: Path, name: str) -> None:
     run, _ = damaged(source, tmp_path, EVENT_CASES[name].damage)
     session = Session.open(run)
+    pytest.importorskip("anywidget", reason="the notebook UI packages are not installed")
+    from freeride_lab.ui.dashboard import Dashboard, html_summary
+
     dashboard = Dashboard(session, tasks_dir=tmp_path / "tasks", busy_frac=1.0)
     try:
         dashboard.widget  # noqa: B018 - built, not started: the test ticks it itself

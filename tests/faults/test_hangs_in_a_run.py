@@ -27,7 +27,6 @@ from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
 from freeride_lab.runtime.launcher import RunState
 from freeride_lab.runtime.task_log import TASK_LOG_CAP_BYTES
-from freeride_lab.ui.dashboard import Dashboard
 
 pytestmark = pytest.mark.slow  # one training run of about two minutes on two CPU cores
 
@@ -153,6 +152,9 @@ def test_a_task_calling_sys_exit_in_its_step_fails_with_the_reason(run: Run) -> 
 
 def test_a_task_printing_100_mib_keeps_10_mb_of_log_and_the_dashboard_goes_on(run: Run) -> None:
     session = run.session
+    pytest.importorskip("anywidget", reason="the notebook UI packages are not installed")
+    from freeride_lab.ui.dashboard import Dashboard
+
     dashboard = Dashboard(session, interval_s=0.25).start()
     try:
         tid = run.ids["loud"] = session.attach(  # it prints 100 MiB as it starts

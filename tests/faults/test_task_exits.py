@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from unruly_tasks import ref
 
 from freeride_lab.core import events as ev
@@ -24,7 +22,6 @@ from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.signal import EdgeWriter, edge_path
 from freeride_lab.runtime.task_process import TaskProcess
 from freeride_lab.runtime.taskspec import HostSpec, TaskSpec
-from freeride_lab.ui.dashboard import user_tasks
 
 EXITS = {
     "exit": "SystemExit: 3",
@@ -142,12 +139,17 @@ TASK_CLASS = (
 
 
 @pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
+def shell() -> Any:
+    """An IPython kernel shell (skipped where the notebook packages are not installed)."""
+    for package in ("IPython", "anywidget", "plotly"):
+        pytest.importorskip(package, reason="the notebook UI packages are not installed")
+    from IPython.core.interactiveshell import InteractiveShell
+
     return InteractiveShell.instance()
 
 
 @pytest.fixture
-def ip(shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def ip(shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.chdir(tmp_path)
     shell.run_line_magic("load_ext", "freeride_lab")
     yield shell
@@ -156,8 +158,12 @@ def ip(shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("how", list(CELLS))
 def test_a_cell_task_leaving_by_the_back_door_is_refused_and_the_kernel_goes_on(
-    ip: InteractiveShell, tmp_path: Path, how: str
+    ip: Any, tmp_path: Path, how: str
 ) -> None:
+    from IPython.core.error import UsageError
+
+    from freeride_lab.ui.dashboard import user_tasks
+
     result = ip.run_cell(f"%%freeride_task rogue\n{TASK_CLASS}{CELLS[how]}", store_history=False)
     assert isinstance(result.error_in_exec, UsageError), repr(result.error_in_exec)
     assert str(result.error_in_exec).startswith(
