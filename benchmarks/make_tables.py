@@ -43,6 +43,9 @@ DOC = ROOT / "BENCHMARKS.md"
 #: The H200 results BENCHMARKS.md reports (the r4 calls of 2026-12-03).
 H200_M4 = "h200-2026-12-03-m4-timeslice-m4-mps-r4.json"
 H200_M8 = "h200-2026-12-03-m8-timeslice-r4.json"
+#: The H200 re-run of 2026-12-04 with per-run dedicated speeds and intervals: one M = 4
+#: time-sliced run measured in two calls (real stages 0-1, then 2-3), read as one result.
+H200_SPLIT = ("h200-2026-12-04-m4-timeslice-s01.json", "h200-2026-12-04-m4-timeslice-s23.json")
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -76,6 +79,19 @@ def raw(name: str) -> dict[str, Any]:
 def result(name: str) -> dict[str, Any]:
     """A committed result with its tables computed by today's arithmetic."""
     data = copy.deepcopy(raw(name))
+    fill_tables(data, stages=int(data["config"]["stages"]))
+    return data
+
+
+@cache
+def merged(names: tuple[str, ...]) -> dict[str, Any]:
+    """Results of one run measured over several calls (each a subset of the real stages),
+    as one result: their blocks and segments together, tables by today's arithmetic."""
+    data = copy.deepcopy(raw(names[0]))
+    for name in names[1:]:
+        more = raw(name)
+        data["blocks"] = [*data["blocks"], *more["blocks"]]
+        data["runs"] = [*data["runs"], *copy.deepcopy(more["runs"])]
     fill_tables(data, stages=int(data["config"]["stages"]))
     return data
 
@@ -144,13 +160,13 @@ def _first_of_run(rows: list[list[str]]) -> list[list[str]]:
 # -- BENCHMARKS.md tables ---------------------------------------------------------------------
 
 
-def h200_overhead() -> list[str]:
+def h200_overhead(pipeline_rows: list[tuple[str, dict[str, Any]]] | None = None) -> list[str]:
     rows = [
         [run_label(r["run"]), r["mode"], str(r["blocks_min"]),
          _iv(r, "overhead_all_stages_estimate", signed=True),
          _iv(r, "overhead_one_stage_mean", signed=True),
          f"{_iv(r, 'overhead_one_stage_worst', signed=True)} ({r['worst_task']})"]
-        for _, r in h200_rows()
+        for _, r in (h200_rows() if pipeline_rows is None else pipeline_rows)
     ]  # fmt: skip
     return _table(
         ["run", "mode", "blocks per mode", "**all stages at once (estimate)**",
@@ -159,14 +175,14 @@ def h200_overhead() -> list[str]:
     )  # fmt: skip
 
 
-def h200_harvest() -> list[str]:
+def h200_harvest(pipeline_rows: list[tuple[str, dict[str, Any]]] | None = None) -> list[str]:
     rows = [
         [run_label(r["run"]), r["mode"], _iv(r, "harvest", 1),
          f"{_iv(r, 'harvest_of_theory_limit', 0)} of {fmt_pct(r['bubble_limit_frac'], 1)}",
          f"{_iv(r, 'harvest_of_measured_idle', 0)} of {fmt_pct(r['idle_frac'], 1)}",
          f"{_iv(r, 'saving_published', 1)} / {_iv(r, 'saving_corrected', 1)}",
          f"{_ms(r, 'latency_p50')} / {_ms(r, 'latency_p99')}"]
-        for _, r in h200_rows()
+        for _, r in (h200_rows() if pipeline_rows is None else pipeline_rows)
     ]  # fmt: skip
     return _table(
         ["run", "mode", "harvest", "of the theory limit", "of the measured idle time",
@@ -227,10 +243,10 @@ def _spread() -> str:
     return f"{task}'s solo speed was " + " and ".join(parts)
 
 
-def h200_goals() -> list[str]:
+def h200_goals(results: list[dict[str, Any]] | None = None) -> list[str]:
     rows = []
-    for name in (H200_M4, H200_M8):
-        for c in result(name)["goal_checks"]:
+    for data in results if results is not None else [result(n) for n in (H200_M4, H200_M8)]:
+        for c in data["goal_checks"]:
             if c["case"] != "mix":
                 continue
             sign = "≤" if c["kind"] == "max" else "≥"
@@ -399,7 +415,28 @@ def cpu_dry_run() -> list[str]:
     ]  # fmt: skip
 
 
+def _split_rows() -> list[tuple[str, dict[str, Any]]]:
+    return [("", r) for r in merged(H200_SPLIT)["pipeline"] if r["case"] == "mix"]
+
+
+def h200_split_per_stage() -> list[str]:
+    rows = [
+        [str(r["stage"]), r["task"], r["mode"],
+         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
+                      signed=True),
+         fmt_interval(r["harvest_frac"], r["harvest_lo_frac"], r["harvest_hi_frac"], 1),
+         fmt_pct(r["idle_frac"], 0)]
+        for r in merged(H200_SPLIT)["summary"]
+        if r["case"] == "mix" and r["mode"] != "vanilla"
+    ]  # fmt: skip
+    return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04-overhead": lambda: h200_overhead(_split_rows()),
+    "h200-12-04-harvest": lambda: h200_harvest(_split_rows()),
+    "h200-12-04-per-stage": h200_split_per_stage,
+    "h200-12-04-goals": lambda: h200_goals([merged(H200_SPLIT)]),
     "h200-overhead": h200_overhead,
     "h200-harvest": h200_harvest,
     "h200-old-vs-new": h200_old_vs_new,
