@@ -36,8 +36,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from multiprocessing import AuthenticationError
@@ -45,10 +43,10 @@ from multiprocessing.connection import (
     Client,
     Connection,
     Listener,
-    answer_challenge,
-    deliver_challenge,
 )
 from typing import Any
+
+from freeride_lab.runtime.handshake import authenticate
 
 log = logging.getLogger(__name__)
 
@@ -125,18 +123,11 @@ class OwnerServer:
             ).start()
 
     def _serve(self, conn: Connection) -> None:
-        timer = threading.Timer(HANDSHAKE_TIMEOUT_S, _shutdown_socket, args=(conn,))
-        timer.daemon = True
-        timer.start()
         try:
-            try:
-                deliver_challenge(conn, self._secret)
-                answer_challenge(conn, self._secret)
-            except (AuthenticationError, EOFError, OSError, ValueError) as exc:
-                log.warning("owner channel: refused a connection: %s", exc or type(exc).__name__)
+            refusal = authenticate(conn, self._secret, timeout_s=HANDSHAKE_TIMEOUT_S)
+            if refusal is not None:
+                log.warning("owner channel: refused a connection: %s", refusal)
                 return
-            finally:
-                timer.cancel()
             try:
                 raw = conn.recv_bytes(MAX_REQUEST_BYTES)
             except (EOFError, OSError):
@@ -288,14 +279,3 @@ def _error(exc: Exception) -> dict[str, Any]:
     name = type(exc).__name__ if type(exc).__name__ in _ERRORS else "RuntimeError"
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
     return {"ok": False, "error": name, "message": str(text)}
-
-
-def _shutdown_socket(conn: Connection) -> None:
-    """Wake a thread blocked on ``conn`` (a silent peer in the handshake)."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:
-        return
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()

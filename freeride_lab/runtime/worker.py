@@ -47,14 +47,14 @@ import sys
 import threading
 import time
 import uuid
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection, Listener
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.runtime.handshake import authenticate
 from freeride_lab.runtime.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.runtime.limits import GpuLimits, env_for, restart_fields
 from freeride_lab.runtime.loader import check_task_ref
@@ -247,18 +247,11 @@ class Worker:
             ).start()
 
     def _serve_client(self, conn: Connection) -> None:
-        timer = threading.Timer(_HANDSHAKE_TIMEOUT_S, _shutdown_socket, args=(conn,))
-        timer.daemon = True
-        timer.start()
         try:
-            try:
-                deliver_challenge(conn, self._secret)
-                answer_challenge(conn, self._secret)
-            except (AuthenticationError, EOFError, OSError, ValueError) as exc:
-                log.warning("worker: refused a control connection: %s", exc or type(exc).__name__)
+            refusal = authenticate(conn, self._secret, timeout_s=_HANDSHAKE_TIMEOUT_S)
+            if refusal is not None:
+                log.warning("worker: refused a control connection: %s", refusal)
                 return
-            finally:
-                timer.cancel()
             while True:
                 try:
                     raw = conn.recv_bytes(MAX_FRAME_BYTES)
@@ -532,17 +525,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _shutdown_socket(conn: Connection) -> None:
-    """Wake a thread blocked on ``conn`` (a silent peer in the handshake)."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:
-        return
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
