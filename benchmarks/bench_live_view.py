@@ -21,7 +21,7 @@ twice a second the events that reached the session over the bus (``session.live_
 merges them into the tables) and the pump's ticks and redraws (any part of the dashboard) and
 the timeline's redraws.
 
-Goals (issue 4): ≥ 5,000 events/s ingested, ≤ 10 Hz redraws, < 100 ms cell latency (p95).
+Goals: ≥ 5,000 events/s ingested, ≤ 10 Hz redraws, < 100 ms cell latency (p95).
 Ratios are printed side by side: ``ingest_ratio`` = rate / 5,000 (≥ 1 meets it),
 ``redraw_ratio`` = peak redraw Hz / 10 and ``latency_ratio`` = p95 / 100 ms (≤ 1 meet them).
 """

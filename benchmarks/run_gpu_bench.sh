@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one GPU command of issue 5 (see BENCHMARKS.md): on one H200, from the repository root,
+# The one GPU command of the benchmark (see BENCHMARKS.md): on one H200, from the repository root,
 #
 #     bash benchmarks/run_gpu_bench.sh            # results land in $OUT (else benchmarks/results)
 #

@@ -94,7 +94,7 @@ _SHORT = ("vanilla", "managed", "naive")  # the later runs of --quick: no govern
 _POLL_S = 0.05
 Progress = Callable[[str], None]
 
-#: Issue 5's goals, with FreeRide's published numbers (paper notes §14) beside them.
+#: The benchmark's goals, with FreeRide's published numbers (paper notes §14) beside them.
 GOALS: dict[str, Any] = {
     "overhead_mean_frac_max": 0.003,
     "overhead_worst_frac_max": 0.006,

@@ -1,4 +1,4 @@
-"""Acceptance (issue 2): measured bubble fractions of real runs against theory.
+"""Acceptance: measured bubble fractions of real runs against theory.
 
 Each run is a real pipeline (``Session.launch``: torchrun, gloo, one process per rank) of
 sleep-timed synthetic stages. The measured fraction is the mean over ranks and over the steps

@@ -1,4 +1,4 @@
-"""Acceptance (issue 2): FreeRide's bubble labels A-D on real 1F1B runs.
+"""Acceptance: FreeRide's bubble labels A-D on real 1F1B runs.
 
 FreeRide's taxonomy per stage s of S (paper §3.2; ``core/bubbles.py`` [Note: FreeRide labels]):
 A = waiting for the first activation (s >= 1); B = waiting for the first gradient after the
@@ -28,7 +28,7 @@ from freeride_lab.runtime.launcher import RunState
 pytestmark = pytest.mark.timeout(900)
 
 MIN_MS = T_MS / 4
-PAPER_1F1B_S4_M4 = {0: "BDDD", 1: "ABDDC", 2: "ABDC", 3: "A"}  # issue 2's list, in time order
+PAPER_1F1B_S4_M4 = {0: "BDDD", 1: "ABDDC", 2: "ABDC", 3: "A"}  # the paper's list, in time order
 OTHER = Shape("1F1B", 3, 5)
 RUNS = [Shape("1F1B", 4, 4), OTHER]
 

@@ -1,4 +1,4 @@
-"""Acceptance (issue 2): a Session run on CUDA (marker ``gpu``; skipped without a GPU).
+"""Acceptance: a Session run on CUDA (marker ``gpu``; skipped without a GPU).
 
 The CPU claims of the run's lifecycle are proven in ``tests/lab/test_session.py`` and are not
 repeated here: ``test_stop_leaves_no_process_of_the_run`` (after ``stop()`` no process of the

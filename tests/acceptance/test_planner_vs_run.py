@@ -1,4 +1,4 @@
-"""Acceptance (issue 2): the planner predicts a real run's bubbles from its measured durations.
+"""Acceptance: the planner predicts a real run's bubbles from its measured durations.
 
 ``compare_with_run`` takes a real run's actions table, builds ``Costs.from_actions`` from it
 (median duration per stage and action kind, plus the dispatch and communication overheads it

@@ -1,4 +1,4 @@
-"""User strings holding HTML render inert in the real browser (issue 6 §4): a side task whose unit
+"""User strings holding HTML render inert in the real browser: a side task whose unit
 is ``<img src=x onerror=alert(1)>`` and a config whose ``extra`` holds ``<script>alert(1)</script>``
 show as text in the dashboard (JupyterLab, system Chromium) and in the report ``session.report``
 writes (opened from disk): no dialog opens, no element of theirs exists, the text is visible.

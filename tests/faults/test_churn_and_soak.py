@@ -1,4 +1,4 @@
-"""Churn and soak (issue 6 §5): attach/tune/detach cycles during one CPU run, and a long run with
+"""Churn and soak: attach/tune/detach cycles during one CPU run, and a long run with
 a side task, watching the launching process for leaks.
 
 - churn: N cycles of attach (re-attach by id) → a step of progress → tune → detach on one

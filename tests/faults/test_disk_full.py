@@ -1,4 +1,4 @@
-"""A disk that fills while a run writes its events (issue 6 §1): training is not stopped by
+"""A disk that fills while a run writes its events: training is not stopped by
 telemetry, events that cannot be written wait in a bounded backlog (beyond it they are dropped
 and counted), writing resumes once there is room again, and the run directory stays readable.
 

@@ -1,4 +1,4 @@
-"""GPU faults (issue 6 §1, marker ``gpu``; skipped on a machine without CUDA or MPS): a CUDA
+"""GPU faults (marker ``gpu``; skipped on a machine without CUDA or MPS): a CUDA
 training rank served by the run's private MPS daemon is killed with SIGKILL. Within 10 s the
 session names the rank and the signal, the MPS daemon (control and server) is gone and no
 process of the run is left. Processes are found by walking the process table, not through our

@@ -1,4 +1,4 @@
-"""Launch faults (issue 6 §1): a full disk or an unwritable run directory at launch gives one
+"""Launch faults: a full disk or an unwritable run directory at launch gives one
 clear error and starts nothing. (A path through a file is covered by
 ``tests/lab/test_session.py::test_unwritable_run_dir_raises_os_error_naming_the_path``.)
 

@@ -1,4 +1,4 @@
-"""Side-task faults in a real run (issue 6 §1, §4): a side task killed with SIGKILL, its worker
+"""Side-task faults in a real run: a side task killed with SIGKILL, its worker
 killed with SIGKILL, a task that raises in teardown, and user strings holding HTML.
 
 One 2-stage sleep-timed CPU run (torchrun, gloo) serves the module: stage 0's worker runs, in
