@@ -1,8 +1,8 @@
 """freeride_lab: measure the bubbles of pipeline-parallel training and run side tasks inside them.
 
-    >>> from freeride_lab import RunConfig, Session          # doctest: +SKIP
-    >>> s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=4, steps=10))
-    >>> s.bubbles.head()
+    from freeride_lab import RunConfig, Session
+    s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=4, steps=10))
+    s.bubbles.head()
 
 In Jupyter: ``%load_ext freeride_lab`` then ``%freeride launch --stages 4``.
 Importing this package is cheap: names load on first use.

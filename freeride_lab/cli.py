@@ -276,7 +276,7 @@ def _report(session: Session) -> int:
         bubbles = bubbles[bubbles["step"].isin(kept)]
         per_kind = bubbles.pivot_table(
             index=["rank", "stage"], columns="kind", values="duration_ms", aggfunc="sum"
-        ).reindex(columns=["warmup", "steady", "cooldown", "end"])
+        ).reindex(columns=["warmup", "steady", "cooldown", "end", "boundary"])
         per_kind = per_kind.fillna(0.0) / len(kept)
         per_kind["total_ms"] = per_kind.sum(axis=1)
         per_kind["n_bubbles"] = bubbles.groupby(["rank", "stage"]).size() / len(kept)

@@ -9,6 +9,28 @@ the **global** window of a step (earliest action start on any rank → latest ac
 rank); per-rank windows give fractions that fall with rank index and must never be compared
 with ``theory_bubble_fraction``.
 
+[Note: step boundary bubbles]
+Between two steps each rank idles too: after its last action it waits for the window to end,
+runs its optimizer, agrees on stopping with the other ranks and waits for its first input of
+the next step. Given the run's ``steps`` table (the optimizer spans), ``extract_bubbles``
+covers that time as well: the optimizer is compute (busy, like an action), and the idle after
+the step's window end up to the next step's window start is a bubble of kind "boundary".
+
+A boundary bubble belongs to the step it **follows**: step s of rank r then spans
+[window start of s, window start of s+1) — the start-to-start step time that benchmarks
+report — and, per rank and step, merged actions + optimizer + bubbles = that span exactly.
+The boundary rows come after the step's in-window gaps, so slot k keeps its meaning in every
+step (``predict_bubbles`` groups by slot); putting them first would shift every slot of every
+step but the first. The last recorded step has no next window: it ends at its window end, or
+at the rank's optimizer end when that is later.
+
+The live bubble edges (``runtime.timed_stage``, [Note: bubble slots] there) announce the idle
+from the optimizer's end to the first action of step s+1 as one slot, slot 0 of step s+1
+(``carry_gap``), so that one prediction covers it. In this table that span is step s's last
+boundary row plus step s+1's leading row, cut at step s+1's window start: together they are
+the carried slot, and no instant is counted twice. A side task that ran in a carried slot
+reports the step of its edge (s+1), so join side-task steps to bubbles by time, not by step.
+
     >>> import pandas as pd
     >>> acts = pd.DataFrame({"step": [0, 0], "rank": [0, 1], "stage": [0, 1],
     ...                      "action": ["F", "F"], "microbatch": [0, 0],
@@ -48,6 +70,7 @@ Method = Literal["min", "percentile"]
 _STR = "str" if int(pd.__version__.split(".")[0]) >= 3 else "object"
 
 _ACTION_COLUMNS = ("step", "rank", "stage", "action", "microbatch", "start_ms", "end_ms")
+_OPTIMIZER_COLUMNS = ("step", "rank", "optimizer_start_ms", "optimizer_end_ms")
 _BACKWARDS = ("B", "I")  # backward-type actions that start a rank's backward phase
 
 _WINDOW_SCHEMA: dict[str, str] = {
@@ -127,45 +150,61 @@ def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
 #      On the last stage (s = S-1) the trailing gap to the window end is labelled A too:
 #      the paper merges that drain idle into the next step's A (it is one idle span that
 #      crosses the step boundary, cut in two by our per-step windows), so the last stage
-#      shows only A — twice per step, fill (slot 0, kind "warmup") and drain (last slot,
-#      kind "end").
+#      shows only A — twice per step, fill (slot 0, kind "warmup") and drain (kind "end").
+#      Boundary gaps (after the window end, [Note: step boundary bubbles]) on s >= 1 are A
+#      as well: the step is over and the rank waits for the next step's first input.
 #   B  the gap right before the rank's first backward when the action before it is a
 #      forward (the last warm-up forward), s <= S-2: waiting for the first gradient.
 #   D  a gap between two consecutive backwards, s <= S-2: the cool-down slot where 1F1B
 #      would interleave a forward but none is left. Torch's 1F1B runs min(M, S-s) warm-up
 #      forwards, so there are min(M, S-s) - 1 = min(M-1, S-1-s) such gaps.
-#   C  the trailing gap after the rank's last action, 1 <= s <= S-2: waiting for earlier
-#      stages to drain (stage 0 ends the window, so it has none).
-# Any other gap (sub-ms dispatch between two warm-up forwards, the loss between the last
-# stage's F and B, steady-state jitter) gets no label; ``min_ms`` drops such slivers so
-# that slots line up with the idealised schedule.
+#   C  the trailing gap after the rank's last action up to the window end, 1 <= s <= S-2:
+#      waiting for earlier stages to drain (stage 0 ends the window, so it has none).
+# Any other gap (sub-ms dispatch between two warm-up forwards or around the last stage's F,
+# whose loss is timed inside it, steady-state jitter) gets no label; ``min_ms`` drops such
+# slivers so that slots line up with the idealised schedule.
 
 
 def extract_bubbles(
     actions: pd.DataFrame,
     *,
+    steps: pd.DataFrame | None = None,
     schedule: str | None = None,
     stages: int | None = None,
     microbatches: int | None = None,
     chunks: int | None = None,
     min_ms: float = 0.0,
 ) -> pd.DataFrame:
-    """Idle gaps of each rank inside each step's global window, in time order.
+    """Idle gaps of each rank in each step, in time order.
 
-    For each (step, rank) the gaps are: window start → first action, between consecutive
-    actions (overlapping actions are merged), last action → window end. Only gaps longer
-    than ``min_ms`` are kept; real runs have sub-ms dispatch and communication gaps between
-    every pair of actions, so pass e.g. ``min_ms=1.0`` to keep only schedule bubbles.
+    Without ``steps`` the gaps lie inside each step's global window: for each (step, rank),
+    window start → first action, between consecutive actions (overlapping actions are merged),
+    last action → window end. With ``steps`` the table is complete (see [Note: step boundary
+    bubbles]): each rank's optimizer counts as busy, and the idle from the window end to the
+    next step's window start is added as "boundary" gaps. Only gaps longer than ``min_ms`` are
+    kept; real runs have sub-ms dispatch and communication gaps between every pair of actions,
+    so pass e.g. ``min_ms=1.0`` to keep only schedule bubbles.
+
+    With ``steps`` and ``min_ms=0``, per (step, rank): merged actions + optimizer + the gaps'
+    ``duration_ms`` = the step's span, from its window start to the next step's window start
+    (for the last recorded step: to the later of its window end and the rank's optimizer end),
+    and no gap overlaps an action or the optimizer. Steps must not overlap in time (in a run
+    every rank's step s ends before any rank's step s+1 starts: the ranks agree on stopping
+    in between).
 
     ``kind`` says where a gap sits in the rank's step ("backward-type" = B or I):
 
-    - "end": the trailing gap, last action → window end;
+    - "boundary": after the step's window end (needs ``steps``);
+    - "end": after the rank's last action, up to the window end;
     - "warmup": before the rank's first backward-type action starts (every gap when the
       rank runs no backward);
     - "cooldown": after the rank's last forward ended;
     - "steady": between the two (after the first backward started, before the last forward).
 
     Args:
+        steps: the run's steps table (``lab.tables.steps_frame``): columns step, rank,
+            optimizer_start_ms, optimizer_end_ms (same clock as ``actions``; NaN: unknown).
+            None keeps to the windows, as ``bubble_fraction`` and ``summary`` do.
         schedule: labels A-D are set only for 1F1B (see [Note: FreeRide labels] in this
             module); other schedules and None leave ``label`` NaN.
         stages: pipeline ranks S (to know the last stage); None infers max(stage) + 1.
@@ -178,15 +217,17 @@ def extract_bubbles(
         Columns, in order: step, rank, stage (the rank's lowest stage index), slot (0-based
         index of the gap among the rank's kept gaps in the step, in time order) (int64);
         start_ms, end_ms, duration_ms (float64); kind, label ("A".."D" or NaN), before
-        (short form of the action after the gap, e.g. "1B0"; "" for the trailing gap),
-        after (short form of the action before the gap; "" for the leading gap) (str).
-        Sorted by step, rank, start_ms.
+        (short form of the action after the gap, e.g. "1B0", or "optimizer"; "" when the gap
+        ends at a window edge), after (the same for what precedes the gap; "" when it starts
+        at a window edge) (str). Sorted by step, rank, start_ms.
 
     Raises:
         ValueError: missing columns, negative ``min_ms``, an unknown schedule / chunks, or
             ``stages`` below a stage present in ``actions``.
     """
     _require(actions, _ACTION_COLUMNS, "actions")
+    if steps is not None:
+        _require(steps, _OPTIMIZER_COLUMNS, "steps")
     if min_ms < 0 or not math.isfinite(min_ms):
         raise ValueError(f"min_ms={min_ms} must be a finite number >= 0; use 0.0 to keep all gaps")
     spec = Schedule.from_name(schedule) if schedule is not None else None
@@ -197,53 +238,30 @@ def extract_bubbles(
 
     a = _sorted_actions(actions)
     keys = [a["step"], a["rank"]]
-    win = step_windows(a).set_index("step")
-    win_start = a["step"].map(win["start_ms"])
-    win_end = a["step"].map(win["end_ms"])
     pos = a.groupby(keys, sort=False).cumcount()
     n = pos.groupby(keys).transform("size")
-    reach = a["end_ms"].groupby(keys).cummax()  # latest end so far: merges overlaps
-    short = a["stage"].astype(str) + a["action"] + a["microbatch"].astype(str)
     is_fwd = a["action"].eq("F")
     is_bwd = a["action"].isin(_BACKWARDS)
-    first_bwd = pos.where(is_bwd).groupby(keys).transform("min").fillna(n)
-    last_fwd = pos.where(is_fwd).groupby(keys).transform("max").fillna(-1)
-
-    inner = pd.DataFrame(
+    busy = pd.DataFrame(
         {
             "step": a["step"],
             "rank": a["rank"],
-            "pos": pos,
+            "start_ms": a["start_ms"],
+            "end_ms": a["end_ms"],
+            "pos": pos,  # index of the action in the rank's step; n for the optimizer
             "n": n,
-            "start_ms": reach.groupby(keys).shift(1).fillna(win_start),
-            "end_ms": a["start_ms"],
-            "before": short,
-            "after": short.groupby(keys).shift(1).fillna(""),
-            "next_kind": a["action"],
-            "prev_kind": a["action"].groupby(keys).shift(1).fillna(""),
-            "first_bwd": first_bwd,
-            "last_fwd": last_fwd,
+            "first_bwd": pos.where(is_bwd).groupby(keys).transform("min").fillna(n),
+            "last_fwd": pos.where(is_fwd).groupby(keys).transform("max").fillna(-1),
+            "short": a["stage"].astype(str) + a["action"] + a["microbatch"].astype(str),
+            "kind": a["action"],
         }
     )
-    last = pos.eq(n - 1)
-    trailing = pd.DataFrame(
-        {
-            "step": a["step"][last],
-            "rank": a["rank"][last],
-            "pos": n[last],
-            "n": n[last],
-            "start_ms": reach.groupby(keys).transform("max")[last],
-            "end_ms": win_end[last],
-            "before": "",
-            "after": short[last],
-            "next_kind": "",
-            "prev_kind": a["action"][last],
-            "first_bwd": first_bwd[last],
-            "last_fwd": last_fwd[last],
-        }
-    )
-    g = pd.concat([inner, trailing], ignore_index=True)
-    g["duration_ms"] = g["end_ms"] - g["start_ms"]
+    if steps is not None:
+        busy = pd.concat([busy, _optimizer_spans(steps, busy)], ignore_index=True)
+        busy = busy.sort_values(["step", "rank", "start_ms", "end_ms"], kind="stable")
+        busy = busy.reset_index(drop=True)
+
+    g = _gaps(busy, step_windows(a).set_index("step"), to_next_window=steps is not None)
     g = g[g["duration_ms"] > min_ms]
     g = g.sort_values(["step", "rank", "start_ms"], kind="stable").reset_index(drop=True)
 
@@ -252,8 +270,8 @@ def extract_bubbles(
     g["slot"] = g.groupby(["step", "rank"], sort=False).cumcount()
     is_end = g["pos"].eq(g["n"])
     g["kind"] = np.select(
-        [is_end, g["pos"] <= g["first_bwd"], g["pos"] > g["last_fwd"]],
-        ["end", "warmup", "cooldown"],
+        [g["boundary"], is_end, g["pos"] <= g["first_bwd"], g["pos"] > g["last_fwd"]],
+        ["boundary", "end", "warmup", "cooldown"],
         "steady",
     )
     g["label"] = np.nan
@@ -269,6 +287,70 @@ def extract_bubbles(
     return _typed(g, _BUBBLE_SCHEMA)
 
 
+def _optimizer_spans(steps: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
+    """Busy rows for the optimizer of each (step, rank) that has actions; after every action."""
+    per_rank = busy.groupby(["step", "rank"], sort=False)[["n", "first_bwd", "last_fwd"]].first()
+    o = steps[list(_OPTIMIZER_COLUMNS)].copy()
+    o["start_ms"] = pd.to_numeric(o["optimizer_start_ms"], errors="coerce")
+    o["end_ms"] = pd.to_numeric(o["optimizer_end_ms"], errors="coerce")
+    o = o[o["start_ms"].notna() & (o["end_ms"] >= o["start_ms"])]
+    o = o.astype({"step": "int64", "rank": "int64"}).drop_duplicates(["step", "rank"], keep="last")
+    o = o.join(per_rank, on=["step", "rank"], how="inner")
+    o["pos"] = o["n"]
+    o["short"] = "optimizer"
+    o["kind"] = "optimizer"
+    return o[list(busy.columns)]
+
+
+def _gaps(busy: pd.DataFrame, windows: pd.DataFrame, *, to_next_window: bool) -> pd.DataFrame:
+    """The idle gaps around ``busy`` (sorted by step, rank, start) per (step, rank).
+
+    Each (step, rank) spans [window start, end): end is the window end, or with
+    ``to_next_window`` the next step's window start when that step was recorded; never before
+    the rank's last busy moment. Gaps that cross the window end are cut there; the part after
+    it is a boundary gap (column ``boundary``).
+    """
+    keys = [busy["step"], busy["rank"]]
+    win_start = busy["step"].map(windows["start_ms"])
+    win_end = busy["step"].map(windows["end_ms"])
+    reach = busy["end_ms"].groupby(keys).cummax()  # latest end so far: merges overlaps
+    span_end = win_end
+    if to_next_window:
+        next_start = windows["start_ms"].reindex(windows.index + 1).to_numpy()
+        following = pd.Series(next_start, index=windows.index)
+        span_end = busy["step"].map(following).fillna(win_end)
+    span_end = np.maximum(span_end, reach.groupby(keys).transform("max"))
+    cols = ["step", "rank", "pos", "n", "first_bwd", "last_fwd"]
+    inner = busy[cols].assign(
+        start_ms=reach.groupby(keys).shift(1).fillna(win_start),
+        end_ms=busy["start_ms"],
+        before=busy["short"],
+        after=busy["short"].groupby(keys).shift(1).fillna(""),
+        next_kind=busy["kind"],
+        prev_kind=busy["kind"].groupby(keys).shift(1).fillna(""),
+        win_end=win_end,
+    )
+    last = ~busy.duplicated(["step", "rank"], keep="last")
+    trailing = busy.loc[last, cols].assign(
+        pos=busy["n"][last],
+        start_ms=reach[last],
+        end_ms=span_end[last],
+        before="",
+        after=busy["short"][last],
+        next_kind="",
+        prev_kind=busy["kind"][last],
+        win_end=win_end[last],
+    )
+    g = pd.concat([inner, trailing], ignore_index=True)
+    cross = (g["start_ms"] < g["win_end"]) & (g["end_ms"] > g["win_end"])
+    head = g[cross].assign(end_ms=g["win_end"][cross], before="")
+    tail = g[cross].assign(start_ms=g["win_end"][cross], after="")
+    g = pd.concat([g[~cross], head, tail], ignore_index=True)
+    g["boundary"] = g["start_ms"] >= g["win_end"]
+    g["duration_ms"] = g["end_ms"] - g["start_ms"]
+    return g
+
+
 def _freeride_labels(g: pd.DataFrame, n_stages: int) -> pd.Series:
     """A-D per gap of a 1F1B step (see [Note: FreeRide labels]); NaN where none applies."""
     s = g["stage"]
@@ -278,13 +360,14 @@ def _freeride_labels(g: pd.DataFrame, n_stages: int) -> pd.Series:
     prev_bwd = g["prev_kind"].isin(_BACKWARDS)
     labels = np.select(
         [
+            g["boundary"] & (s >= 1),
             g["pos"].eq(0) & ~is_end & (s >= 1),
             is_end & (s == n_stages - 1) & (n_stages >= 2),
             is_end & (s >= 1) & inner_stage,
             next_bwd & g["pos"].eq(g["first_bwd"]) & g["prev_kind"].eq("F") & inner_stage,
             next_bwd & prev_bwd & inner_stage,
         ],
-        ["A", "A", "C", "B", "D"],
+        ["A", "A", "A", "C", "B", "D"],
         default="",
     )
     return pd.Series(labels, index=g.index).replace("", np.nan)
@@ -304,7 +387,8 @@ def bubble_fraction(actions: pd.DataFrame) -> pd.DataFrame:
 
     idle_ms = window_ms - busy_ms, where busy_ms is the union of the rank's action intervals
     (overlapping actions counted once); idle_frac = idle_ms / window_ms (NaN for an empty
-    window). Equals the summed ``duration_ms`` of ``extract_bubbles(actions)`` per (step, rank).
+    window). Equals the summed ``duration_ms`` of ``extract_bubbles(actions)`` (no ``steps``:
+    window gaps only) per (step, rank).
 
     Columns, in order: rank, step (int64), window_ms, busy_ms, idle_ms, idle_frac (float64).
     Sorted by rank, step.

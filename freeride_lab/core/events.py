@@ -62,6 +62,8 @@ class RankStarted(Event):
     device: str
     t_ns: int
     clock_offset_ns: int = 0  # added to this host's time.time_ns to get run time
+    clock_uncertainty_ns: int = 0  # bound on the offset's error (RTT / 2; 0: exact, same host)
+    clock_rtt_ns: int = 0  # round trip of the clock exchange the offset came from
 
 
 @dataclass(frozen=True, kw_only=True)

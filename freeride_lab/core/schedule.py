@@ -7,7 +7,7 @@ is exactly what ``torch.distributed.pipelining`` will run — no process group i
     >>> Schedule.from_name("1f1b").name
     '1F1B'
     >>> Action.parse("2W3")
-    Action(stage=2, kind=<ActionKind.WEIGHT: 'W'>, microbatch=3)
+    Action(stage=2, kind=<ActionKind.BACKWARD_WEIGHT: 'W'>, microbatch=3)
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """``Session``: one pipeline training run, owned from a notebook kernel or the CLI.
 
-    >>> s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=8))  # doctest: +SKIP
-    >>> s                                    # returns at once; training runs in the background
-    <Session run_id='20250101-120000-1f1b-p4m8-1a2b' state=running step=3/20>
-    >>> s.bubbles.head(); s.summary()        # tables fill while the run goes on
-    >>> s.wait()                             # 'finished' | 'failed' | 'stopped'
-    >>> s.stop()                             # TERM → grace → KILL; idempotent
+    s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=8))
+    s                                    # returns at once; training runs in the background
+    # <Session run_id='20250101-120000-1f1b-p4m8-1a2b' state=running step=3/20>
+    s.bubbles.head(); s.summary()        # tables fill while the run goes on
+    s.wait()                             # 'finished' | 'failed' | 'stopped'
+    s.stop()                             # TERM → grace → KILL; idempotent
 
-    >>> with Session.launch(config) as s:    # stop() on exit, whatever happens
-    ...     s.wait()
+    with Session.launch(config) as s:    # stop() on exit, whatever happens
+        s.wait()
 
-    >>> Session.open("runs/20250101-…")      # a finished or running run, from its files alone
+    Session.open("runs/20250101-…")      # a finished or running run, from its files alone
 
-    >>> s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
-    >>> s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
+    s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
+    s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
 
 Processes: the Session starts one launcher (``python -m freeride_lab.runtime.launcher``) in the
 caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping
@@ -863,20 +863,24 @@ class Session(SideTaskControls):
 
     @property
     def bubbles(self) -> pd.DataFrame:
-        """Idle gaps per (step, rank), from ``freeride_lab.core.bubbles.extract_bubbles``."""
-        return self._bubbles_of(self.actions)
+        """Idle gaps per (step, rank), from ``freeride_lab.core.bubbles.extract_bubbles``: the
+        windows' gaps and, between steps, "boundary" gaps (the optimizer counts as busy)."""
+        return self._bubbles_of(self.actions, self.steps)
 
     def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame:
         """The bubbles of the last ``steps`` recorded steps (enough for predictions: k=5)."""
-        actions = self.actions
+        actions, table = self.actions, self.steps
         if not actions.empty:
-            actions = actions[actions["step"] > int(actions["step"].max()) - steps]
-        return self._bubbles_of(actions)
+            first = int(actions["step"].max()) - steps + 1
+            actions = actions[actions["step"] >= first]
+            table = table[table["step"] >= first]
+        return self._bubbles_of(actions, table)
 
-    def _bubbles_of(self, actions: pd.DataFrame) -> pd.DataFrame:
+    def _bubbles_of(self, actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         cfg = self.config
         return core_bubbles.extract_bubbles(
             actions,
+            steps=steps,
             schedule=cfg.schedule,
             stages=cfg.stages,
             microbatches=cfg.microbatches,

@@ -76,6 +76,8 @@ _STEP_SCHEMA: dict[str, str] = {
     "optimizer_ms": "float64",
     "loss": "float64",
     "tokens": "int64",
+    "optimizer_start_ms": "float64",
+    "optimizer_end_ms": "float64",
 }
 _MEMORY_SCHEMA: dict[str, str] = {
     "step": "int64",
@@ -181,9 +183,10 @@ def _actions_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
 def steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataFrame:
     """One row per (step, rank) ``step`` event.
 
-    Columns, in order: step, rank (int64); start_ms, end_ms, duration_ms (the schedule window),
-    optimizer_ms, loss (NaN except on the last stage) (float64); tokens (int64).
-    Sorted by step, rank.
+    Columns, in order: step, rank (int64); start_ms, end_ms, duration_ms (the rank's schedule
+    window), optimizer_ms, loss (NaN except on the last stage) (float64); tokens (int64);
+    optimizer_start_ms, optimizer_end_ms (float64; what ``core.bubbles.extract_bubbles`` needs
+    to count the optimizer as busy). Sorted by step, rank.
     """
     rows = [e for e in events if e.get("kind") == "step"]
     if not rows:
@@ -197,6 +200,8 @@ def _steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     f["end_ms"] = (f["end_ns"] - t0) / _NS
     f["duration_ms"] = (f["end_ns"] - f["start_ns"]) / _NS
     f["optimizer_ms"] = (f["optimizer_end_ns"] - f["optimizer_start_ns"]) / _NS
+    f["optimizer_start_ms"] = (f["optimizer_start_ns"] - t0) / _NS
+    f["optimizer_end_ms"] = (f["optimizer_end_ns"] - t0) / _NS
     f["loss"] = pd.to_numeric(f["loss"], errors="coerce")
     f["tokens"] = f["tokens"].fillna(0)
     return _typed(f.sort_values(["step", "rank"], kind="stable"), _STEP_SCHEMA)

@@ -8,6 +8,7 @@ with the configured ``torch.distributed.pipelining`` schedule, writing events to
 ``DIR/events/rank-<r>.jsonl``:
 
     RankStarted                        first, after the process group and clock sync are up
+                                       (clock offset, its uncertainty and round trip)
     per step: ActionTimed x actions    one per F/B/I/W this rank ran, in start order
               StepTimed                schedule window, optimizer span, loss (last stage), tokens
               MemoryReport             CUDA: peak reserved / device total; CPU: RSS / RAM
@@ -69,7 +70,7 @@ from freeride_lab.core.events import (
 )
 from freeride_lab.core.models import GPTConfig, build_stage_chunks
 from freeride_lab.core.schedule import Schedule, stage_indices
-from freeride_lab.runtime.clock import sync_clock
+from freeride_lab.runtime.clock import ClockSync, sync_clock
 from freeride_lab.runtime.data import SyntheticBatches, TextBatches
 from freeride_lab.runtime.emulate import EMULATE_KEY, Emulation
 from freeride_lab.runtime.rundir import RunDir
@@ -153,6 +154,7 @@ class RankRunner:
         )
         self.dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         self.clock_offset_ns = 0
+        self.clock: ClockSync | None = None
         self.steps_done = 0
         self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._schedules: dict[bool, Any] = {}
@@ -182,15 +184,24 @@ class RankRunner:
         self._check_torch_supports_layout()
         timeout = timedelta(seconds=float(cfg.extra.get("pg_timeout_s", 600)))
         dist.init_process_group(backend=cfg.backend, timeout=timeout)
-        clock = sync_clock(device=self.device)
+        clock = self.clock = sync_clock()
         self.clock_offset_ns = clock.offset_ns
         log.info(
-            "rank %d clock offset %d ns (rtt %d ns, same host %s)",
+            "rank %d clock offset %d ns ± %d ns (rtt %d ns, measured %d ns, same host %s)",
             self.env.rank,
             clock.offset_ns,
+            clock.uncertainty_ns,
             clock.rtt_ns,
+            clock.measured_offset_ns,
             clock.same_host,
         )
+        if clock.same_host and abs(clock.measured_offset_ns) > clock.rtt_ns // 2 + 1_000:
+            log.warning(  # one clock, so the exchange must find ~0: its transport misbehaves
+                "rank %d shares rank 0's clock but the exchange measured %d ns (rtt %d ns)",
+                self.env.rank,
+                clock.measured_offset_ns,
+                clock.rtt_ns,
+            )
         edges = self.edges = self._make_edges()
         self.recorder = ActionRecorder(
             device=self.device,
@@ -203,11 +214,13 @@ class RankRunner:
             m.to(device=self.device, dtype=self.dtype)  # casts floating tensors only
         params = [p for m in modules for p in m.parameters()]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-        loss_fn = _text_loss if cfg.workload == "text" else _synthetic_loss
+        plain_loss = _text_loss if cfg.workload == "text" else _synthetic_loss
         modes = {"alternate": (True, False), True: (True,), False: (False,)}[self.timed]
         for timed in modes:
             pairs = zip(modules, self.stage_ids, strict=True)
             stages = [self._make_stage(m, i, timed) for m, i in pairs]
+            # timed: the loss is part of the last stage's F ([Note: loss in the forward])
+            loss_fn = self.recorder.timed_loss(plain_loss) if timed else plain_loss
             cls = getattr(torch_schedules, self.spec.torch_class, None)
             if cls is None:
                 raise RuntimeError(
@@ -377,6 +390,8 @@ class RankRunner:
             device=str(self.device),
             t_ns=time.time_ns() + self.clock_offset_ns,
             clock_offset_ns=self.clock_offset_ns,
+            clock_uncertainty_ns=self.clock.uncertainty_ns if self.clock is not None else 0,
+            clock_rtt_ns=self.clock.rtt_ns if self.clock is not None else 0,
         )
 
     def run(self) -> int:

@@ -31,7 +31,19 @@ stage of 1F1B that wait is most of the drain bubble ((S-1)·B) plus the fill bub
 one idle span that FreeRide treats as one bubble. ``carry_gap(step + 1)``, called after the
 optimizer, opens the next step's slot 0 at once, and ``begin_step`` keeps it open, so slot 0
 runs from the optimizer's end to the first action and a side task sees the whole span with
-one prediction instead of missing the part outside the schedule window.
+one prediction instead of missing the part outside the schedule window. The bubbles table
+(``core.bubbles`` [Note: step boundary bubbles]) holds the same span as step s's "boundary"
+bubble up to step s+1's window start plus step s+1's leading bubble: nothing counted twice.
+
+[Note: loss in the forward]
+Torch computes the last stage's loss right after ``forward_one_chunk`` returns, as part of the
+same forward action (``_maybe_compute_loss`` in every schedule's F branch), outside the three
+stage methods. Timed naively, the loss would sit in the gap after F: compute recorded as idle
+time, and a bubble announced while the rank still computes. So the loss is folded into the
+forward, as torch does: the runner wraps its loss function with ``ActionRecorder.timed_loss``,
+the last stage's ``forward_one_chunk`` holds its F open (``stop(token, loss_follows=True)``),
+and the loss ends it; the bubble after F opens only then. A held F that no loss follows (no
+loss function, or the schedule skips it) ends at its own end when the next thing happens.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -207,8 +220,9 @@ class ActionRecorder:
     """Per-rank timeline of compute actions, shared by the rank's ``TimedPipelineStage``s.
 
     Call ``begin_step`` before ``schedule.step``, ``end_window`` after it, ``mark`` around the
-    optimizer and ``finish_step`` to collect the ``StepRecord``. Times are on the run clock:
-    ``time.time_ns() + clock_offset_ns``.
+    optimizer and ``finish_step`` to collect the ``StepRecord``; give the schedule
+    ``timed_loss(loss_fn)`` as its loss (see [Note: loss in the forward]). Times are on the
+    run clock: ``time.time_ns() + clock_offset_ns``.
 
     Args:
         device: the stages' device; CUDA turns on event timing (see [Note: CUDA event timing]).
@@ -236,6 +250,8 @@ class ActionRecorder:
         )
         self._slot = 0
         self._gap_open = False
+        self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
+        self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
         self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
         self._marks: dict[str, Any] = {}
         self._anchor_ns = 0
@@ -268,6 +284,7 @@ class ActionRecorder:
         self._spans = []
         self._marks = {}
         self._slot = 0
+        self._held = None
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
             self._anchor_ns = self.now_ns()
@@ -290,6 +307,7 @@ class ActionRecorder:
 
     def end_window(self) -> None:
         """End the schedule window (``schedule.step`` returned) and close the last bubble."""
+        self._release()
         self.mark("window_end")
         self._close_gap(self._marks["window_end"])
 
@@ -334,18 +352,52 @@ class ActionRecorder:
         self, kind: ActionKind, stage: int, microbatch: int
     ) -> tuple[ActionKind, int, int, Any]:
         """A compute action begins; returns the token to pass to ``stop``."""
+        self._release()
         stamp = self._stamp()
         self._close_gap(stamp)
         return (kind, stage, microbatch, stamp)
 
-    def stop(self, token: tuple[ActionKind, int, int, Any]) -> None:
-        """The action of ``token`` ended; the rank is idle until the next ``start``."""
+    def stop(self, token: tuple[ActionKind, int, int, Any], *, loss_follows: bool = False) -> None:
+        """The action of ``token`` ended; the rank is idle until the next ``start``.
+
+        ``loss_follows``: the last stage's forward, whose loss torch computes next; with a
+        ``timed_loss`` installed the action stays open until that loss returns (see
+        [Note: loss in the forward]).
+        """
         stamp = self._stamp()
+        if loss_follows and self._times_loss:
+            self._release()
+            self._held = (token, stamp)
+            return
+        self._end(token, stamp)
+
+    def timed_loss(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss_fn`` wrapped so that its time is part of the last stage's forward (pass the
+        wrapper as the schedule's ``loss_fn``; see [Note: loss in the forward])."""
+        self._times_loss = True
+
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return loss_fn(*args, **kwargs)
+            finally:
+                held, self._held = self._held, None
+                if held is not None:
+                    self._end(held[0], self._stamp())
+
+        return loss
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _end(self, token: tuple[ActionKind, int, int, Any], stamp: Any) -> None:
         kind, stage, microbatch, start = token
         self._spans.append((kind, stage, microbatch, start, stamp))
         self._open_gap(stamp)
 
-    # -- internals -------------------------------------------------------------------------
+    def _release(self) -> None:
+        """End a held forward at its own end: no loss followed it."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._end(*held)
 
     def _stamp(self) -> Any:
         if self.is_cuda:
@@ -397,8 +449,8 @@ class TimedPipelineStage(PipelineStage):
         token = self.recorder.start(ActionKind.FORWARD, self.stage_index, fwd_chunk_id)
         try:
             return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        finally:
-            self.recorder.stop(token)
+        finally:  # the last stage's loss comes next and is part of this F
+            self.recorder.stop(token, loss_follows=self.is_last)
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         # signature: (bwd_chunk_id, loss=None, full_backward=True, last_backward=False)

@@ -1,9 +1,9 @@
 """The side-task board: drag side tasks onto pipeline stages, tune their limits, detach them.
 
-    >>> palette = [{"name": "resnet18", "title": "ResNet-18", "unit": "samples"}]
-    >>> board = SideTaskBoard(session_controller, palette=palette)   # doctest: +SKIP
-    >>> board.set_stages([{"stage": 1, "free_bytes": 8 << 30, "bubbles_ms": [12.5, 40.1]}])
-    >>> board                      # drag "resnet18" onto stage 1 → controller.attach("resnet18", 1)
+    palette = [{"name": "resnet18", "title": "ResNet-18", "unit": "samples"}]
+    board = SideTaskBoard(session_controller, palette=palette)
+    board.set_stages([{"stage": 1, "free_bytes": 8 << 30, "bubbles_ms": [12.5, 40.1]}])
+    board                      # drag "resnet18" onto stage 1 → controller.attach("resnet18", 1)
 
 State is plain JSON in synced traits, always replaced, never mutated (STYLE.md rule 24):
 ``palette``, ``stages``, ``tasks`` and ``notice`` go to the browser; the browser writes one

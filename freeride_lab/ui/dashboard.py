@@ -1,9 +1,9 @@
 """The run dashboard: what a ``Session`` shows when a notebook displays it.
 
-    >>> session                               # doctest: +SKIP
-    >>> # Session._repr_mimebundle_ → mimebundle(session, include, exclude): the live dashboard
-    >>> dash = dashboard_for(session)         # the same Dashboard on every display
-    >>> dash.stop()                           # the pump stops by itself once the run has ended
+    session                               # Session._repr_mimebundle_ → mimebundle(session,
+                                          # include, exclude): the live dashboard
+    dash = dashboard_for(session)         # the same Dashboard on every display
+    dash.stop()                           # the pump stops by itself once the run has ended
 
 One ``ipywidgets.VBox``, top to bottom: the run's config, a live step counter with a progress
 bar, the :class:`~freeride_lab.ui.timeline.Timeline`, the
@@ -100,6 +100,8 @@ class DashboardSession(Protocol):
     def steps_done(self) -> int: ...
     @property
     def actions(self) -> pd.DataFrame: ...
+    @property
+    def steps(self) -> pd.DataFrame: ...
     @property
     def side_task_steps(self) -> pd.DataFrame: ...
     @property
@@ -648,11 +650,14 @@ class Dashboard:
         cfg = session.config
         steps = sorted(actions["step"].unique())
         kept = steps[-self.history_steps :]
+        table = session.steps  # the optimizer spans: the table's boundary bubbles need them
         if kept:
             actions = actions[actions["step"] >= kept[0]]
             side = side[side["step"] >= kept[0]]
+            table = table[table["step"] >= kept[0]]
         bubbles = core_bubbles.extract_bubbles(
             actions,
+            steps=table,
             schedule=cfg.schedule,
             stages=cfg.stages,
             microbatches=cfg.microbatches,

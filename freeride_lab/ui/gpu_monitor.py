@@ -1,8 +1,8 @@
 """GPU monitor widget: utilisation, memory (training vs side tasks), power, per GPU.
 
-    >>> mon = GpuMonitor(roles={4242: ProcessRole("training", "rank 0")})   # doctest: +SKIP
-    >>> mon.start()          # samples NVML every 0.5 s on a daemon thread
-    >>> mon                  # displays; "no GPU — CPU run" where NVML is missing
+    mon = GpuMonitor(roles={4242: ProcessRole("training", "rank 0")})
+    mon.start()          # samples NVML every 0.5 s on a daemon thread
+    mon                  # displays; "no GPU — CPU run" where NVML is missing
 
 Rendering is a pure function of samples and roles (:func:`render_html`), so it is tested with
 fake samples; the widget is one ``ipywidgets.HTML`` whose ``value`` is replaced per tick.

@@ -1,9 +1,9 @@
 """Pipeline timeline: one lane per rank, one horizontal-bar trace per category, live or static.
 
-    >>> tl = Timeline(window_steps=3)                      # doctest: +SKIP
-    >>> tl.update(session.actions, session.bubbles, summary=session.summary())
-    >>> tl                                                 # displays figure + bubble fractions
-    >>> pump = TimelinePump(lambda: session_tables(session), tl).start()
+    tl = Timeline(window_steps=3)
+    tl.update(session.actions, session.bubbles, summary=session.summary())
+    tl                                                 # displays figure + bubble fractions
+    pump = TimelinePump(lambda: session_tables(session), tl).start()
 
 Bars are ``go.Bar(orientation="h", base=start_ms, x=duration_ms)`` with float64 numpy arrays
 (plotly sends those as binary buffers; int64 would go as JSON). Plotly's validator for ``base``

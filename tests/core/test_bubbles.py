@@ -1,13 +1,21 @@
-"""Claims about bubble extraction, FreeRide labels, fractions and predictions (pure data)."""
+"""Claims about bubble extraction, FreeRide labels, fractions and predictions (pure data).
+
+The complete table (step boundaries, the optimizer) is also checked as a property over generated
+timelines against ``tests/bubble_table.py``, which states its invariants from first principles.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
+from bubble_table import assert_complete_and_exact
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from freeride_lab.core.bubbles import (
     BUBBLE_COLUMNS,
@@ -473,3 +481,143 @@ def test_extract_bubbles_rejects_unknown_schedule_naming_it() -> None:
 def test_extract_bubbles_rejects_stages_below_a_recorded_stage() -> None:
     with pytest.raises(ValueError, match="stages=3 but actions hold stage 3"):
         extract_bubbles(ideal_1f1b(4, 4), schedule="1F1B", stages=3)
+
+
+# --- the complete table: step boundaries and the optimizer ------------------------------------
+
+
+def optimizer_after(a: pd.DataFrame, *, wait_ms: float = 0.5, run_ms: float = 1.0) -> pd.DataFrame:
+    """A steps table whose optimizer starts ``wait_ms`` after the rank's last action."""
+    last = a.groupby(["step", "rank"])["end_ms"].max().reset_index()
+    return pd.DataFrame(
+        {
+            "step": last["step"],
+            "rank": last["rank"],
+            "optimizer_start_ms": last["end_ms"] + wait_ms,
+            "optimizer_end_ms": last["end_ms"] + wait_ms + run_ms,
+        }
+    )
+
+
+def test_idle_between_two_steps_is_a_boundary_bubble_of_the_step_it_follows() -> None:
+    a = ideal_1f1b(2, 2, steps=2, step_gap_ms=5.0)
+    w = step_windows(a).set_index("step")
+    b = extract_bubbles(a, steps=optimizer_after(a))
+    boundary = b[(b["kind"] == "boundary") & (b["step"] == 0)]
+    assert set(boundary["rank"]) == {0, 1}
+    assert (boundary["start_ms"] >= w.loc[0, "end_ms"]).all()
+    assert (boundary.groupby("rank")["end_ms"].max() == w.loc[1, "start_ms"]).all()
+    in_window = b[(b["kind"] != "boundary") & (b["step"] == 0)]
+    assert (boundary.groupby("rank")["slot"].min() > in_window.groupby("rank")["slot"].max()).all()
+    # the last step has no next window: it ends with the rank's optimizer (rank 0 idles from
+    # the window end to its optimizer; rank 1's optimizer ran inside the window)
+    last = b[(b["kind"] == "boundary") & (b["step"] == 1)]
+    assert last[["rank", "start_ms", "end_ms"]].values.tolist() == [
+        [0, w.loc[1, "end_ms"], w.loc[1, "end_ms"] + 0.5]
+    ]
+
+
+def test_the_optimizer_is_busy_time_even_inside_the_window() -> None:
+    a = ideal_1f1b(2, 2, steps=2, step_gap_ms=5.0)
+    steps = optimizer_after(a)  # rank 1 finishes first: its optimizer runs inside the window
+    b = extract_bubbles(a, steps=steps).query("step == 0 and rank == 1 and kind == 'end'")
+    opt = steps.query("step == 0 and rank == 1").iloc[0]
+    assert b[["after", "before"]].values.tolist() == [["1B1", "optimizer"], ["optimizer", ""]]
+    assert b["end_ms"].iloc[0] == opt["optimizer_start_ms"]
+    assert b["start_ms"].iloc[1] == opt["optimizer_end_ms"]
+
+
+def test_without_steps_the_table_keeps_to_the_windows() -> None:
+    a = ideal_1f1b(2, 2, steps=2, step_gap_ms=5.0)
+    assert "boundary" not in set(extract_bubbles(a)["kind"])
+
+
+def test_boundary_bubbles_after_stage_0_are_labelled_a() -> None:
+    a = ideal_1f1b(3, 3, steps=2)
+    b = extract_bubbles(a, steps=optimizer_after(a), schedule="1F1B", stages=3, microbatches=3)
+    labels = b[b["kind"] == "boundary"].groupby("rank")["label"].agg(lambda x: set(x.fillna("-")))
+    assert labels.to_dict() == {0: {"-"}, 1: {"A"}, 2: {"A"}}
+
+
+def test_a_step_whose_successor_was_not_recorded_ends_at_its_window_or_optimizer() -> None:
+    a = ideal_1f1b(2, 2, steps=3, step_gap_ms=5.0)
+    a = a[a["step"] != 1]  # an untimed step (``timed="alternate"``) records no actions
+    b = extract_bubbles(a, steps=optimizer_after(a))
+    w = step_windows(a).set_index("step")
+    # nothing runs on towards step 2: the last bubble is rank 0's wait for its optimizer
+    assert b[b["step"] == 0]["end_ms"].max() == w.loc[0, "end_ms"] + 0.5
+
+
+def test_extract_bubbles_names_missing_steps_columns() -> None:
+    with pytest.raises(ValueError, match=r"steps lacks column\(s\) \['optimizer_end_ms'\]"):
+        extract_bubbles(
+            ideal_1f1b(2, 2),
+            steps=pd.DataFrame(columns=["step", "rank", "optimizer_start_ms"]),
+        )
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Actions and a steps table of a few ranks and steps, in µs turned into ms.
+
+    Within a (step, rank) actions may overlap or touch and a rank may record nothing; steps
+    may be missing (untimed steps); the optimizer, when there, starts after the rank's last
+    action, and the next step starts after everything of this one (the ranks agree on
+    stopping in between), as in a run.
+    """
+    ranks = draw(st.integers(1, 4))
+    step_ids = sorted(draw(st.sets(st.integers(0, 6), min_size=1, max_size=4)))
+    t = draw(st.integers(0, 1_000))
+    acts: list[tuple[int, int, str, int, int, int]] = []
+    opts: list[tuple[int, int, float, float]] = []
+    for step in step_ids:
+        latest = t
+        for rank in range(ranks):
+            start = t + draw(st.integers(0, 400))
+            reach = None
+            for mb in range(draw(st.integers(0, 5))):
+                duration = draw(st.integers(0, 600))
+                acts.append(
+                    (step, rank, draw(st.sampled_from("FBIW")), mb, start, start + duration)
+                )
+                reach = max(reach or 0, start + duration)
+                start += draw(st.integers(0, 700))  # below the duration: overlapping actions
+            if draw(st.booleans()):
+                o0 = (reach if reach is not None else t) + draw(st.integers(0, 300))
+                o1 = o0 + draw(st.integers(0, 400))
+                opts.append((step, rank, o0, o1))
+                latest = max(latest, o1)
+            elif draw(st.booleans()):
+                opts.append((step, rank, math.nan, math.nan))  # not reported yet
+            latest = max(latest, reach or t)
+        t = latest + draw(st.integers(0, 1_000))
+    a = pd.DataFrame(acts, columns=["step", "rank", "action", "microbatch", "start_ms", "end_ms"])
+    a[["start_ms", "end_ms"]] = a[["start_ms", "end_ms"]] / 1e3
+    a["stage"] = a["rank"]
+    cols = ["step", "rank", "optimizer_start_ms", "optimizer_end_ms"]
+    s = pd.DataFrame(opts, columns=cols).astype({"step": "int64", "rank": "int64"})
+    s[cols[2:]] = s[cols[2:]].astype("float64") / 1e3
+    return a, s
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(timelines())
+def test_busy_time_and_bubbles_fill_every_step_exactly_and_never_overlap(
+    timeline: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    actions, steps = timeline
+    assume(not actions.empty)
+    assert_complete_and_exact(actions, steps, extract_bubbles(actions, steps=steps))
+
+
+@settings(max_examples=100, deadline=None)
+@given(timelines())
+def test_without_steps_actions_and_bubbles_fill_each_window_exactly(
+    timeline: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    actions, _ = timeline
+    assume(not actions.empty)
+    b = extract_bubbles(actions)
+    idle = b.groupby(["step", "rank"])["duration_ms"].sum()
+    f = bubble_fraction(actions).set_index(["step", "rank"])
+    assert np.allclose(idle.reindex(f.index, fill_value=0.0), f["idle_ms"], atol=1e-9)

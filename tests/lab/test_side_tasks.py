@@ -367,6 +367,38 @@ def test_managed_side_task_steps_lie_inside_measured_bubbles(runs: Runs) -> None
     assert outside[columns].to_dict("records") == []
 
 
+def merged_bubbles(bubbles: pd.DataFrame) -> dict[int, list[tuple[float, float]]]:
+    """Each rank's idle time from the bubbles table, rows that touch merged into one span."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for rank, mine in bubbles.sort_values("start_ms").groupby("rank"):
+        spans: list[tuple[float, float]] = []
+        for a, b in zip(mine["start_ms"], mine["end_ms"], strict=True):
+            if spans and a <= spans[-1][1] + 1e-6:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+            else:
+                spans.append((a, b))
+        out[int(rank)] = spans
+    return out
+
+
+def test_managed_side_task_steps_lie_inside_the_bubble_table_by_time(runs: Runs) -> None:
+    # the table alone, joined by time: no stitching of lead-ins and tails as above
+    run = runs.main
+    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    steps = run.side_task_steps
+    steps = steps[steps["task_id"] != runs.ids.get("naive", "")]
+    idle = merged_bubbles(run.bubbles)
+    outside = [
+        (row.task_id, row.rank, row.step, row.start_ms, row.end_ms)
+        for row in steps.itertuples(index=False)
+        if not any(
+            a - TOLERANCE_MS <= row.start_ms and row.end_ms <= b + row.overrun_ms + TOLERANCE_MS
+            for a, b in idle.get(int(row.rank), [])
+        )
+    ]
+    assert len(steps) > 100 and outside == []
+
+
 def test_the_ledger_counts_each_task_work(runs: Runs) -> None:
     run = runs.main
     assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED

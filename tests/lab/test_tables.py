@@ -162,6 +162,21 @@ def test_steps_frame_has_optimizer_ms_and_nan_loss_off_the_last_stage() -> None:
     assert frame.loc[0, "tokens"] == 64
 
 
+def test_steps_frame_places_the_optimizer_on_the_actions_clock() -> None:
+    step = StepTimed(
+        rank=1,
+        step=0,
+        start_ns=2_000_000,
+        end_ns=10_000_000,
+        optimizer_start_ns=10_500_000,
+        optimizer_end_ns=13_000_000,
+    )
+    tables = EventTables()
+    tables.add(as_dicts(started(1, 1_000_000), step))
+    row = tables.steps().iloc[0]
+    assert (row["optimizer_start_ms"], row["optimizer_end_ms"]) == (9.5, 12.0)
+
+
 def test_steps_done_counts_steps_that_every_rank_completed() -> None:
     tables = EventTables()
     tables.add(

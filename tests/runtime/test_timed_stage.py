@@ -6,6 +6,7 @@ put both stage chunks on rank 0, which exercises F, B, I and W without extra pro
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -142,6 +143,37 @@ def test_a_carried_gap_is_the_next_steps_slot_0_from_the_optimizer_to_its_first_
     assert edges.calls[-2][:3] == ("start", 3, 0) and edges.calls[-1][:3] == ("end", 3, 0)
 
 
+def test_a_timed_loss_ends_the_held_forward_and_only_then_opens_the_bubble() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges)
+    loss = rec.timed_loss(lambda: time.sleep(0.02))
+    rec.begin_step(0)
+    token = rec.start(ActionKind.FORWARD, 1, 0)
+    rec.stop(token, loss_follows=True)  # the last stage's F: torch computes the loss next
+    assert [c[0] for c in edges.calls] == ["start", "end"]  # no bubble while the loss runs
+    loss()
+    rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+    rec.end_window()
+    forward = rec.finish_step().spans[0]
+    assert forward.end_ns - forward.start_ns >= 20_000_000
+    assert edges.calls[2][:3] == ("start", 0, 1) and edges.calls[2][3] == forward.end_ns
+
+
+def test_a_held_forward_that_no_loss_follows_ends_at_its_own_end() -> None:
+    rec = ActionRecorder()
+    rec.timed_loss(lambda: None)
+    rec.begin_step(0)
+    token = rec.start(ActionKind.FORWARD, 1, 0)
+    rec.stop(token, loss_follows=True)
+    stopped = time.time_ns()
+    time.sleep(0.02)  # idle, not loss: the F must not grow
+    rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+    rec.end_window()
+    spans = rec.finish_step().spans
+    assert [str(s) for s in spans] == ["1F0", "1B0"]
+    assert spans[0].end_ns <= stopped < spans[1].start_ns - 15_000_000
+
+
 def test_failing_edges_never_raise_into_training() -> None:
     rec = ActionRecorder(edges=BrokenEdges())
     record = run_fake_step(rec, 0)
@@ -206,8 +238,10 @@ def one_rank_group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def run_schedule(name: str, steps: int = 3) -> list[StepRecord]:
-    rec = ActionRecorder()
+def run_schedule(
+    name: str, steps: int = 3, *, loss_s: float = 0.0, rec: ActionRecorder | None = None
+) -> list[StepRecord]:
+    rec = rec or ActionRecorder()
     chunks = build_sleep_chunks(
         4, 2, t_forward_ms=T_F, t_backward_input_ms=T_I, t_backward_weight_ms=T_W, chunks_per_rank=2
     )
@@ -224,8 +258,13 @@ def run_schedule(name: str, steps: int = 3) -> list[StepRecord]:
         )
         for i, m in enumerate(chunks)
     ]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        time.sleep(loss_s)
+        return F.mse_loss(output, target)
+
     schedule = getattr(torch_schedules, name)(
-        stages, n_microbatches=2, loss_fn=lambda o, t: F.mse_loss(o, t)
+        stages, n_microbatches=2, loss_fn=rec.timed_loss(loss_fn)
     )
     records = []
     for step in range(steps):
@@ -267,3 +306,28 @@ def test_full_backward_is_recorded_as_b_and_costs_both_halves(one_rank_group: No
     assert set(got) == {"F", "B"}
     want = (T_I + T_W) / 2
     assert want * 0.95 <= got["B"] <= want + 8, f"B {got['B']:.1f} ms vs {want}"
+
+
+LOSS_MS = 30.0
+
+
+@pytest.mark.parametrize("name", ["ScheduleInterleaved1F1B", "ScheduleZBVZeroBubble"])
+def test_the_last_stages_loss_is_timed_inside_its_forward_not_as_a_bubble(
+    one_rank_group: None, name: str
+) -> None:
+    edges = RecordingEdges()
+    records = run_schedule(name, 2, loss_s=LOSS_MS / 1e3, rec=ActionRecorder(edges=edges))
+    for record in records:
+        last = [s for s in record.spans if s.stage == 1 and s.kind is ActionKind.FORWARD]
+        first = [s for s in record.spans if s.stage == 0 and s.kind is ActionKind.FORWARD]
+        assert len(last) == 2 and len(first) == 2
+        for s in last:  # stage 1 is the last stage (2 stages): F costs T_F / 2, plus the loss
+            assert (s.end_ns - s.start_ns) / 1e6 >= T_F / 2 * 0.95 + LOSS_MS, str(s)
+        for s in first:
+            assert (s.end_ns - s.start_ns) / 1e6 < LOSS_MS, str(s)
+        spans = sorted(record.spans, key=lambda s: s.start_ns)
+        gaps = [(b.start_ns - a.end_ns) / 1e6 for a, b in itertools.pairwise(spans)]
+        assert max(gaps) < LOSS_MS / 2, gaps  # no gap holds the loss
+    # the live bubble after the last stage's F opens once its loss is done
+    starts = {c[3] for c in edges.calls if c[0] == "start"}
+    assert all(s.end_ns in starts for r in records for s in r.spans)

@@ -8,6 +8,7 @@ stage's free memory, unknown ids, sm_pct out of range) and raise ``ValueError`` 
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import CostSaving
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.planner import Costs, simulate
-from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS, STEP_COLUMNS
 from freeride_lab.runtime.launcher import RunState
 from freeride_lab.runtime.rundir import RunDir
 
@@ -121,7 +122,11 @@ class FakeSession:
     def bubbles(self) -> pd.DataFrame:
         cfg = self.config
         return core_bubbles.extract_bubbles(
-            self.actions, schedule=cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches
+            self.actions,
+            steps=self.steps,
+            schedule=cfg.schedule,
+            stages=cfg.stages,
+            microbatches=cfg.microbatches,
         )
 
     @property
@@ -136,11 +141,13 @@ class FakeSession:
                 "optimizer_ms": 0.5,
                 "loss": 1.0,
                 "tokens": 64,
+                "optimizer_start_ms": math.nan,  # simulated steps run back to back
+                "optimizer_end_ms": math.nan,
             }
             for s in range(self._done_steps)
             for r in range(self.config.stages)
         ]
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
         cfg = self.config

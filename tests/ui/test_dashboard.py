@@ -391,9 +391,13 @@ def test_timeline_traces_hold_the_bubbles_of_the_real_run(real):
     expected = bubbles[bubbles["step"].isin(shown)]
     trace = next(t for t in real.timeline.figure.data if t.name == "bubble")
     drawn = np.sort(np.asarray(trace.base, dtype=float))
-    # the session may have gained steps since the tick; the drawn ones are all there
-    assert len(drawn) and set(np.round(drawn, 3)) <= set(np.round(expected["start_ms"], 3))
-    assert len(drawn) == len(expected[expected["step"].isin(shown)])
+    # the session may have gained actions since the tick: the newest shown step may have been
+    # in progress then (and its boundary bubbles need the next step's start), the older ones
+    # were settled and are drawn in full
+    drawn_ms = set(np.round(drawn, 3))
+    assert len(drawn) and drawn_ms <= set(np.round(expected["start_ms"], 3))
+    settled = expected[expected["step"] < max(shown)]
+    assert len(settled) and set(np.round(settled["start_ms"], 3)) <= drawn_ms
 
 
 def test_a_first_view_of_the_timeline_repaints_it_once(dash, session):
