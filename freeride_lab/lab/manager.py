@@ -69,12 +69,14 @@ from freeride_lab.runtime.proctree import kill_tree
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.taskspec import GATINGS, TaskSpec, parse_overrun_policy
 from freeride_lab.runtime.watchdog import worker_hang_reason
+from freeride_lab.runtime.worker_exit import read_exit
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SideTaskManager", "TaskRecord", "WorkerLike"]
 
 _UNKNOWN_FREE_BYTES = 2**62  # stands in for "not measured yet": the memory rule passes
+_EXIT_RECORD_WAIT_S = 2.0  # a rank records its dead worker's exit status well within this
 _WORKER_WAIT_S = 120.0  # how long a request waits for a starting rank's worker
 
 
@@ -120,6 +122,7 @@ class SideTaskManager:
         self.worker_wait_s = worker_wait_s
         self._lock = threading.RLock()
         self._hung_workers: dict[int, tuple[int, str]] = {}  # rank -> (pid, why it was killed)
+        self._gone_since: dict[tuple[int, int], float] = {}  # (rank, pid) -> when found gone
         spec = Schedule.from_name(config.schedule)
         nproc = config.stages // config.nnodes
         self.ranks = list(range(config.node_rank * nproc, (config.node_rank + 1) * nproc))
@@ -399,19 +402,17 @@ class SideTaskManager:
 
         A task counts as the worker's if its state is not terminal, or if its process stopped
         itself because the worker's channel closed (reason "worker exited"); a worker that
-        ends normally stops its tasks with other reasons first, so those are left alone.
+        ends normally stops its tasks with other reasons first, so those are left alone. The
+        reason says how the worker died, as its rank recorded it (``runtime.worker_exit``).
         """
         by_rank: dict[int, list[TaskRecord]] = {}
         for record in self.book.records().values():
             if not record.detached and self._worker_owns(record):
                 by_rank.setdefault(record.rank, []).append(record)
         for rank, records in by_rank.items():
-            pid = _worker_pid(self.run_dir.path, rank)
-            if pid is None or _process_alive(pid):
+            cause = self._worker_death(rank)
+            if cause is None:
                 continue
-            killed_pid, cause = self._hung_workers.get(rank, (None, ""))
-            if killed_pid != pid:
-                cause = f"worker for rank {rank} exited (pid {pid} is gone, e.g. killed by SIGKILL)"
             reason = f"{cause}; see {self.run_dir.logs_dir}/worker-{rank}.log"
             # Read again: what the worker wrote before it ended is all in its files now.
             records = [r for r in records if self._worker_owns(r)]
@@ -420,6 +421,32 @@ class SideTaskManager:
                 log.warning("task %s failed: %s", record.id, reason)
                 self.book.fail(record.id, reason, now)
                 self._record_failure(record, reason, now)
+
+    def _worker_death(self, rank: int) -> str | None:
+        """How the worker of ``rank`` died; None while it runs, before it started, or after a
+        normal exit (code 0: it ended its tasks itself, their events may still be on the way).
+
+        A worker found gone without its rank's record of how (the rank has not reaped it yet,
+        or died too) is given ``_EXIT_RECORD_WAIT_S`` for the record to appear.
+        """
+        ended = read_exit(self.run_dir.path, rank)
+        if ended is not None and ended.normal:
+            return None
+        pid = ended.pid if ended is not None else _worker_pid(self.run_dir.path, rank)
+        if pid is None or (ended is None and _process_alive(pid)):
+            return None
+        killed_pid, cause = self._hung_workers.get(rank, (None, ""))
+        if killed_pid == pid:
+            return cause
+        if ended is not None:
+            return f"worker for rank {rank} died: {ended.how} (pid {pid})"
+        gone_since = self._gone_since.setdefault((rank, pid), time.monotonic())
+        if time.monotonic() - gone_since < _EXIT_RECORD_WAIT_S:
+            return None
+        return (
+            f"worker for rank {rank} died: pid {pid} is gone, and its rank recorded no exit "
+            "status (it may have died too)"
+        )
 
     def _worker_owns(self, record: TaskRecord) -> bool:
         """Whether the task's fate is its worker's: not ended, or stopped by its channel closing."""

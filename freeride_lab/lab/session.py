@@ -70,7 +70,8 @@ leaves its MPS daemon to the session. While a run trains, the owner runs one dae
 (``freeride-watchdog-<run_id>``) that every ``WATCHDOG_PERIOD_S`` asks the manager to check the
 workers once tasks were attached (``SideTaskManager.check_workers``): a worker silent for three
 heartbeats is killed with its task processes, and a dead or killed worker's tasks become FAILED,
-naming it ("worker for rank R exited …" or "hung: worker for rank R … sent no heartbeat …"),
+naming it and how it died, as its rank recorded it ("worker for rank R died: killed by
+SIGKILL …", see ``runtime.worker_exit``, or "hung: worker for rank R … sent no heartbeat …"),
 in the tables and in ``events/lab-<rank>.jsonl``, within a few seconds and without anyone
 reading ``tasks``. Once the launcher has exited, the thread settles the run (``_settle``:
 final read, status, MPS daemon stopped) and ends, so nothing waits for someone to look.

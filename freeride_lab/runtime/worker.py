@@ -30,7 +30,10 @@ Each request ``{"cmd": ...}`` gets exactly one reply, a ``ControlAck`` as JSON:
 The worker exits when its rank closes the edge file (training over), when its parent dies, on
 SIGTERM or on ``stop``; every path checkpoints and stops its tasks first, all at once, killing
 any still running ``STOP_GRACE_S`` later (so cleanup takes at most that, hung tasks included).
-A detach does the same for one task. SIGINT is ignored.
+A detach does the same for one task. SIGINT is ignored. An error that escapes the loop stops
+and checkpoints the tasks the same way, then reports each of them FAILED ("worker for rank R
+died: internal error: ...") and exits with code 1: a worker's death is never a normal end of
+its tasks (see ``worker_exit`` [Note: worker death] for deaths it cannot report itself).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.core import events as ev
-from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
 from freeride_lab.runtime.handshake import authenticate
 from freeride_lab.runtime.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.runtime.limits import GpuLimits, env_for, restart_fields
@@ -130,6 +133,7 @@ class Worker:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
         self._stop_reason = ""
+        self._crash = ""  # why the loop died, if it did: its tasks' FAILED reason
         self._listener: Listener | None = None
         self._clock_offset_ns = 0
         self._sink = EventSink.for_rank(self.run_dir, rank, worker=True)
@@ -157,6 +161,10 @@ class Worker:
         try:
             while not self._stopping:
                 self._turn()
+        except Exception as exc:
+            self._crash = f"worker for rank {self.rank} died: internal error: {_one_line(exc)}"
+            log.exception("worker rank %d: its loop failed", self.rank)
+            raise
         finally:
             self._shutdown()
         return 0
@@ -206,13 +214,16 @@ class Worker:
         ).start()
 
     def _shutdown(self) -> None:
-        reason = self._stop_reason or "worker stopped"
+        reason = self._crash or self._stop_reason or "worker stopped"
         tasks = list(self._tasks.values())
         for task in tasks:
             task.busy = True
         stop_all(tasks, reason, grace_s=STOP_GRACE_S, on_message=self._on_message)
         for task in tasks:
             self._forget(task)
+            if self._crash and task.state is not SideTaskState.FAILED:
+                task.state = SideTaskState.FAILED  # checkpointed, but not a normal end
+                self._emit_state(task, str(SideTaskEvent.FAIL), self._crash)
         self._run_commands()  # answer what came in meanwhile (the tasks are gone now)
         if self._watchdog is not None:
             self._watchdog.stop()
@@ -515,6 +526,12 @@ class Worker:
 
     def _now_ns(self) -> int:
         return time.time_ns() + self._clock_offset_ns
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters of it)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def _pid_alive(pid: int) -> bool:

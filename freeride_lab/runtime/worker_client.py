@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from multiprocessing.connection import Client
@@ -32,6 +33,7 @@ from freeride_lab.runtime.rundir import RunDir, open_append
 from freeride_lab.runtime.signal import EdgeWriter, edge_path
 from freeride_lab.runtime.task_process import child_env
 from freeride_lab.runtime.taskspec import TaskSpec
+from freeride_lab.runtime.worker_exit import clear_exit, exit_reason, record_exit
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +164,8 @@ class WorkerProcess:
     It is the ``edges`` object of the rank's stage: ``bubble_start``/``bubble_end`` go straight
     to the shared-memory writer (never blocking). ``stop()`` closes the edge file (the worker
     then checkpoints and stops its tasks) and waits for the worker, escalating to SIGTERM and
-    SIGKILL. The worker also exits by itself if this process dies.
+    SIGKILL. The worker also exits by itself if this process dies. However the worker ends, a
+    daemon thread here records how (``worker_exit`` [Note: worker death]).
     """
 
     def __init__(
@@ -202,11 +205,23 @@ class WorkerProcess:
             command.append("--mps" if self.mps_active else "--no-mps")
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        clear_exit(self.run_dir, self.rank)
         with os.fdopen(open_append(logs / f"worker-{self.rank}.log"), "ab") as out:
             self.popen = subprocess.Popen(
                 command, env=child_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out
             )
+        threading.Thread(
+            target=self._record_exit, args=(self.popen,), name="worker-exit", daemon=True
+        ).start()
         return self
+
+    def _record_exit(self, popen: subprocess.Popen[bytes]) -> None:
+        """Wait for the worker and record how it ended (``worker_exit`` [Note: worker death])."""
+        returncode = popen.wait()
+        if returncode != 0:
+            how = exit_reason(returncode)
+            log.warning("the worker of rank %d (pid %d) died: %s", self.rank, popen.pid, how)
+        record_exit(self.run_dir, self.rank, pid=popen.pid, returncode=returncode)
 
     def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
         """Hot path: publish a bubble start (see ``EdgeWriter.bubble_start``)."""

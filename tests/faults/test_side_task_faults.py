@@ -31,6 +31,7 @@ from freeride_lab.runtime.launcher import RunState
 TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
 HTML_TASK = "<img src=x onerror=alert(1)>"  # tasks_for_tests.HTML
 HTML_CONFIG = "<script>alert(1)</script>"
+KILLED_WORKER = "worker for rank 1 died: killed by SIGKILL"  # as its rank recorded it
 STARTUP_S = 240.0  # the first step of two fresh runs on a loaded two-core box
 LIVE_S = 120.0
 STEPS = 150
@@ -169,10 +170,10 @@ def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_the
     lab_events = run.run_dir.events_dir / "lab-1.jsonl"
     wait_until(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
     recorded = failed_in(lab_events, tid)
-    assert recorded is not None and "worker for rank 1 exited" in recorded["reason"], recorded
+    assert recorded is not None and KILLED_WORKER in recorded["reason"], recorded
     events = run.events  # the session's own tables show it too
     fails = events[(events["task_id"] == tid) & (events["event"] == "FAIL")]
-    assert fails["reason"].str.contains("worker for rank 1 exited").any(), fails
+    assert fails["reason"].str.contains(KILLED_WORKER).any(), fails
     # its task process does not outlive it
     wait_until(
         lambda: not processes("freeride_lab.runtime.task_host", tid), 30.0, "the orphan to exit"
@@ -183,7 +184,7 @@ def test_a_task_of_a_killed_worker_names_the_worker_in_its_error(runs: Runs) -> 
     run, tid = runs.main, runs.ids["orphan"]
     wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
     error = task(run, tid)["error"]
-    assert re.search(r"worker for rank 1 exited", error), error
+    assert re.search(KILLED_WORKER, error), error
 
 
 # -- after training ----------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_the_run_directory_stays_readable_with_every_failure_in_it(runs: Runs) -
     ended = reopened.events.query("kind == 'side_task_state' and event == 'FAIL'")
     assert {runs.ids["teardown"], runs.ids["victim"], runs.ids["orphan"]} <= set(ended["task_id"])
     orphan = task(reopened, runs.ids["orphan"])  # the session wrote its worker's death down
-    assert orphan["state"] == "FAILED" and "worker for rank 1 exited" in orphan["error"]
+    assert orphan["state"] == "FAILED" and KILLED_WORKER in orphan["error"]
 
 
 def test_html_in_a_task_and_in_the_config_renders_inert_in_the_report(
