@@ -86,6 +86,7 @@ __all__ = ["Worker", "main"]
 _TICK_S = 0.2  # main-loop wake-up without any message (reaping, parent check)
 _HANDSHAKE_TIMEOUT_S = 5.0
 _REPLY_TIMEOUT_S = 120.0
+_REPLY_FLUSH_S = 2.0  # at exit, how long the acks already given may take to be sent
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLimits))
 _COMMANDS = "attach, tune, detach, resume, status, stop"
 _ON_DEVICE = (SideTaskState.PAUSED, SideTaskState.RUNNING)
@@ -134,6 +135,8 @@ class Worker:
         self._stopping = False
         self._stop_reason = ""
         self._crash = ""  # why the loop died, if it did: its tasks' FAILED reason
+        self._replying = threading.Condition()
+        self._replies_owed = 0  # commands taken from clients whose ack is not sent yet
         self._listener: Listener | None = None
         self._clock_offset_ns = 0
         self._sink = EventSink.for_rank(self.run_dir, rank, worker=True)
@@ -225,6 +228,8 @@ class Worker:
                 task.state = SideTaskState.FAILED  # checkpointed, but not a normal end
                 self._emit_state(task, str(SideTaskEvent.FAIL), self._crash)
         self._run_commands()  # answer what came in meanwhile (the tasks are gone now)
+        with self._replying:  # let the clients' threads send those answers (a stop's ack)
+            self._replying.wait_for(lambda: self._replies_owed == 0, timeout=_REPLY_FLUSH_S)
         if self._watchdog is not None:
             self._watchdog.stop()
             if self._watchdog.heartbeat is not None:
@@ -278,13 +283,21 @@ class Worker:
                     conn.send_bytes(ev.to_json(self._ack("?", False, str(exc))).encode())
                     continue
                 reply: Reply = queue.Queue(maxsize=1)
-                self._commands.put((message, reply))
-                self._poke()
+                with self._replying:
+                    self._replies_owed += 1
                 try:
-                    ack = reply.get(timeout=_REPLY_TIMEOUT_S)
-                except queue.Empty:
-                    ack = self._ack(str(message.get("cmd")), False, "worker busy: no reply in time")
-                conn.send_bytes(ev.to_json(ack).encode())
+                    self._commands.put((message, reply))
+                    self._poke()
+                    try:
+                        ack = reply.get(timeout=_REPLY_TIMEOUT_S)
+                    except queue.Empty:
+                        text = "worker busy: no reply in time"
+                        ack = self._ack(str(message.get("cmd")), False, text)
+                    conn.send_bytes(ev.to_json(ack).encode())
+                finally:
+                    with self._replying:
+                        self._replies_owed -= 1
+                        self._replying.notify_all()
         finally:
             conn.close()
 

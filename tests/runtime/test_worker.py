@@ -298,3 +298,15 @@ def test_worker_exits_when_its_parent_dies(run_dir: RunDir) -> None:
     wait_until(lambda: not _running(worker_pid), what="the orphaned worker to exit")
     info = run_dir.path / "workers" / "worker-0.json"
     assert not info.exists(), json.loads(info.read_text())
+
+
+def test_a_stop_command_is_acknowledged_before_the_worker_exits(run_dir: RunDir) -> None:
+    """The ack must not be lost in the worker's exit (it once was, about one stop in two)."""
+    for rank in range(5):
+        process = start_worker(run_dir.path, rank)
+        try:
+            ack = process.client(timeout_s=60).stop()
+            assert (ack.command, ack.ok) == ("stop", True)
+            assert process.popen is not None and process.popen.wait(30) == 0
+        finally:
+            process.stop()
