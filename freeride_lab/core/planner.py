@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from freeride_lab.core.config import MAX_COST_MS
 from freeride_lab.core.schedule import Action, ActionKind, Schedule, torch_plan
 
 if TYPE_CHECKING:
@@ -91,9 +92,6 @@ PlanLike = Mapping[int, Sequence[Action | None]]
 
 # --------------------------------------------------------------------------------------------
 # costs
-
-
-MAX_COST_MS = 3_600_000.0  # an hour: one action or gap longer than that is a typo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

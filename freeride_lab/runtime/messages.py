@@ -46,19 +46,11 @@ class MessageError(ValueError):
 
 
 def _check(name: str, value: object, kind: type | tuple[type, ...]) -> None:
-    if (
-        isinstance(value, bool)
-        and kind is not bool
-        and not (isinstance(kind, tuple) and bool in kind)
-    ):
-        raise MessageError(f"{name} must be {_names(kind)}, not bool")
-    if not isinstance(value, kind):
-        raise MessageError(f"{name} must be {_names(kind)}, not {type(value).__name__}")
-
-
-def _names(kind: type | tuple[type, ...]) -> str:
+    """``value`` is one of ``kind`` (a bool is no int unless ``kind`` names bool)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(k.__name__ for k in kinds)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise MessageError(f"{name} must be {names}, not {type(value).__name__}")
 
 
 def _task_id(value: object) -> None:

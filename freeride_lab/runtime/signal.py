@@ -61,6 +61,8 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
+from freeride_lab.runtime.rundir import create_file
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -75,7 +77,6 @@ __all__ = [
 _MAGIC = b"FRE1"
 _VERSION = 2
 _FILE_BYTES = 128
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _HEADER = struct.Struct("<4sIIIqq")  # magic, version, wake, pad, clock_offset_ns, writer_pid
 _WAKE_OFFSET = 8
 _SEQ = struct.Struct("<Q")
@@ -297,7 +298,7 @@ class EdgeWriter:
         header = _HEADER.pack(_MAGIC, _VERSION, 0, 0, int(clock_offset_ns), os.getpid())
         if not path.exists():
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-            with os.fdopen(os.open(tmp, _NEW_FILE, 0o600), "wb") as f:
+            with os.fdopen(create_file(tmp), "wb") as f:
                 f.write(header.ljust(_FILE_BYTES, b"\0"))
             os.replace(tmp, path)
             return cls(_open_mapping(path))

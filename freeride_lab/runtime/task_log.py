@@ -21,6 +21,8 @@ import os
 import threading
 from pathlib import Path
 
+from freeride_lab.runtime.rundir import open_append
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TASK_LOG_CAP_BYTES", "TaskLog"]
@@ -80,7 +82,7 @@ class TaskLog:
     def _drain(self) -> None:
         out: int | None = None
         try:
-            out = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            out = open_append(self.path)
             size = os.fstat(out).st_size
         except OSError as exc:
             log.warning("cannot write the task log %s (%s); its output is dropped", self.path, exc)
