@@ -89,6 +89,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RankEnv", "RankRunner", "main"]
 
+# Once a rank has recorded how it ended, closing (watcher, edges receiver, process group) gets
+# this long before the process leaves anyway: a dead launcher took the rendezvous store along.
+_CLOSE_LIMIT_S = 10.0
+
 
 class RankEnv:
     """This process's place in the job, from torchrun's environment variables."""
@@ -628,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         sink.close()
+        stop.exit_within(_CLOSE_LIMIT_S, code=0)  # the end is recorded; closing may not hang us
         runner.close()
         return 0
     except BaseException as exc:
@@ -635,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         line = _error_line(exc)
         log.exception("rank %d failed", env.rank)
         fail(line, traceback.format_exc())
+        stop.exit_within(_CLOSE_LIMIT_S, code=1)
         if runner is not None:
             # The process group is left to process exit: destroying it can hang when a peer died.
             runner.close(destroy_group=False)

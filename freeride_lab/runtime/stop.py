@@ -6,6 +6,7 @@ and the launcher's death counts as SIGTERM.
     stop.on_abort = write_failure  # called if a stop is not honoured within grace_s
     ... if stop.requested.is_set(): finish the step and leave ...
     stop.done()                    # training loop ended: no abort
+    stop.exit_within(10, code=0)   # what is left (closing the group) may not keep us alive
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -34,11 +36,15 @@ class StopControl:
     calls ``done()``. If it has not within ``grace_s``, ``on_abort`` runs on a helper thread
     (it writes RankFailed) and the process exits with code 1.
 
-    [Note: SIGTERM while blocked in a collective]
+    [Note: SIGTERM is handled off the main thread]
     Python runs signal handlers on the main thread between bytecodes, so a handler cannot run
     while the main thread waits inside a gloo/NCCL call (for a peer that died, say). The C-level
     handler does write the signal number to ``signal.set_wakeup_fd`` at once, though, so a
-    helper thread reading that socket sees SIGTERM immediately and can start the grace timer.
+    helper thread reading that socket sees SIGTERM immediately and starts the grace timer.
+    The Python-level handler does nothing: it exists so that SIGTERM does not kill the process.
+    A handler that took a lock could interrupt the main thread inside that same lock (a second
+    SIGTERM while the first was being recorded, the launcher's death signal right after a
+    ``kill``) and deadlock it, and the whole pipeline with it.
     """
 
     def __init__(self, *, grace_s: float = 10.0, poll_parent_s: float = 1.0) -> None:
@@ -58,7 +64,7 @@ class StopControl:
     def install(self) -> None:
         """Install the handlers and watcher threads (call on the main thread)."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGTERM, _ignore_here)  # seen by the wakeup reader instead
         rsock, wsock = socket.socketpair()
         rsock.setblocking(True)
         wsock.setblocking(False)
@@ -89,8 +95,22 @@ class StopControl:
         """The training loop has ended; the grace timer will not abort."""
         self._done.set()
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.request("SIGTERM")
+    def exit_within(self, limit_s: float, *, code: int) -> None:
+        """Leave with ``code`` if the process is still alive ``limit_s`` from now.
+
+        Called once the outcome is recorded: releasing the process group can block for as long
+        as the collective timeout when a peer or the rendezvous store went away with the
+        launcher, and a rank that has said how it ended must not linger (the launcher may be
+        gone and nobody would reap it).
+        """
+
+        def leave() -> None:
+            time.sleep(limit_s)
+            log.warning("still closing %.0f s after the end; exiting with code %d", limit_s, code)
+            logging.shutdown()
+            os._exit(code)
+
+        threading.Thread(target=leave, name="exit-deadline", daemon=True).start()
 
     def _read_wakeups(self, rsock: socket.socket) -> None:
         while True:
@@ -123,6 +143,10 @@ class StopControl:
                 self.on_abort(message)
         finally:
             os._exit(1)
+
+
+def _ignore_here(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's Python-level handler ([Note: SIGTERM is handled off the main thread])."""
 
 
 def _set_parent_death_signal(sig: int) -> None:

@@ -189,7 +189,7 @@ class TaskHost:
         self.overruns = 0  # counted by core.budget.overran, as every table counts them
         self.overrun_ns_total = 0
         self._steps_started = 0  # by this process (its first step initialises lazily)
-        self._cmds: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._cmds: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # put() is signal-safe
         self._send_lock = threading.Lock()
         self._done = threading.Event()
         self._exit = False  # leave without a terminal state (restart)

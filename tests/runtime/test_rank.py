@@ -407,16 +407,34 @@ def signal_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignalJob]:
         at_kill = steps_done()
         os.kill(proc.pid, signal.SIGKILL)  # the launcher dies; ranks must notice
         proc.wait()
-        wait_until(
-            lambda: all(not _alive(p) for p in pids),
-            timeout_s=60,
-            what=f"rank processes {pids} to exit after their launcher died",
-        )
+        try:
+            wait_until(
+                lambda: all(not _alive(p) for p in pids),
+                timeout_s=60,
+                what=f"rank processes {pids} to exit after their launcher died",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_process_states(pids)}\n{log_tail(run_dir)}") from None
         yield SignalJob(Job(run_dir, cfg, proc.returncode, events(run_dir)), at_sigint, at_kill)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _process_states(pids: list[int]) -> str:
+    """Where each process is (state and kernel wait channel), for a failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+        except OSError:
+            lines.append(f"pid {pid}: gone")
+            continue
+        lines.append(f"pid {pid}: state {state}, wchan {wchan or '-'}, {threads} threads")
+    return "\n".join(lines)
 
 
 def _alive(pid: int) -> bool:
