@@ -639,8 +639,9 @@ class Emulation:
 
     # -- per step --
 
-    def before_step(self, runner: RankRunner, step: int) -> None:
-        """Agree on this step's control (holding while asked), then apply it.
+    def before_step(self, runner: RankRunner, step: int) -> bool:
+        """Agree on this step's control (holding while asked), then apply it; returns whether
+        any rank was asked to stop (agreed by all, so every rank stops before this step).
 
         Collective: every rank calls it before every step.
         """
@@ -666,6 +667,7 @@ class Emulation:
             gate.set_gate(own, step=step, t_ns=self._now_ns(runner))
         if runner.config.extra.get("timed") == "alternate":  # both schedules exist
             runner.timed = control.timed
+        return stop
 
     def _agree(self, runner: RankRunner) -> tuple[Control, bool]:
         """Rank 0's control and whether any rank was asked to stop (one all-reduce)."""

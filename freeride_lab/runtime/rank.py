@@ -75,7 +75,8 @@ from freeride_lab.runtime.data import SyntheticBatches, TextBatches
 from freeride_lab.runtime.emulate import EMULATE_KEY, Emulation
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.sink import EventSink
-from freeride_lab.runtime.stop import StopControl
+from freeride_lab.runtime.step_clock import StepClock
+from freeride_lab.runtime.stop import StopAgreement, StopControl
 from freeride_lab.runtime.synthetic import build_sleep_chunks
 from freeride_lab.runtime.timed_stage import (
     ActionRecorder,
@@ -163,6 +164,9 @@ class RankRunner:
         self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._schedules: dict[bool, Any] = {}
         self.recorder: ActionRecorder | None = None
+        self.step_clock: StepClock | None = None  # stamps of timed and untimed steps alike
+        self.stop_agreement: StopAgreement | None = None
+        self._losses: dict[int, Any] = {}  # step -> its mean loss (a host tensor on CUDA)
         self.optimizer: torch.optim.Optimizer | None = None
         self.edges: BubbleEdges | None = None
         self.emulation: Emulation | None = None  # emulate mode only (runtime/emulate.py)
@@ -206,12 +210,17 @@ class RankRunner:
                 clock.measured_offset_ns,
                 clock.rtt_ns,
             )
+        # stop requests travel on the host: a gloo group of its own on NCCL runs
+        group = None if cfg.backend == "gloo" else dist.new_group(backend="gloo")
+        self.stop_agreement = StopAgreement(group)
         edges = self.edges = self._make_edges()
+        self.step_clock = StepClock(self.device, self.clock_offset_ns)
         self.recorder = ActionRecorder(
             device=self.device,
             clock_offset_ns=self.clock_offset_ns,
             edges=edges,
             predictor=self._make_predictor() if edges is not None else None,
+            clock=self.step_clock,
         )
         modules = self._build_modules()
         for m in modules:
@@ -400,22 +409,27 @@ class RankRunner:
 
     def run(self) -> int:
         """Train ``config.steps`` steps (fewer after an agreed stop); returns steps done."""
-        assert self.recorder is not None
+        assert self.recorder is not None and self.step_clock is not None
         for step in range(self.config.steps):
             if self.emulation is not None:  # emulate mode: who computes this step, gates, hold
-                self.emulation.before_step(self, step)
-            if self._agree_stop():
+                stop = self.emulation.before_step(self, step)  # its agreement carries stops
+            else:
+                stop = self._agree_stop()
+            if stop:
                 log.warning("rank %d stopping after %d steps", self.env.rank, self.steps_done)
                 break
             timed = self.is_timed_step(step)
             self.run_step(step, timed=timed)
             self.steps_done = step + 1
-            if self.steps_done < self.config.steps:
+            if timed and self.steps_done < self.config.steps:
                 # idle from here to the next action: one bubble (timed_stage [Note: bubble slots])
                 self.recorder.carry_gap(self.steps_done)
         else:
+            if self.stop_agreement is not None:
+                self.stop_agreement.finish()
             dist.barrier()  # nobody leaves while a peer still needs it
         self.recorder.close_gap()
+        self._emit_steps(self.step_clock.flush())
         return self.steps_done
 
     def is_timed_step(self, step: int) -> bool:
@@ -426,39 +440,90 @@ class RankRunner:
         return bool(self.timed)
 
     def _agree_stop(self) -> bool:
-        """All ranks learn whether any rank was asked to stop (one tiny all-reduce)."""
-        flag = 1 if self.stop is not None and self.stop.requested.is_set() else 0
-        t = torch.tensor([flag], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        """Whether every rank stops before this step: a request reaches all ranks one step
+        later, through a host all-reduce that runs behind the step (``StopAgreement``)."""
+        requested = self.stop is not None and self.stop.requested.is_set()
+        if self.stop_agreement is None:
+            return requested
+        return self.stop_agreement.poll(requested)
 
-    def run_step(self, step: int, *, timed: bool = True) -> StepRecord:
-        """One training step: schedule window, optimizer, then the step's events."""
-        assert self.recorder is not None
-        cfg = self.config
+    def run_step(self, step: int, *, timed: bool = True) -> list[StepRecord]:
+        """One training step: schedule window, optimizer, then the events of every step whose
+        times are ready (this one on CPU; on CUDA usually the one before, read off the device
+        without waiting: timed_stage [Note: CUDA event timing]).
+
+        An untimed step (the plain ``PipelineStage``, the baseline that instrumentation is
+        measured against) does not touch the recorder: it takes four stamps of the step clock,
+        as a timed step does for its window and optimizer, and nothing per action.
+        """
+        assert self.recorder is not None and self.step_clock is not None
         args: tuple[torch.Tensor, ...] = ()
         target = None
         if self._batches is not None:
             inputs, targets = next(self._batches)
             if self.has_first:
-                args = (inputs.to(self.device),)
+                args = (self._to_device(inputs),)
             if self.has_last:
-                target = targets.to(self.device)
+                target = self._to_device(targets)
         losses: list[torch.Tensor] = []
         schedule = self._schedules[timed]
-        rec = self.recorder
-        rec.begin_step(step)
+        if timed:
+            rec = self.recorder
+            rec.begin_step(step)
+            schedule.step(*args, target=target, losses=losses if self.has_last else None)
+            rec.end_window()
+            self._keep_loss(step, losses)
+            rec.mark("optimizer_start")
+            self._optimizer_step()
+            rec.mark("optimizer_end")
+            return self._emit_steps(rec.finish_step())
+        self.recorder.close_gap()  # a bubble carried from a timed step ends here
+        clock = self.step_clock
+        marks = {"window_start": clock.begin_step()}
         schedule.step(*args, target=target, losses=losses if self.has_last else None)
-        rec.end_window()
-        rec.mark("optimizer_start")
+        marks["window_end"] = clock.stamp()
+        self._keep_loss(step, losses)
+        marks["optimizer_start"] = clock.stamp()
+        self._optimizer_step()
+        marks["optimizer_end"] = last = clock.stamp()
+        clock.defer(
+            last,
+            lambda resolve: StepRecord(step, [], {k: resolve(v) for k, v in marks.items()}),
+        )
+        return self._emit_steps(clock.ready())
+
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        """A host batch on the rank's device; on CUDA through pinned memory, so the copy is
+        queued on the stream instead of making the host wait for it."""
+        if self.device.type != "cuda":
+            return batch
+        return batch.pin_memory().to(self.device, non_blocking=True)
+
+    def _optimizer_step(self) -> None:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        rec.mark("optimizer_end")
-        record = rec.finish_step()
-        loss = float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
-        self._emit_step(record, loss, tokens=cfg.microbatches * cfg.microbatch_size * cfg.seq_len)
-        return record
+
+    def _keep_loss(self, step: int, losses: list[torch.Tensor]) -> None:
+        """The step's mean loss, copied to the host without waiting (read when the step's
+        times are: by then the copy is done)."""
+        if not losses:
+            return
+        mean = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
+        if mean.device.type == "cuda":
+            host = torch.empty(1, dtype=mean.dtype, pin_memory=True)
+            host.copy_(mean, non_blocking=True)
+            self._losses[step] = host
+        else:
+            self._losses[step] = mean
+
+    def _emit_steps(self, records: list[StepRecord]) -> list[StepRecord]:
+        cfg = self.config
+        tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq_len
+        for record in records:
+            loss = self._losses.pop(record.step, None)
+            self._emit_step(record, None if loss is None else float(loss), tokens=tokens)
+        return records
 
     def _emit_step(self, record: StepRecord, loss: float | None, *, tokens: int) -> None:
         rank = self.env.rank

@@ -21,10 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StopControl"]
+__all__ = ["StopAgreement", "StopControl"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -159,3 +160,43 @@ def _set_parent_death_signal(sig: int) -> None:
             log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     except (OSError, AttributeError):
         log.warning("prctl unavailable; relying on the parent-pid watcher")
+
+
+class StopAgreement:
+    """Every rank learns of a stop request at the same step, without waiting for it.
+
+    Each step, ``poll`` reads the result of the all-reduce it started one step earlier (done by
+    now: a few bytes over a gloo group, on the host) and starts the next one. Every rank reads
+    the same reduced flag at the same step, so all stop before the same step, one step after
+    the request, and training never waits on the device or on its peers for it.
+
+    Args:
+        group: a gloo process group over all ranks (host tensors; no device sync).
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self._flag: Any = None
+        self._work: Any = None
+
+    def poll(self, requested: bool) -> bool:
+        """Whether to stop now; ``requested`` is this rank's own request (collective)."""
+        import torch
+        import torch.distributed as dist
+
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if int(self._flag.item()):
+                return True
+        self._flag = torch.tensor([int(requested)], dtype=torch.int32)
+        self._work = dist.all_reduce(
+            self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True
+        )
+        return False
+
+    def finish(self) -> None:
+        """Wait for the all-reduce in flight (every rank, at the end of training)."""
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()

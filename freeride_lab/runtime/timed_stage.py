@@ -11,12 +11,16 @@ action to the start of the next. It can announce those bubbles live to an ``edge
 [Note: CUDA event timing]
 On CUDA the host returns from a stage call once the kernels are *launched*, so host clocks
 measure launches, not execution. The recorder records a timing-enabled CUDA event before and
-after each call and resolves them after the step: ``begin_step`` synchronises the device, reads
-the host clock (the anchor) and records a reference event; ``finish_step`` synchronises once
-more and converts every event to ``anchor + ref.elapsed_time(event)``. Nothing inside the step
-waits for the device. Live bubble edges on CUDA come from a watcher thread that polls the events
-with ``query()`` and stamps each one with the host clock when it completes (so they lag by the
-poll interval and by the main thread holding the GIL; the resolved spans are exact).
+after each call (a few microseconds, never a wait) through the rank's ``StepClock``, which
+turns a step's events into run-clock times only once they have completed, after later work is
+queued: nothing on the training path waits for the device (one re-anchoring synchronisation
+every 30 s aside; ``runtime.step_clock`` [Note: anchoring CUDA events to the host clock]).
+``finish_step`` therefore hands out the steps that are ready, usually the previous one.
+Live bubble edges on CUDA come from a watcher thread that waits for each event with
+``synchronize()`` on a blocking-sync event: the wait releases the GIL and sleeps, instead of
+polling ``query()`` with the GIL held. The edge is stamped with the host clock when the thread
+wakes (so it lags by the wake-up and by the main thread holding the GIL; the resolved spans are
+exact).
 
 [Note: bubble slots]
 Within one step, slot k of a rank is the k-th idle gap in time order: slot 0 runs from the
@@ -60,6 +64,7 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from freeride_lab.core.schedule import ActionKind
+from freeride_lab.runtime.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +181,15 @@ class _EdgeTracker:
 
 
 class _CudaEdgeWatcher:
-    """Daemon thread that turns recorded CUDA events into live bubble edges as they complete."""
+    """Daemon thread that turns recorded CUDA events into live bubble edges as they complete.
 
-    def __init__(self, tracker: _EdgeTracker, clock_offset_ns: int, poll_s: float = 50e-6) -> None:
+    It waits on each event with ``synchronize()``, which releases the GIL; with the recorder's
+    blocking-sync events the thread sleeps until the device reaches the event.
+    """
+
+    def __init__(self, tracker: _EdgeTracker, clock_offset_ns: int) -> None:
         self._tracker = tracker
         self._offset = clock_offset_ns
-        self._poll_s = poll_s
         self._queue: collections.deque[tuple[str, int, int, Any]] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
@@ -204,11 +212,8 @@ class _CudaEdgeWatcher:
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
-            edge, step, slot, event = self._queue[0]
-            if not event.query():
-                time.sleep(self._poll_s)
-                continue
-            self._queue.popleft()
+            edge, step, slot, event = self._queue.popleft()
+            event.synchronize()  # GIL released while waiting
             t_ns = time.time_ns() + self._offset
             if edge == "start":
                 self._tracker.open(step, slot, t_ns)
@@ -228,6 +233,7 @@ class ActionRecorder:
         device: the stages' device; CUDA turns on event timing (see [Note: CUDA event timing]).
         edges: receives live bubble edges (see [Note: bubble slots]); None turns them off.
         predictor: predicts each slot's length for ``bubble_start``; used only with ``edges``.
+        clock: the rank's ``StepClock`` (shared with its untimed steps); made here if None.
     """
 
     def __init__(
@@ -237,6 +243,7 @@ class ActionRecorder:
         clock_offset_ns: int = 0,
         edges: BubbleEdges | None = None,
         predictor: SlotPredictorLike | None = None,
+        clock: StepClock | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
@@ -248,18 +255,19 @@ class ActionRecorder:
             if self._tracker is not None and self.is_cuda
             else None
         )
+        watched = self._watcher is not None  # the watcher may hold an event past its step
+        self.clock = clock or StepClock(
+            self.device, clock_offset_ns, blocking=watched, reuse_events=not watched
+        )
+        if watched:
+            self.clock.blocking, self.clock.reuse_events = True, False
         self._slot = 0
         self._gap_open = False
         self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
         self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
         self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
         self._marks: dict[str, Any] = {}
-        self._anchor_ns = 0
-        self._ref: Any = None
-        # CUDA events of this step, and finished ones to reuse (only without a watcher, which
-        # may still hold an event when the next step starts)
-        self._used_events: list[Any] = []
-        self._free_events: list[Any] = []
+        self._last: Any = None  # the latest stamp: once it completes, the step can be read
 
     def __repr__(self) -> str:
         return (
@@ -285,12 +293,7 @@ class ActionRecorder:
         self._marks = {}
         self._slot = 0
         self._held = None
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-            self._anchor_ns = self.now_ns()
-            self._ref = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self._ref.record()
-        self.mark("window_start")
+        self._marks["window_start"] = self._last = self.clock.begin_step()
         if not self._gap_open:  # else slot 0 was opened by ``carry_gap`` and goes on
             self._open_gap(self._marks["window_start"])
 
@@ -315,20 +318,31 @@ class ActionRecorder:
         """Stamp a named moment of this step (a CUDA event on CUDA)."""
         self._marks[name] = self._stamp()
 
-    def finish_step(self) -> StepRecord:
-        """Collect the step's actions and marks; on CUDA this waits for the device once."""
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-        resolve = self._resolve
-        spans = [
-            ActionSpan(stage, kind, mb, resolve(start), resolve(end))
-            for kind, stage, mb, start, end in self._spans
-        ]
-        marks = {name: resolve(stamp) for name, stamp in self._marks.items()}
-        if self.is_cuda and self._watcher is None:
-            self._free_events.extend(self._used_events)
-        self._used_events = []
-        return StepRecord(self.step, spans, marks)
+    def finish_step(self) -> list[StepRecord]:
+        """End the step; returns the steps whose records are ready, oldest first.
+
+        On CPU that is this step. On CUDA it is the steps whose events have completed, usually
+        the previous one; nothing waits for the device (``flush`` at the end does).
+        """
+        step, spans, marks = self.step, self._spans, self._marks
+        self._spans, self._marks = [], {}
+
+        def build(resolve: Callable[[Any], int]) -> StepRecord:
+            return StepRecord(
+                step,
+                [
+                    ActionSpan(stage, kind, mb, resolve(start), resolve(end))
+                    for kind, stage, mb, start, end in spans
+                ],
+                {name: resolve(stamp) for name, stamp in marks.items()},
+            )
+
+        self.clock.defer(self._last, build)
+        return self.clock.ready()
+
+    def flush(self) -> list[StepRecord]:
+        """Every step not yet handed out (waits for the device on CUDA)."""
+        return self.clock.flush()
 
     def drain_edges(self) -> list[EdgeRecord]:
         """Bubble edges announced since the last drain (empty when edges are off)."""
@@ -400,18 +414,8 @@ class ActionRecorder:
             self._end(*held)
 
     def _stamp(self) -> Any:
-        if self.is_cuda:
-            free = self._free_events
-            event = free.pop() if free else torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            event.record()
-            self._used_events.append(event)
-            return event
-        return time.time_ns() + self.clock_offset_ns
-
-    def _resolve(self, stamp: Any) -> int:
-        if self.is_cuda:
-            return self._anchor_ns + round(float(self._ref.elapsed_time(stamp)) * 1e6)
-        return int(stamp)
+        self._last = stamp = self.clock.stamp()
+        return stamp
 
     def _open_gap(self, stamp: Any, *, step: int | None = None, slot: int | None = None) -> None:
         if self._tracker is None:

@@ -233,6 +233,52 @@ def test_text_job_announces_every_gap_of_every_step_with_a_prediction(text_job: 
             assert e["t_ns"] <= steps[e["step"]]["start_ns"], (rank, e)
 
 
+def test_untimed_steps_record_their_window_but_no_action_and_no_bubble_edge(
+    tmp_path: Path,
+) -> None:
+    """The plain baseline (blocks of untimed steps) runs without the recorder: no action
+    events, no bubble edges, yet the step's window, optimizer and loss, like a timed step."""
+    job = run_job(
+        tmp_path / "run",
+        2,
+        schedule="1F1B",
+        stages=2,
+        microbatches=2,
+        steps=8,
+        workload="synthetic",
+        t_forward_ms=2,
+        t_backward_input_ms=2,
+        t_backward_weight_ms=2,
+        d_model=16,
+        seq_len=8,
+        microbatch_size=2,
+        extra={
+            "edges_factory": "tests.runtime.test_rank:quiet_edges",
+            "timed": "alternate",
+            "alternate_every": 2,
+        },
+    )
+    assert job.returncode == 0, log_tail(job.run_dir)
+    untimed = {2, 3, 6, 7}
+    for rank, evs in job.events.items():
+        steps = of_kind(evs, "step")
+        assert [e["step"] for e in steps] == list(range(8)), rank
+        for e in steps:
+            marks = [e["start_ns"], e["end_ns"], e["optimizer_start_ns"], e["optimizer_end_ns"]]
+            assert marks == sorted(marks), (rank, e)
+            assert (e["loss"] is not None) == (rank == 1), (rank, e)
+        assert {e["step"] for e in of_kind(evs, "action")} == set(range(8)) - untimed, rank
+        # an untimed block's first step only closes the bubble that its timed predecessor
+        # opened after its optimizer (slot 0 of the next step: the wait for the first input)
+        in_untimed = [
+            (e["step"], e["edge"], e["slot"])
+            for e in of_kind(evs, "bubble_edge")
+            if e["step"] in untimed
+        ]
+        carried = [(2, "start", 0), (2, "end", 0), (6, "start", 0), (6, "end", 0)]
+        assert in_untimed == carried, rank
+
+
 # -- (b) every schedule class on gloo, (e) synthetic timing -------------------------------
 
 SCHEDULE_STEPS = 3

@@ -114,3 +114,21 @@ def test_a_sigterm_that_lands_while_a_stop_is_being_recorded_does_not_deadlock()
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "first"
+
+
+def test_every_rank_learns_of_a_stop_one_step_after_it_is_raised() -> None:
+    """The agreement runs behind the step: a request raised before step k stops the ranks
+    before step k + 1, and a poll never waits on the device."""
+    done = _run(
+        """
+        import torch.distributed as dist
+        from freeride_lab.runtime.stop import StopAgreement
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        agreement = StopAgreement()
+        seen = [agreement.poll(False), agreement.poll(True), agreement.poll(False)]
+        agreement.finish()
+        print(seen)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[False, False, True]"
