@@ -7,7 +7,13 @@ the global window (earliest window start to latest window end over ranks) is com
 first ``--warmup`` steps are dropped, and so is the first step of every block: the event sink
 writes a step's events in the background during the *next* step, so that step carries the
 previous block's telemetry cost (with k = 1 the timed steps' writing lands in the plain steps
-and timed looks faster than plain).
+and timed looks faster than plain). Each timed block and the plain block after it form a pair;
+the overhead is the mean over pairs of (timed / plain - 1), with its 95% t-interval, and so is
+the cost per action (the step-time difference over the rank's actions per step).
+
+The plain steps do not touch the action recorder at all: they take the four step-clock stamps
+a timed step also takes (window and optimizer), so the difference is what timing each action
+and announcing its bubbles costs.
 
 It also times the recorder's own ``start``/``stop`` pair in this process (no torch call), with
 and without a live-edges receiver: the instrumentation cost per action (min and median of
@@ -41,9 +47,11 @@ from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
 
+import numpy as np
 import torch
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.core.intervals import Interval, mean_interval
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.runtime.rundir import RunDir
 from freeride_lab.runtime.timed_stage import ActionRecorder
@@ -128,18 +136,38 @@ def run_case(case: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     timed = [v for s, v in kept.items() if (s // k) % 2 == 0]
     plain = [v for s, v in kept.items() if (s // k) % 2 == 1]
     n_actions = median(actions_per_step.values())
+    per_rank = n_actions / args.stages
+    blocks: dict[int, list[float]] = {}
+    for step, v in kept.items():
+        blocks.setdefault(step // k, []).append(v)
+    pairs = [
+        (float(np.mean(blocks[b])), float(np.mean(blocks[b + 1])))
+        for b in sorted(blocks)
+        if b % 2 == 0 and b + 1 in blocks
+    ]
+    ratio = mean_interval([t / p - 1 for t, p in pairs])
+    per_action = mean_interval([(t - p) * 1e3 / per_rank for t, p in pairs])
     a, b = median(timed), median(plain)
     return {
         "case": case,
         "config": cfg.to_dict(),
         "steps_compared": {"timed": len(timed), "plain": len(plain)},
+        "block_pairs": len(pairs),
         "median_step_ms": {"timed": round(a, 3), "plain": round(b, 3)},
         "iqr_step_ms": {"timed": _iqr(timed), "plain": _iqr(plain)},
-        "overhead_ratio": round(a / b, 4),
-        "overhead_ms_per_step": round(a - b, 3),
-        "actions_per_step_all_ranks": n_actions,
-        "overhead_us_per_action": round((a - b) * 1e3 / n_actions * args.stages, 1),
+        "overhead_frac": _iv(ratio, 5),
+        "actions_per_step_per_rank": per_rank,
+        "overhead_us_per_action": _iv(per_action, 1),
         "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def _iv(iv: Interval, digits: int) -> dict[str, float | int]:
+    return {
+        "value": round(iv.value, digits),
+        "lo": round(iv.lo, digits),
+        "hi": round(iv.hi, digits),
+        "blocks": iv.n,
     }
 
 
@@ -185,6 +213,7 @@ def recorder_cost_ns(edges: bool, device: str, n: int = 2_000, repeats: int = 9)
         rec.end_window()
         rec.finish_step()
         rec.drain_edges()
+    rec.flush()
     rec.close()
     return {"min": round(min(costs)), "median": round(median(costs))}
 
@@ -209,7 +238,7 @@ def main() -> None:
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--schedule", default="1F1B")
     p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--steps", type=int, default=88)
     p.add_argument("--block", type=int, default=4, help="steps per A or B block")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
@@ -234,11 +263,12 @@ def main() -> None:
         for case in cases:
             r = run_case(case, args, Path(tmp))
             results["cases"].append(r)
+            o, u = r["overhead_frac"], r["overhead_us_per_action"]
             print(
                 f"{case:10s} timed {r['median_step_ms']['timed']:9.3f} ms  plain "
-                f"{r['median_step_ms']['plain']:9.3f} ms  ratio {r['overhead_ratio']:.4f}  "
-                f"({r['overhead_us_per_action']:+.1f} us/action, "
-                f"{r['steps_compared']['timed']}+{r['steps_compared']['plain']} steps)"
+                f"{r['median_step_ms']['plain']:9.3f} ms  overhead {o['value']:+.2%} "
+                f"[{o['lo']:+.2%}, {o['hi']:+.2%}]  {u['value']:+.1f} us/action "
+                f"[{u['lo']:+.1f}, {u['hi']:+.1f}]  ({r['block_pairs']} block pairs)"
             )
     rc = results["recorder_ns_per_action"]
     print(

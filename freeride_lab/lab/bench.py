@@ -62,7 +62,13 @@ from freeride_lab.lab.bench_results import (
     versions,
     write_results,
 )
-from freeride_lab.lab.tables import actions_frame, read_events, run_start_ns, side_task_steps_frame
+from freeride_lab.lab.tables import (
+    actions_frame,
+    read_events,
+    run_start_ns,
+    side_task_steps_frame,
+    steps_frame,
+)
 from freeride_lab.runtime.emulate import EMULATE_KEY, Control, ControlFile, Gate
 
 log = logging.getLogger(__name__)
@@ -824,9 +830,9 @@ class _RunDriver:
         t0 = run_start_ns(events) or 0
         cfg = self.config()
         actions = actions_frame(events, t0)
-        bubbles = extract_bubbles(
+        bubbles = extract_bubbles(  # with the idle between steps (core.bubbles)
             actions, schedule=cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches,
-            chunks=cfg.chunks, min_ms=1.0,
+            chunks=cfg.chunks, min_ms=1.0, steps=steps_frame(events, t0),
         )  # fmt: skip
         side = side_task_steps_frame(events, t0)
         starts = {
