@@ -540,3 +540,40 @@ def test_one_rank_trains_on_cuda_with_event_timing(tmp_path: Path) -> None:
         inside = [a for a in actions if a["step"] == s["step"]]
         assert all(s["start_ns"] <= a["start_ns"] and a["end_ns"] <= s["end_ns"] for a in inside)
     assert of_kind(evs, "memory")[-1]["device"].startswith("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_steps_are_read_without_waiting_yet_all_arrive_in_order(tmp_path: Path) -> None:
+    """Timed and untimed steps on CUDA, live edges on: records come off the device a step
+    late, but every step arrives once, in order, with its loss, and edges are announced."""
+    job = run_job(
+        tmp_path / "run",
+        1,
+        schedule="1F1B",
+        stages=1,
+        microbatches=4,
+        steps=12,
+        workload="text",
+        device="cuda",
+        layers=2,
+        d_model=64,
+        heads=4,
+        seq_len=64,
+        extra={
+            "edges_factory": "tests.runtime.test_rank:quiet_edges",
+            "timed": "alternate",
+            "alternate_every": 3,
+        },
+    )
+    assert job.returncode == 0, log_tail(job.run_dir)
+    evs = job.events[0]
+    steps = of_kind(evs, "step")
+    assert [s["step"] for s in steps] == list(range(12))
+    assert all(s["loss"] is not None for s in steps)
+    for s in steps:
+        marks = [s["start_ns"], s["end_ns"], s["optimizer_start_ns"], s["optimizer_end_ns"]]
+        assert marks == sorted(marks), s
+    timed = {0, 1, 2, 6, 7, 8}
+    assert {a["step"] for a in of_kind(evs, "action")} == timed
+    assert {e["step"] for e in of_kind(evs, "bubble_edge") if e["edge"] == "start"} >= timed
