@@ -46,6 +46,15 @@ H200_M8 = "h200-2026-12-03-m8-timeslice-r4.json"
 #: The H200 re-run of 2026-12-04 with per-run dedicated speeds and intervals: one M = 4
 #: time-sliced run measured in two calls (real stages 0-1, then 2-3), read as one result.
 H200_SPLIT = ("h200-2026-12-04-m4-timeslice-s01.json", "h200-2026-12-04-m4-timeslice-s23.json")
+#: The same M = 4 time-sliced run with the instrument off the training path (true plain
+#: baseline, host stop agreement, steps read off the device lazily) and the idle between steps
+#: counted as bubbles; all four stages real, in one call.
+H200_INSTRUMENT = "h200-2026-12-04-m4-timeslice-instrument.json"
+#: What timing every action costs a CUDA rank (benchmarks/bench_timing_overhead.py), today's
+#: instrument ("new") and the one before it ("old"), alternating calls on one H200.
+TIMING_OVERHEAD = tuple(
+    f"timing-overhead-h200-2026-12-04-{code}-{i}.json" for i in (1, 2) for code in ("new", "old")
+)
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -432,7 +441,95 @@ def h200_split_per_stage() -> list[str]:
     return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
 
 
+def _instrument_rows() -> list[tuple[str, dict[str, Any]]]:
+    return [("", r) for r in result(H200_INSTRUMENT)["pipeline"] if r["case"] == "mix"]
+
+
+def h200_instrument_per_stage() -> list[str]:
+    rows = [
+        [str(r["stage"]), r["task"], r["mode"],
+         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
+                      signed=True),
+         fmt_interval(r["harvest_frac"], r["harvest_lo_frac"], r["harvest_hi_frac"], 1),
+         fmt_pct(r["idle_frac"], 0)]
+        for r in result(H200_INSTRUMENT)["summary"]
+        if r["case"] in ("mix", "instrumentation") and r["mode"] != "vanilla"
+    ]  # fmt: skip
+    return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
+
+
+def h200_instrument_old_vs_new() -> list[str]:
+    """The same run (M = 4, time-sliced, the mix, managed) before and after the instrument and
+    bubble-table changes, one line per figure with why it moved."""
+    old = next(r for _, r in _split_rows() if r["mode"] == "managed")
+    new = next(r for _, r in _instrument_rows() if r["mode"] == "managed")
+    why = {
+        "idle (measured)": "the bubbles now include the idle between steps (window end to the "
+        "next step's first action, optimizer excluded), so more of each step counts as idle",
+        "harvest of measured idle": "the same harvest over the larger measured idle",
+        "overhead, all stages (estimate)": "a different call (new calibration, noise of five "
+        "blocks); the harness's real rank no longer runs a second all-reduce per step to agree "
+        "on stops",
+        "overhead, one stage: mean": "as above",
+        "harvest": "within the intervals of both calls",
+        "edge → step p50 / p99 ms": "unchanged: the real rank of this harness times on the host, "
+        "where the edge path did not change",
+    }
+    pairs = {
+        "idle (measured)": (fmt_pct(old["idle_frac"], 1), fmt_pct(new["idle_frac"], 1)),
+        "harvest of measured idle": (
+            _iv(old, "harvest_of_measured_idle", 0), _iv(new, "harvest_of_measured_idle", 0)),
+        "overhead, all stages (estimate)": (
+            _iv(old, "overhead_all_stages_estimate", signed=True),
+            _iv(new, "overhead_all_stages_estimate", signed=True)),
+        "overhead, one stage: mean": (
+            _iv(old, "overhead_one_stage_mean", signed=True),
+            _iv(new, "overhead_one_stage_mean", signed=True)),
+        "harvest": (_iv(old, "harvest", 1), _iv(new, "harvest", 1)),
+        "edge → step p50 / p99 ms": (
+            f"{_ms(old, 'latency_p50')} / {_ms(old, 'latency_p99')}",
+            f"{_ms(new, 'latency_p50')} / {_ms(new, 'latency_p99')}"),
+    }  # fmt: skip
+    rows = [[name, a, b, why[name]] for name, (a, b) in pairs.items()]
+    return _table(["figure (managed)", "before (two calls)", "now (one call)", "why"], rows)
+
+
+def timing_overhead() -> list[str]:
+    rows = []
+    for name in TIMING_OVERHEAD:
+        data = raw(name)
+        case = data["cases"][0]
+        rc = data["recorder_ns_per_action"]
+        if "overhead_frac" in case:  # today's script: paired blocks with intervals
+            o, u = case["overhead_frac"], case["overhead_us_per_action"]
+            overhead = fmt_interval(o["value"], o["lo"], o["hi"], 2, signed=True)
+            per_action = fmt_interval(u["value"], u["lo"], u["hi"], 0, pct=False)
+            code = "today (plain: no recorder)"
+        else:  # the script before: medians of steps, no interval
+            overhead = fmt_pct(case["overhead_ratio"] - 1, 2, signed=True) + " (median)"
+            per_action = f"{case['overhead_us_per_action']:.0f} (median)"
+            code = "before (plain: recorder with two syncs per step)"
+        rows.append(
+            [name.removeprefix("timing-overhead-h200-2026-12-04-").removesuffix(".json"), code,
+             f"{case['median_step_ms']['timed']:.1f} / {case['median_step_ms']['plain']:.1f}",
+             overhead, per_action,
+             f"{rc['no_edges']['median'] / 1e3:.1f} / "
+             f"{rc['edges_and_predictor']['median'] / 1e3:.1f}"]
+        )  # fmt: skip
+    return _table(
+        ["call", "instrument", "step ms timed / plain (median)", "overhead [95%]",
+         "µs per action [95%]", "recorder start+stop µs (no edges / edges)"],
+        rows,
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04b-overhead": lambda: h200_overhead(_instrument_rows()),
+    "h200-12-04b-harvest": lambda: h200_harvest(_instrument_rows()),
+    "h200-12-04b-per-stage": h200_instrument_per_stage,
+    "h200-12-04b-goals": lambda: h200_goals([result(H200_INSTRUMENT)]),
+    "h200-12-04b-old-vs-new": h200_instrument_old_vs_new,
+    "timing-overhead-h200": timing_overhead,
     "h200-12-04-overhead": lambda: h200_overhead(_split_rows()),
     "h200-12-04-harvest": lambda: h200_harvest(_split_rows()),
     "h200-12-04-per-stage": h200_split_per_stage,
