@@ -1,0 +1,63 @@
+"""Faults a rank process installs on itself for the bubble-attribution runs.
+
+The rank imports ``install`` by name as its ``edges_factory`` (``RunConfig.extra``), which it
+calls before it builds its stages. ``install`` reads two keys of the run's ``extra``:
+
+    slow_forward: {"stage": s, "extra_ms": x}  stage s's forward sleeps x ms more, inside the
+        timed F (a slow stage)
+    send_delay: {"stage": s, "delay_ms": d}    after each F of stage s ends, the rank sleeps
+        d ms before torch posts the F's send (a late send)
+
+and returns a bubble-edge receiver that accepts everything.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from torch.distributed.pipelining import PipelineStage
+
+from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.runtime.timed_stage import TimedPipelineStage
+
+
+class QuietEdges:
+    """A bubble-edge receiver that accepts everything."""
+
+    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
+        pass
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
+        pass
+
+
+def install(*, run_dir: RunDir, rank: int) -> QuietEdges:
+    """Patch this rank process's stage classes as the run's ``extra`` asks."""
+    extra = run_dir.read_run()["config"].get("extra", {})
+    slow = extra.get("slow_forward")
+    if slow:
+        _after_or_before(PipelineStage, int(slow["stage"]), float(slow["extra_ms"]), before=True)
+    late = extra.get("send_delay")
+    if late:
+        _after_or_before(
+            TimedPipelineStage, int(late["stage"]), float(late["delay_ms"]), before=False
+        )
+    return QuietEdges()
+
+
+def _after_or_before(cls: type, stage: int, ms: float, *, before: bool) -> None:
+    """Make ``cls.forward_one_chunk`` of ``stage`` sleep ``ms`` before or after the call."""
+    original = cls.forward_one_chunk  # type: ignore[attr-defined]
+
+    @functools.wraps(original)
+    def forward_one_chunk(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if before and self.stage_index == stage:
+            time.sleep(ms / 1e3)
+        out = original(self, *args, **kwargs)
+        if not before and self.stage_index == stage:
+            time.sleep(ms / 1e3)
+        return out
+
+    cls.forward_one_chunk = forward_one_chunk  # type: ignore[attr-defined]
