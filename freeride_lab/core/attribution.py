@@ -26,33 +26,41 @@ A rank's timeline is its busy items (actions, and the optimizer when the ``steps
 given) with idle spans between them; each span ends at the item the rank was about to run
 (``next``; none after its last item). The bubbles of ``extract_bubbles`` are pieces of these
 spans (cut at window edges), so a span is split once and its pieces inherit the split by
-time. A span [t0, t1) is split with three numbers:
+time. A span is [t0, t1).
 
-``N`` — when what the rank needed from other ranks was produced, the latest of:
-  * the data dependency of ``next`` if it ran on another rank: the end of F of the same
-    micro-batch on stage s-1 for an F on stage s, of B or I on stage s+1 for a B or I
-    (``core.planner`` [Note: planner semantics]; a W, or a dependency on the rank itself as
-    in V schedules, needs nothing from a peer);
-  * across a step boundary (the span starts in step s and ends in a later step or never):
-    the end of step s on every rank — the latest busy end of any rank in step s (its
-    optimizer with ``steps``, else its last action, i.e. the window end), since no rank
-    passes the stop agreement before every rank finished step s.
-``budget`` — the idle the schedule implies for this span: ``simulate`` runs the plan with
-  the run's per-(stage, kind) median costs (``Costs.from_actions``, no comm or dispatch);
-  for an action, its simulated gap to the rank's previous action (to the window start for
-  the first); across a boundary, the rank's simulated wait for the slowest rank to finish
-  (last simulated end + the rank's median optimizer time, against the maximum of that over
-  ranks) plus the simulated gap before the next action.
-``h`` — the rank's dispatch time: the median of its spans inside a step that end at an
-  action needing nothing from a peer (fallback: the same over all ranks; 0 if none).
+Two things the rank may need from other ranks, each with the time it was produced and the
+idle the schedule implies for it (its ``budget``):
 
-In time order the span is then: ``[t0, t0 + wait)`` with wait = clip(N - t0, 0, t1 - t0),
-waiting for a peer to produce the input — its first ``min(wait, budget)`` is schedule idle,
-the rest peer wait. The remainder ``[max(t0, N), t1)`` is the rank's own time if ``next``
-needs no data from a peer (everything was there: host overhead; this includes the
-agreement's own latency and event emission after every rank finished the step); otherwise
-the rank's dispatch runs from t0 overlapped with the wait, so host overhead is only the part
-of ``h`` left after the input was produced, ``clip(t0 + h - max(t0, N), 0, ...)``, and the
+- across a step boundary (the span starts in step s and ends in a later step or never),
+  the end of step s on every rank, ``N_agree``: the latest busy end of any rank in step s
+  (its optimizer with ``steps``, else its last action, i.e. the window end), since no rank
+  passes the stop agreement before every rank finished step s. Budget: the rank's simulated
+  wait for the slowest rank (last simulated end + median optimizer time, against the
+  maximum of that over ranks);
+- the data dependency of ``next`` if it ran on another rank, ``N_data``: the end of F of
+  the same micro-batch on stage s-1 for an F on stage s, of B or I on stage s+1 for a B or
+  I (``core.planner`` [Note: planner semantics]; a W, or a dependency on the rank itself
+  as in V schedules, needs nothing from a peer). Budget: the simulated gap before ``next``
+  on its rank (to the window start for a step's first action).
+
+The simulation is ``simulate`` of the plan with the run's per-(stage, kind) median costs
+(``Costs.from_actions``, no comm or dispatch). ``h``, the rank's dispatch time, is the
+median of its spans inside a step that end at an action needing nothing from a peer
+(fallback: the same over all ranks; 0 if none).
+
+In time order the span is: the wait for the agreement, then the wait for the data, then
+the rest. A wait lasts from where the span stands to the need's time (none if that time has
+passed: nothing was missing); if there is one, its last ``min(budget, room left)`` ms are
+schedule idle and what comes before is peer wait (the schedule idle sits at the end since
+it is when the producer computes what the rank needs; at the boundary that keeps the
+schedule's fill of step s+1 in step s+1's leading bubble). The schedule idle is the budget
+even if the wait was shorter: a transfer that delayed the rank in one gap shortens its next
+wait, and that shorter wait is still the schedule's idle, not a gain. A span in which
+nothing was missing has no schedule idle, whatever the simulation says (the rank was behind
+it). The rest of the span is the rank's own time if ``next`` needs no data from a peer
+(everything was there: host overhead; this includes the agreement's own latency and event
+emission after every rank finished the step); otherwise the rank's dispatch ran from t0
+under the waits, so host overhead is only the part of ``h`` they did not hide, and the
 rest is the input's transfer (send posting on the producer, the wire, the receive): peer.
 A sleep on the producer between its action's end and its send lands in that transfer.
 
@@ -80,9 +88,12 @@ __all__ = [
     "attribute_bubbles",
     "attribution_by_rank",
     "attribution_by_step",
+    "with_attribution",
 ]
 
 PART_COLUMNS: tuple[str, ...] = ("schedule_ms", "peer_ms", "host_ms")
+# ends of a span's segments: peer, schedule (agreement); peer, schedule (data); host
+_SEGMENTS = ("agree_peer_end", "agree_end", "data_peer_end", "data_end", "host_end")
 
 _ACTION_COLUMNS = ("step", "rank", "stage", "action", "microbatch", "start_ms", "end_ms")
 _BY_STEP_SCHEMA: dict[str, str] = {
@@ -176,11 +187,9 @@ def attribute_bubbles(
     ).sort_values("_order")
     x, y = joined["start_ms"].to_numpy(), joined["end_ms"].to_numpy()
     t0 = joined["t0"].to_numpy()
-    b1 = t0 + joined["schedule_len"].to_numpy()
-    b2 = t0 + joined["wait_len"].to_numpy()
-    b3 = b2 + joined["host_len"].to_numpy()
-    sched = _overlap(x, y, t0, b1)
-    peer = _overlap(x, y, b1, b2) + _overlap(x, y, b3, np.inf)
+    e = [joined[name].to_numpy() for name in _SEGMENTS]
+    sched = _overlap(x, y, e[0], e[1]) + _overlap(x, y, e[2], e[3])
+    peer = _overlap(x, y, t0, e[0]) + _overlap(x, y, e[1], e[2]) + _overlap(x, y, e[4], np.inf)
     dur = joined["duration_ms"].to_numpy(dtype=float)
     host = np.clip(dur - sched - peer, 0.0, None)
     found = ~np.isnan(t0)
@@ -361,27 +370,26 @@ def _spans(
     )
 
     crosses = ~first & (b["step"] > prev_step)
-    n_agree = prev_step.map(step_end)
-    need = np.fmax(
-        np.where(remote, dep_end, -np.inf), np.where(crosses, n_agree.to_numpy(), -np.inf)
-    )
+    n_agree = np.where(crosses, prev_step.map(step_end).to_numpy(), -np.inf)
+    n_data = np.where(remote, dep_end, -np.inf)
 
-    # schedule budget
+    # schedule budgets: the boundary's wait for the slowest rank, the gap before the action
     gap, last = sim
     akey = pd.MultiIndex.from_arrays([b["stage"], b["action"], b["microbatch"]])
     sim_gap = gap.reindex(akey).fillna(0.0).to_numpy() * b["is_action"].to_numpy()
     opt = _optimizer_ms(steps)
     done = last + (opt.reindex(last.index).fillna(0.0) if len(opt) else 0.0)
     boundary_wait = (float(done.max()) - rank.map(done)).fillna(0.0).clip(lower=0.0)
-    budget = np.where(crosses, boundary_wait.to_numpy() + sim_gap, sim_gap)
 
     spans = pd.DataFrame(
         {
             "rank": rank,
             "t0": t0,
             "t1": b["start_ms"],
-            "need": need,
-            "budget": budget,
+            "n_agree": n_agree,
+            "b_agree": np.where(crosses, boundary_wait.to_numpy(), 0.0),
+            "n_data": n_data,
+            "b_data": sim_gap,
             "remote": remote,
             "inner": ~first & ~crosses & b["is_action"],
         }
@@ -396,8 +404,10 @@ def _spans(
                     "rank": tail["rank"],
                     "t0": reach[tail.index],
                     "t1": np.inf if steps is not None else tail["step"].map(step_end),
-                    "need": tail["step"].map(step_end),
-                    "budget": boundary_wait[tail.index].to_numpy(),
+                    "n_agree": tail["step"].map(step_end),
+                    "b_agree": boundary_wait[tail.index].to_numpy(),
+                    "n_data": -np.inf,
+                    "b_data": 0.0,
                     "remote": False,
                     "inner": False,
                 }
@@ -407,17 +417,34 @@ def _spans(
     )
     h = _dispatch_ms(spans)  # zero-length spans count: a rank that was fed at once
     spans = spans[(spans["t1"] > spans["t0"]) & spans["t0"].notna()].reset_index(drop=True)
-    g = spans["t1"] - spans["t0"]
-    wait = (spans["need"] - spans["t0"]).clip(lower=0.0)
-    wait = np.minimum(wait, g)
-    post = g - wait
+    t0, g = spans["t0"].to_numpy(), (spans["t1"] - spans["t0"]).to_numpy()
+    # the wait for the agreement, then the wait for the data; each: peer, then schedule
+    peer1, sched1 = _wait(g, spans["n_agree"].to_numpy() - t0, spans["b_agree"].to_numpy())
+    used = peer1 + sched1
+    peer2, sched2 = _wait(
+        g - used, spans["n_data"].to_numpy() - t0 - used, spans["b_data"].to_numpy()
+    )
+    used = used + peer2 + sched2
+    rest = g - used
     h_r = spans["rank"].map(h).to_numpy()
-    overlap_left = (spans["t0"] + h_r - np.maximum(spans["t0"], spans["need"])).clip(lower=0.0)
-    host = np.where(spans["remote"], np.minimum(overlap_left, post), post)
-    spans["wait_len"] = wait
-    spans["schedule_len"] = np.minimum(wait, spans["budget"])
-    spans["host_len"] = host
-    return spans[["rank", "t0", "t1", "schedule_len", "wait_len", "host_len"]]
+    dispatch_left = np.clip(h_r - used, 0.0, None)  # the dispatch the waits did not hide
+    host = np.where(spans["remote"], np.minimum(dispatch_left, rest), rest)
+    # segment lengths in time order: peer, schedule, peer, schedule, host, then peer
+    lengths = np.stack([peer1, sched1, peer2, sched2, host], axis=1)
+    ends = t0[:, None] + np.cumsum(lengths, axis=1)
+    out = spans[["rank", "t0", "t1"]].copy()
+    for i, name in enumerate(_SEGMENTS):
+        out[name] = ends[:, i]
+    return out
+
+
+def _wait(room: np.ndarray, until: np.ndarray, budget: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(peer, schedule) ms of one wait that starts a span's free ``room``: ``until`` ms long
+    (<= 0: nothing missing), of which the schedule implies ``budget`` ms (at its end)."""
+    wait = np.clip(until, 0.0, room)
+    schedule = np.where(wait > 0, np.minimum(budget, room), 0.0)
+    peer = np.clip(wait - schedule, 0.0, None)
+    return peer, schedule
 
 
 def _optimizer_ms(steps: pd.DataFrame | None) -> pd.Series:
@@ -461,3 +488,19 @@ def _empty(schema: Mapping[str, str]) -> pd.DataFrame:
 
 def _typed(frame: pd.DataFrame, schema: Mapping[str, str]) -> pd.DataFrame:
     return frame[list(schema)].astype(dict(schema)).reset_index(drop=True)
+
+
+def with_attribution(summary: pd.DataFrame, by_rank: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` (one row per rank) with the bubble split per step beside its fractions.
+
+    Appends bubble_ms_per_step, schedule_ms_per_step, peer_ms_per_step, host_ms_per_step
+    (float64: ``attribution_by_rank``'s sums over its ``steps``; NaN for a rank it lacks).
+    """
+    _require(summary, ("rank",), "summary")
+    _require(by_rank, ("rank", "steps", "bubble_ms", *PART_COLUMNS), "by_rank")
+    per_step = by_rank.set_index("rank")
+    n = per_step["steps"].where(per_step["steps"] > 0)
+    out = summary.copy()
+    for c in ("bubble_ms", *PART_COLUMNS):
+        out[c.replace("_ms", "_ms_per_step")] = out["rank"].map(per_step[c] / n).astype("float64")
+    return out

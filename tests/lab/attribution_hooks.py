@@ -5,8 +5,9 @@ calls before it builds its stages. ``install`` reads two keys of the run's ``ext
 
     slow_forward: {"stage": s, "extra_ms": x}  stage s's forward sleeps x ms more, inside the
         timed F (a slow stage)
-    send_delay: {"stage": s, "delay_ms": d}    after each F of stage s ends, the rank sleeps
-        d ms before torch posts the F's send (a late send)
+    send_delay: {"stage": s, "delay_ms": d, "microbatch": j}  after F of micro-batch j (every
+        micro-batch without "microbatch") of stage s ends, the rank sleeps d ms before torch
+        posts the F's send (a late send)
 
 and returns a bubble-edge receiver that accepts everything.
 """
@@ -38,25 +39,33 @@ def install(*, run_dir: RunDir, rank: int) -> QuietEdges:
     extra = run_dir.read_run()["config"].get("extra", {})
     slow = extra.get("slow_forward")
     if slow:
-        _after_or_before(PipelineStage, int(slow["stage"]), float(slow["extra_ms"]), before=True)
+        _sleep_around(PipelineStage, int(slow["stage"]), float(slow["extra_ms"]), before=True)
     late = extra.get("send_delay")
     if late:
-        _after_or_before(
-            TimedPipelineStage, int(late["stage"]), float(late["delay_ms"]), before=False
+        mb = late.get("microbatch")
+        _sleep_around(
+            TimedPipelineStage,
+            int(late["stage"]),
+            float(late["delay_ms"]),
+            before=False,
+            microbatch=None if mb is None else int(mb),
         )
     return QuietEdges()
 
 
-def _after_or_before(cls: type, stage: int, ms: float, *, before: bool) -> None:
+def _sleep_around(
+    cls: type, stage: int, ms: float, *, before: bool, microbatch: int | None = None
+) -> None:
     """Make ``cls.forward_one_chunk`` of ``stage`` sleep ``ms`` before or after the call."""
     original = cls.forward_one_chunk  # type: ignore[attr-defined]
 
     @functools.wraps(original)
-    def forward_one_chunk(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if before and self.stage_index == stage:
+    def forward_one_chunk(self: Any, chunk: int, *args: Any, **kwargs: Any) -> Any:
+        hit = self.stage_index == stage and microbatch in (None, chunk)
+        if before and hit:
             time.sleep(ms / 1e3)
-        out = original(self, *args, **kwargs)
-        if not before and self.stage_index == stage:
+        out = original(self, chunk, *args, **kwargs)
+        if not before and hit:
             time.sleep(ms / 1e3)
         return out
 
