@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -98,6 +99,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     return {name: Session.open(root / name) for name in RUNS}
 
 
+def session_of(runs: dict[str, Session], name: str) -> Path:
+    return runs[name].run_dir.path
+
+
+def sleeps(run_dir: Path, *, rank: int) -> np.ndarray:
+    """The injected sleeps of ``rank`` as they ran, ms, in order (one per step here)."""
+    lines = (run_dir / "logs" / f"sleeps-rank{rank}.txt").read_text().split()
+    return np.array([int(x) / 1e6 for x in lines])
+
+
 def kept(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["step"] >= SKIP]
 
@@ -144,12 +155,14 @@ def test_a_slow_stage_is_schedule_idle_on_every_rank(runs: dict[str, Session]) -
     expected = simulated_idle_ms(session)
     # stage 1's 3x forward leaves rank 0 idle for most of each step: the schedule's doing
     assert expected[0] > M * SLOW_EXTRA_MS
-    for rank in (0, 1):
-        got = steps[steps["rank"] == rank]["schedule_ms"]
-        # never more than the schedule implies; as much in a step where no action of the rank
-        # ran longer than its median (a slower own action shortens the wait that follows)
-        assert (got <= expected[rank] + TOL_MS).all(), (rank, got.tolist())
-        assert got.max() == pytest.approx(expected[rank], abs=TOL_MS), rank
+    # rank 0 waits inside the step only: never more than the schedule implies, and as much in
+    # a step where none of its actions ran longer than its median (which shortens the wait
+    # that follows)
+    got = steps[steps["rank"] == 0]["schedule_ms"]
+    assert (got <= expected[0] + TOL_MS).all(), got.tolist()
+    assert got.max() == pytest.approx(expected[0], abs=TOL_MS)
+    # rank 1 waits at the boundary, whose parts fall into two steps' bubbles
+    assert per_step(session).loc[1, "schedule_ms"] == pytest.approx(expected[1], abs=TOL_MS)
 
 
 def test_a_late_send_is_the_senders_host_overhead(runs: dict[str, Session]) -> None:
@@ -161,8 +174,11 @@ def test_a_late_send_is_the_senders_host_overhead(runs: dict[str, Session]) -> N
     plain = rank0.xs("0F1", level="before")
     assert (late["schedule_ms"] == 0).all() and (late["peer_ms"] == 0).all()
     assert (late["host_ms"] >= SEND_DELAY_MS).all()
-    extra = (late["host_ms"] - plain["host_ms"]).median()
-    assert extra == pytest.approx(SEND_DELAY_MS, abs=TOL_MS)
+    # by how much each step's sleep ran (a busy box oversleeps), the gap grew, as host time
+    slept_ms = sleeps(session_of(runs, "late-sends"), rank=0)[SKIP:]
+    extra = (late["host_ms"] - plain["host_ms"]).to_numpy()
+    assert len(slept_ms) == len(extra) and (slept_ms >= SEND_DELAY_MS).all()
+    assert float(np.median(extra - slept_ms)) == pytest.approx(0.0, abs=TOL_MS)
 
 
 def test_a_late_send_is_peer_wait_on_the_receiver_and_not_schedule_idle(
@@ -172,8 +188,9 @@ def test_a_late_send_is_peer_wait_on_the_receiver_and_not_schedule_idle(
     parts = kept(session.attribution)
     waited = parts[(parts["rank"] == 1) & (parts["before"] == "1F1")]
     assert len(waited) == STEPS - SKIP
-    # the schedule has rank 1 run 1F1 right after 1F0; the late input is peer wait
-    assert (waited["schedule_ms"] == 0).all()
+    # the schedule has rank 1 run 1F1 right after 1F0 (as the median costs fall, within a
+    # sliver); the late input is peer wait
+    assert (waited["schedule_ms"] < TOL_MS).all()
     assert (waited["host_ms"] < TOL_MS).all()
     assert (waited["peer_ms"] >= waited["duration_ms"] - TOL_MS).all()
     got = per_step(session)
