@@ -156,6 +156,23 @@ def test_a_rank_still_finishing_its_step_makes_the_others_wait_at_the_boundary()
     assert by_rank.loc[0, "host_ms"] == pytest.approx(0.0)
 
 
+def test_a_late_peer_at_the_boundary_leaves_each_steps_schedule_idle_where_it_was() -> None:
+    shape = ("1F1B", 2, 2, None)
+    acts, table = run_of(*shape, steps=4)
+    fed = attribution_by_step(attributed(acts, table, shape)).set_index(["step", "rank"])
+    # rank 0 spends 2 ms more between steps 1 and 2 (its own host work): step 2 starts late
+    later = acts["step"] >= 2
+    acts = acts.assign(start_ms=acts["start_ms"] + 2.0 * later, end_ms=acts["end_ms"] + 2.0 * later)
+    table = optimizer_steps(acts)
+    got = attribution_by_step(attributed(acts, table, shape)).set_index(["step", "rank"])
+    np.testing.assert_allclose(got["schedule_ms"], fed["schedule_ms"], atol=1e-9)
+    # the 2 ms lie between step 1's window end and step 2's start: step 1's boundary bubbles
+    assert got["peer_ms"].drop((1, 1)).abs().max() < 1e-9
+    assert got.loc[(1, 1), "peer_ms"] == pytest.approx(2.0)  # rank 1 waited on rank 0
+    assert got["host_ms"].drop((1, 0)).abs().max() < 1e-9
+    assert got.loc[(1, 0), "host_ms"] == pytest.approx(2.0)  # rank 0's own time
+
+
 def test_the_schedule_part_of_a_slow_stage_follows_the_simulation() -> None:
     # stage 1's forward costs 3x: rank 0 idles waiting for it, and that is the schedule's doing
     costs = Costs(forward_ms=(1.0, 3.0), backward_ms=2.0, optimizer_ms=OPTIMIZER_MS)
