@@ -275,6 +275,22 @@ def attribution_by_rank(
     return _typed(f.reset_index(), _BY_RANK_SCHEMA)
 
 
+def with_attribution(summary: pd.DataFrame, by_rank: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` (one row per rank) with the bubble split per step beside its fractions.
+
+    Appends bubble_ms_per_step, schedule_ms_per_step, peer_ms_per_step, host_ms_per_step
+    (float64: ``attribution_by_rank``'s sums over its ``steps``; NaN for a rank it lacks).
+    """
+    _require(summary, ("rank",), "summary")
+    _require(by_rank, ("rank", "steps", "bubble_ms", *PART_COLUMNS), "by_rank")
+    per_step = by_rank.set_index("rank")
+    n = per_step["steps"].where(per_step["steps"] > 0)
+    out = summary.copy()
+    for c in ("bubble_ms", *PART_COLUMNS):
+        out[c.replace("_ms", "_ms_per_step")] = out["rank"].map(per_step[c] / n).astype("float64")
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # the spans and their split (see [Note: bubble attribution])
 
@@ -488,19 +504,3 @@ def _empty(schema: Mapping[str, str]) -> pd.DataFrame:
 
 def _typed(frame: pd.DataFrame, schema: Mapping[str, str]) -> pd.DataFrame:
     return frame[list(schema)].astype(dict(schema)).reset_index(drop=True)
-
-
-def with_attribution(summary: pd.DataFrame, by_rank: pd.DataFrame) -> pd.DataFrame:
-    """``summary`` (one row per rank) with the bubble split per step beside its fractions.
-
-    Appends bubble_ms_per_step, schedule_ms_per_step, peer_ms_per_step, host_ms_per_step
-    (float64: ``attribution_by_rank``'s sums over its ``steps``; NaN for a rank it lacks).
-    """
-    _require(summary, ("rank",), "summary")
-    _require(by_rank, ("rank", "steps", "bubble_ms", *PART_COLUMNS), "by_rank")
-    per_step = by_rank.set_index("rank")
-    n = per_step["steps"].where(per_step["steps"] > 0)
-    out = summary.copy()
-    for c in ("bubble_ms", *PART_COLUMNS):
-        out[c.replace("_ms", "_ms_per_step")] = out["rank"].map(per_step[c] / n).astype("float64")
-    return out
