@@ -286,10 +286,17 @@ def _report(session: Session) -> int:
         summary = session.summary()
         summary = summary.assign(
             measured_pct=summary["measured_frac"] * 100, theory_pct=summary["theory_frac"] * 100
-        )[["rank", "stage", "measured_pct", "theory_pct", "delta_pts", "largest_gap_ms"]]
+        )
+        split = {f"{part}_ms_per_step": f"{part}_ms" for part in ("schedule", "peer", "host")}
+        shown = ["rank", "stage", "measured_pct", "theory_pct", "delta_pts", "largest_gap_ms"]
+        summary = summary.rename(columns=split)[[*shown, *split.values()]]
         shape = f"{cfg.schedule}, S={cfg.stages}, M={cfg.microbatches}, V={cfg.chunks}"
         print(f"\nMeasured vs theory bubble fraction ({shape})")
-        with pd.option_context("display.width", 120):
+        print(
+            "why above theory, ms per step: schedule_ms = idle the schedule leaves with this "
+            "run's costs, peer_ms = waiting on another rank, host_ms = this rank's overhead"
+        )
+        with pd.option_context("display.width", 160):
             print(summary.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     print(f"\nrun {state} after {session.steps_done}/{cfg.steps} steps")
     print(f"run directory: {session.run_dir.path}")

@@ -112,6 +112,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pandas as pd
 import psutil
 
+from freeride_lab.core import attribution as core_attribution
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.manager import SideTaskManager
@@ -868,6 +869,24 @@ class Session(SideTaskControls):
         windows' gaps and, between steps, "boundary" gaps (the optimizer counts as busy)."""
         return self._bubbles_of(self.actions, self.steps)
 
+    @property
+    def attribution(self) -> pd.DataFrame:
+        """``bubbles`` with each bubble split into why it is there: ``schedule_ms`` (the
+        schedule leaves it idle with this run's own action costs), ``peer_ms`` (waiting on
+        another rank beyond that, and transfers), ``host_ms`` (the rank's own overhead); the
+        parts sum to ``duration_ms`` (``freeride_lab.core.attribution.attribute_bubbles``)."""
+        actions, steps = self.actions, self.steps
+        cfg = self.config
+        return core_attribution.attribute_bubbles(
+            actions,
+            self._bubbles_of(actions, steps),
+            steps=steps,
+            schedule=cfg.schedule,
+            stages=cfg.stages,
+            microbatches=cfg.microbatches,
+            chunks=cfg.chunks,
+        )
+
     def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame:
         """The bubbles of the last ``steps`` recorded steps (enough for predictions: k=5)."""
         actions, table = self.actions, self.steps
@@ -892,7 +911,13 @@ class Session(SideTaskControls):
     def summary(
         self, *, skip_steps: int | None = None, min_ms: float | None = None
     ) -> pd.DataFrame:
-        """Measured vs theory bubble fraction per rank (``freeride_lab.core.bubbles.summary``).
+        """Measured vs theory bubble fraction per rank, and why the measured is above it.
+
+        ``freeride_lab.core.bubbles.summary``'s columns, then the mean bubble ms per step
+        (window and boundary bubbles, ``bubble_ms_per_step``) split into
+        ``schedule_ms_per_step`` (what the schedule leaves idle with this run's own action
+        costs), ``peer_ms_per_step`` (waiting on another rank beyond that, and transfers) and
+        ``host_ms_per_step`` (the rank's own overhead); see ``core.attribution``.
 
         Args:
             skip_steps: leading steps left out as warm-up; None leaves out step 0 once a
@@ -903,7 +928,7 @@ class Session(SideTaskControls):
         actions = self.actions
         if skip_steps is None:
             skip_steps = 1 if actions["step"].nunique() > 1 else 0
-        return core_bubbles.summary(
+        summary = core_bubbles.summary(
             actions,
             cfg.schedule,
             cfg.stages,
@@ -912,6 +937,16 @@ class Session(SideTaskControls):
             skip_steps=skip_steps,
             min_ms=self.bubble_min_ms if min_ms is None else min_ms,
         )
+        by_rank = core_attribution.attribution_by_rank(
+            actions,
+            steps=self.steps,
+            schedule=cfg.schedule,
+            stages=cfg.stages,
+            microbatches=cfg.microbatches,
+            chunks=cfg.chunks,
+            skip_steps=skip_steps,
+        )
+        return core_attribution.with_attribution(summary, by_rank)
 
     # -- side-task plumbing (the API is ``SideTaskControls``) ---------------------------------
 

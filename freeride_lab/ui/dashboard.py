@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
+from freeride_lab.core import attribution as core_attribution
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import FREERIDE_UNITS
 from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS
@@ -663,6 +664,15 @@ class Dashboard:
             microbatches=cfg.microbatches,
             chunks=cfg.chunks,
             min_ms=session.bubble_min_ms,
+        )
+        bubbles = core_attribution.attribute_bubbles(  # why each bubble is there, for hover
+            actions,
+            bubbles,
+            steps=table,
+            schedule=cfg.schedule,
+            stages=cfg.stages,
+            microbatches=cfg.microbatches,
+            chunks=cfg.chunks,
         )
         summary = None
         if kept and with_summary:

@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from freeride_lab.core.attribution import PART_COLUMNS
 from freeride_lab.core.budget import overrun_mask
 from freeride_lab.ui.timeline import fractions_figure, safe_text, timeline_figure
 from freeride_lab.ui.trace import write_traces
@@ -149,18 +150,23 @@ def _frame(value: Any) -> pd.DataFrame | None:
 def bubble_table(bubbles: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank: steps, bubbles per step, bubble ms per step, mean bubble ms, measured/theory frac.
 
-    Columns (in order): rank, steps, bubbles_per_step, bubble_ms_per_step, mean_bubble_ms, and
-    ``measured_frac``/``theory_frac`` when ``summary`` has them.
+    Columns (in order): rank, steps, bubbles_per_step, bubble_ms_per_step, mean_bubble_ms;
+    schedule_ms_per_step, peer_ms_per_step, host_ms_per_step when ``bubbles`` carries
+    ``core.attribution``'s parts (why the bubbles are there); and ``measured_frac``/
+    ``theory_frac`` when ``summary`` has them.
     """
     grouped = bubbles.groupby("rank", sort=True)
-    out = pd.DataFrame(
-        {
-            "steps": grouped["step"].nunique(),
-            "bubbles_per_step": grouped.size() / grouped["step"].nunique(),
-            "bubble_ms_per_step": grouped["duration_ms"].sum() / grouped["step"].nunique(),
-            "mean_bubble_ms": grouped["duration_ms"].mean(),
-        }
-    ).reset_index()
+    n_steps = grouped["step"].nunique()
+    columns = {
+        "steps": n_steps,
+        "bubbles_per_step": grouped.size() / n_steps,
+        "bubble_ms_per_step": grouped["duration_ms"].sum() / n_steps,
+        "mean_bubble_ms": grouped["duration_ms"].mean(),
+    }
+    if set(PART_COLUMNS) <= set(bubbles.columns):
+        for part in PART_COLUMNS:
+            columns[part.replace("_ms", "_ms_per_step")] = grouped[part].sum(min_count=1) / n_steps
+    out = pd.DataFrame(columns).reset_index()
     if summary is not None and {"rank", "measured_frac", "theory_frac"} <= set(summary.columns):
         fractions = summary[["rank", "measured_frac", "theory_frac"]]
         out = out.merge(fractions, on="rank", how="outer").sort_values("rank")
@@ -483,6 +489,8 @@ def write_session_report(session: ReportSession, path: str | Path) -> Path:
     side = session.side_task_steps
     steps = session.steps
     summary = session.summary() if len(actions) else None
+    attributed = getattr(session, "attribution", None)  # bubbles with their split, if any
+    bubbles = attributed if isinstance(attributed, pd.DataFrame) else session.bubbles
     ledger_fn = getattr(session, "ledger", None)
     ledger_frame = ledger_fn() if callable(ledger_fn) else None
     costs: Any = None
@@ -503,7 +511,7 @@ def write_session_report(session: ReportSession, path: str | Path) -> Path:
         config=session.config.to_dict(),
         environment=environment,
         actions=actions,
-        bubbles=session.bubbles,
+        bubbles=bubbles,
         steps=steps,
         summary=summary,
         side_task_steps=side,

@@ -1,7 +1,7 @@
 """Pipeline timeline: one lane per rank, one horizontal-bar trace per category, live or static.
 
     tl = Timeline(window_steps=3)
-    tl.update(session.actions, session.bubbles, summary=session.summary())
+    tl.update(session.actions, session.attribution, summary=session.summary())
     tl                                                 # displays figure + bubble fractions
     pump = TimelinePump(lambda: session_tables(session), tl).start()
 
@@ -12,6 +12,8 @@ accepts any type and stores it as an object array, so ``base`` travels as a JSON
 F/B/I/W, bubbles, each side task by name, overruns — is one trace, so a redraw is one
 ``batch_update`` that swaps arrays, never thousands of shapes (conventions.md §3.2).
 Only a bounded window is drawn: the last ``window_steps`` steps, or one selected step.
+A bubble's hover shows why it is there (schedule, peer and host ms) when the bubbles table
+carries ``core.attribution``'s parts, as ``Session.attribution`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from freeride_lab.core.attribution import PART_COLUMNS
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -72,7 +76,7 @@ BUBBLE = Category(
     "#bab0ac",
     "<b>bubble %{customdata[0]}</b> (%{customdata[1]}) step %{customdata[2]}<br>"
     "%{customdata[3]} ms measured, %{customdata[4]} predicted<br>"
-    "between %{customdata[5]}<extra>rank %{customdata[6]}</extra>",
+    "between %{customdata[5]}%{customdata[7]}<extra>rank %{customdata[6]}</extra>",
     opacity=0.55,
 )
 OVERRUN = Category(
@@ -164,8 +168,21 @@ def _bubble_trace(f: pd.DataFrame) -> BarTrace:
         predicted,
         between,
         f["rank"].astype(int),
+        _split(f),
     )
     return _bar(BUBBLE, f, f["start_ms"], f["duration_ms"], custom)
+
+
+def _split(f: pd.DataFrame) -> list[str]:
+    """Hover line of each bubble's attribution (``core.attribution``); "" where unknown."""
+    if not set(PART_COLUMNS) <= set(f.columns):
+        return [""] * len(f)
+    return [
+        f"<br>schedule {s:.2f} · peer {p:.2f} · host {h:.2f} ms"
+        if pd.notna(s) and pd.notna(p) and pd.notna(h)
+        else ""
+        for s, p, h in zip(f["schedule_ms"], f["peer_ms"], f["host_ms"], strict=True)
+    ]
 
 
 def _side_trace(category: Category, f: pd.DataFrame) -> BarTrace:
@@ -606,9 +623,10 @@ class SessionLike(Protocol):
 def session_tables(session: SessionLike) -> TimelineTables:
     """The current tables of a session (``side_task_steps`` if it has them)."""
     summary = session.summary()
+    attributed = getattr(session, "attribution", None)  # bubbles with their split, if any
     return TimelineTables(
         actions=session.actions,
-        bubbles=session.bubbles,
+        bubbles=attributed if isinstance(attributed, pd.DataFrame) else session.bubbles,
         side_task_steps=getattr(session, "side_task_steps", None),
         summary=summary if isinstance(summary, pd.DataFrame) else None,
     )

@@ -102,6 +102,9 @@ def test_run_prints_the_bubble_tables_and_the_run_directory(tmp_path: Path) -> N
     assert proc.returncode == 0, err
     assert "Bubbles per rank" in out and "Measured vs theory" in out
     assert "measured_pct" in out and "theory_pct" in out
+    # why the bubbles are above theory, beside it: ms per step in three parts
+    header = next(line for line in out.splitlines() if "theory_pct" in line).split()
+    assert header[-3:] == ["schedule_ms", "peer_ms", "host_ms"]
     assert f"run directory: {run_dir}" in out
     assert run_processes(run_dir) == []
 

@@ -27,6 +27,7 @@ import psutil
 import pytest
 from waits import run_processes, wait_until
 
+from freeride_lab.core.attribution import PART_COLUMNS
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -176,8 +177,21 @@ def test_tables_have_the_documented_columns(finished: tuple[Session, int]) -> No
     assert tuple(session.steps.columns) == STEP_COLUMNS
     assert tuple(session.memory.columns) == MEMORY_COLUMNS
     assert tuple(session.bubbles.columns) == BUBBLE_COLUMNS
+    assert tuple(session.attribution.columns) == (*BUBBLE_COLUMNS, *PART_COLUMNS)
     assert sorted(session.steps["step"].unique()) == [0, 1, 2]
     assert list(session.summary()["rank"]) == [0, 1]
+
+
+def test_summary_splits_each_ranks_bubble_time_beside_the_theory(
+    finished: tuple[Session, int],
+) -> None:
+    session, _ = finished
+    summary = session.summary()
+    split = ["schedule_ms_per_step", "peer_ms_per_step", "host_ms_per_step"]
+    assert list(summary.columns[-4:]) == ["bubble_ms_per_step", *split]
+    assert (summary[split] >= 0).all().all()
+    total = summary[split].sum(axis=1)
+    assert (total - summary["bubble_ms_per_step"]).abs().max() < 1e-6
 
 
 def test_open_on_a_finished_run_gives_the_same_tables(finished: tuple[Session, int]) -> None:
@@ -227,6 +241,7 @@ def test_tables_fill_while_the_run_goes_on(running: Session) -> None:
     rows = len(running.steps)
     assert running.state == RunState.RUNNING
     assert not running.actions.empty and not running.bubbles.empty and not running.memory.empty
+    assert "peer_ms_per_step" in running.summary().columns  # a step in progress is no error
     wait_until(lambda: len(running.steps) > rows, timeout_s=60, what="more rows in steps")
     assert running.state == RunState.RUNNING
 

@@ -243,6 +243,21 @@ def test_report_accepts_a_cost_saving_dataclass(tmp_path):
     assert f"{costs.saving_corrected_frac:.2%}" in html
 
 
+def test_bubble_table_splits_the_bubble_time_per_step_beside_the_fractions():
+    _, bubbles, _, _ = fake_run()
+    split = bubbles.assign(schedule_ms=6.0, peer_ms=3.0, host_ms=1.0)
+    table = bubble_table(split, SUMMARY)
+    assert list(table.columns[5:]) == [
+        "schedule_ms_per_step",
+        "peer_ms_per_step",
+        "host_ms_per_step",
+        "measured_frac",
+        "theory_frac",
+    ]
+    parts = table[["schedule_ms_per_step", "peer_ms_per_step", "host_ms_per_step"]]
+    assert list(parts.sum(axis=1)) == list(table["bubble_ms_per_step"])
+
+
 def test_bubble_table_merges_measured_and_theory():
     _, bubbles, _, _ = fake_run()
     table = bubble_table(bubbles, SUMMARY)

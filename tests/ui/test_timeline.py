@@ -155,6 +155,16 @@ def test_bubble_hover_carries_label_kind_and_predicted():
     assert list(row[:5]) == ["A", "steady", 0, "10.00", "9.00"]
 
 
+def test_bubble_hover_says_why_the_bubble_is_there_when_the_table_has_the_split():
+    actions, bubbles, _ = fake_tables(steps=1)
+    plain = trace(timeline_figure(actions, bubbles), "bubble")
+    assert plain.customdata[0][7] == ""  # no split known: no line
+    split = bubbles.assign(schedule_ms=6.0, peer_ms=3.5, host_ms=0.5)
+    bubble = trace(timeline_figure(actions, split), "bubble")
+    assert bubble.customdata[0][7] == "<br>schedule 6.00 · peer 3.50 · host 0.50 ms"
+    assert "%{customdata[7]}" in bubble.hovertemplate
+
+
 def test_overrun_bar_ends_at_side_task_step_end():
     actions, bubbles, side = fake_tables(ranks=1, steps=2)
     over = trace(timeline_figure(actions, bubbles, side), "overrun")
