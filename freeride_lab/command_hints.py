@@ -6,9 +6,9 @@ new subcommand or option completes and is suggested without a change here. The n
 IPython, torch or a run.
 
     >>> parser = build_parser()
-    >>> complete(parser, ["attach"], "pag", tasks=["pagerank", "resnet18"], run_dir_optional=True)
+    >>> complete(parser, ["attach"], "pag", {"task": ["pagerank", "vgg19"]}, run_dir_optional=True)
     ['pagerank']
-    >>> complete(parser, ["attach", "pagerank"], "--bud", tasks=[])
+    >>> complete(parser, ["attach", "runs/r1", "pagerank"], "--bud")
     ['--budget-ms']
     >>> did_you_mean("stauts", subcommands(parser))
     "did you mean 'status'?"
@@ -21,9 +21,6 @@ import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = ["complete", "did_you_mean", "hint", "options", "subcommands"]
-
-#: Positionals that name a side task: completed with the task names.
-_TASK_DESTS = frozenset({"task"})
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -91,22 +88,23 @@ def complete(
     parser: argparse.ArgumentParser,
     words: Sequence[str],
     token: str,
-    *,
-    tasks: Iterable[str],
     values: Mapping[str, Iterable[str]] | None = None,
+    *,
     run_dir_optional: bool = False,
     is_run_dir: Callable[[str], bool] = lambda word: False,
 ) -> list[str]:
     """Completions of ``token`` after the complete ``words`` of a command line (program name
     left out): subcommands, long options of the subcommand (those not given yet, unless they
-    may repeat), an option's choices (or ``values[dest]`` for an option that takes any case of
-    a name, like ``--schedule``), side-task names where a ``TASK`` goes.
+    may repeat), an option's choices. ``values`` maps an argument's ``dest`` to what else may
+    go there: an option without fixed choices (``"schedule"``: any case of a name) or a
+    positional (``"task"``: side-task names, ``"task_id"``: the run's task ids).
 
     ``run_dir_optional`` is the notebook's rule (RUN_DIR may be left out): then the first
     positional fills RUN_DIR only where ``is_run_dir`` says it is one. An empty list means
     "nothing from the grammar here" (a path, a number): other completers may offer theirs.
     """
     words = list(words)
+    values = values or {}
     command, positionals, flags = _split(parser, words)
     subs = subcommands(parser)
     if command is None:
@@ -122,7 +120,7 @@ def complete(
     known = options(sub)
     previous = known.get(words[-1]) if words else None
     if previous is not None and previous.nargs != 0:
-        return _starting(previous.choices or (values or {}).get(previous.dest, ()), token)
+        return _starting(previous.choices or values.get(previous.dest, ()), token)
     if token.startswith("-"):
         given = {f.partition("=")[0] for f in flags}
         offered = [
@@ -135,8 +133,8 @@ def complete(
     run_dir_given = bool(positionals) and is_run_dir(positionals[0])
     if run_dir_optional and slots and slots[0].dest == "run_dir" and not run_dir_given:
         slots = slots[1:]
-    if len(positionals) < len(slots) and slots[len(positionals)].dest in _TASK_DESTS:
-        return _starting(tasks, token)
+    if len(positionals) < len(slots):
+        return _starting(values.get(slots[len(positionals)].dest, ()), token)
     return []
 
 

@@ -542,14 +542,14 @@ class FreerideMagics(Magics):
 
         parser = self._grammar()
         tasks = [*BUILTIN_TASKS, *_user_task_names(self.tasks_dir)]
+        values = {
+            "task": tasks,
+            "task_id": self._task_ids(),
+            "schedule": list(SCHEDULES),
+            "policy": list(_POLICIES),
+        }
         found = complete(
-            parser,
-            words,
-            token,
-            tasks=tasks,
-            values={"schedule": list(SCHEDULES), "policy": list(_POLICIES)},
-            run_dir_optional=True,
-            is_run_dir=_is_run_dir,
+            parser, words, token, values, run_dir_optional=True, is_run_dir=_is_run_dir
         )
         commands = subcommands(parser)
 
@@ -563,6 +563,16 @@ class FreerideMagics(Magics):
             "suppress": bool(found),
             "matched_fragment": token,
         }
+
+    def _task_ids(self) -> list[str]:
+        """The current run's side-task ids (for ``tune``/``detach``); none while there is no
+        run, or its tasks cannot be read just now."""
+        if self._session is None:
+            return []
+        try:
+            return [str(t.get("id")) for t in _tasks(self._session)]
+        except (OSError, ValueError, RuntimeError, LookupError):
+            return []
 
     def _grammar(self) -> argparse.ArgumentParser:
         """The notebook's parser, built once per instance (completion runs on every Tab)."""

@@ -14,6 +14,7 @@ from freeride_lab.command_hints import complete, did_you_mean, hint, options, su
 
 PARSER = build_parser()
 TASKS = ["pagerank", "resnet18", "resnet50"]
+VALUES = {"task": TASKS, "task_id": ["t1", "t2"], "schedule": ["1F1B", "GPipe"]}
 COMMANDS = sorted(subcommands(PARSER))
 OPTION_WORDS = sorted({(c, o) for c in COMMANDS for o in options(subcommands(PARSER)[c])})
 
@@ -21,44 +22,50 @@ OPTION_WORDS = sorted({(c, o) for c in COMMANDS for o in options(subcommands(PAR
 def test_every_subcommand_completes_from_any_prefix():
     for name in COMMANDS:
         for cut in range(len(name) + 1):
-            assert name in complete(PARSER, [], name[:cut], tasks=TASKS)
+            assert name in complete(PARSER, [], name[:cut])
 
 
 def test_the_cli_needs_the_run_directory_before_the_task():
     # freeride-lab attach RUN_DIR TASK: the first word is the run directory, not a task
-    assert complete(PARSER, ["attach"], "pag", tasks=TASKS) == []
-    assert complete(PARSER, ["attach", "runs/r1"], "pag", tasks=TASKS) == ["pagerank"]
+    assert complete(PARSER, ["attach"], "pag", VALUES) == []
+    assert complete(PARSER, ["attach", "runs/r1"], "pag", VALUES) == ["pagerank"]
 
 
 def test_the_notebook_may_leave_the_run_directory_out():
     words = ["attach"]
-    assert complete(PARSER, words, "res", tasks=TASKS, run_dir_optional=True) == TASKS[1:]
+    assert complete(PARSER, words, "res", VALUES, run_dir_optional=True) == TASKS[1:]
     given_dir = complete(
         PARSER,
         ["attach", "runs/r1"],
         "pag",
-        tasks=TASKS,
+        VALUES,
         run_dir_optional=True,
         is_run_dir=lambda word: word == "runs/r1",
     )
     assert given_dir == ["pagerank"]
 
 
+def test_task_ids_and_named_values_complete_where_they_go():
+    assert complete(PARSER, ["tune", "runs/r1"], "t", VALUES) == ["t1", "t2"]
+    assert complete(PARSER, ["tune", "runs/r1", "t1"], "", VALUES) == []
+    assert complete(PARSER, ["launch", "--schedule"], "G", VALUES) == ["GPipe"]
+
+
 def test_options_may_repeat_only_where_the_grammar_says():
     words = ["attach", "runs/r1", "pagerank", "--option", "a=1", "--stage", "1"]
-    offered = complete(PARSER, words, "--", tasks=TASKS)
+    offered = complete(PARSER, words, "--", VALUES)
     assert "--option" in offered and "--stage" not in offered
 
 
 def test_global_options_before_the_subcommand_are_skipped():
-    assert complete(PARSER, ["--log-level"], "D", tasks=TASKS) == ["DEBUG"]
-    assert complete(PARSER, ["--log-level", "DEBUG"], "sta", tasks=TASKS) == ["status"]
+    assert complete(PARSER, ["--log-level"], "D", VALUES) == ["DEBUG"]
+    assert complete(PARSER, ["--log-level", "DEBUG"], "sta", VALUES) == ["status"]
     assert hint(PARSER, ["--log-level", "DEBUG", "stauts"]) == "did you mean 'status'?"
 
 
 def test_a_path_or_a_number_is_left_to_other_completers():
-    assert complete(PARSER, ["report", "runs/r1"], "", tasks=TASKS) == []
-    assert complete(PARSER, ["launch", "--stages"], "", tasks=TASKS) == []
+    assert complete(PARSER, ["report", "runs/r1"], "", VALUES) == []
+    assert complete(PARSER, ["launch", "--stages"], "", VALUES) == []
 
 
 @given(st.sampled_from(OPTION_WORDS), st.data())

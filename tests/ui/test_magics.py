@@ -192,6 +192,14 @@ def test_tab_completes_option_values_with_a_fixed_set(ip):
     assert completions(ip, "%freeride attach pagerank --policy SH") == ["SHRINK_BUDGET"]
 
 
+def test_tab_completes_the_current_runs_task_ids(ip, fake):
+    first, second = fake.attach("pagerank", stage=0), fake.attach("resnet18", stage=1)
+    assert completions(ip, "%freeride tune ") == sorted([first["id"], second["id"]])
+    assert completions(ip, "%freeride detach ") == sorted([first["id"], second["id"]])
+    after_the_id = completions(ip, f"%freeride tune {first['id']} ")
+    assert not {first["id"], second["id"]} & set(after_the_id)  # only one TASK_ID
+
+
 def test_tab_elsewhere_is_left_to_ipython(ip):
     ip.user_ns["freeride_value"] = 1
     assert "freeride_value" in completions(ip, "freeride_va")
