@@ -4,14 +4,20 @@
     %freeride launch --schedule 1F1B --stages 4 --microbatches 4 --steps 50 --workload synthetic
     %freeride attach pagerank --stage 1 --budget-ms 50
     %freeride status
-    %freeride report report/run.html
+    %freeride report
     %freeride stop
 
 ``%freeride`` parses its line with the command line's own parser (``freeride_lab.cli.
-build_parser``), so the two faces share one grammar and ``%freeride?`` shows its help. One
-difference, see [Note: the current run]: where the CLI needs a ``RUN_DIR``, the notebook may leave
-it out and means the *current* session — the one ``launch`` started, held by the
-:class:`FreerideMagics` instance and named ``session`` in the notebook. ``launch`` starts the run
+build_parser``), so the two faces share one grammar; ``%freeride?`` (and a bare ``%freeride``)
+shows help written for the notebook, with an example session, built from that grammar. Tab
+completes commands, side-task names, the current run's task ids, options and their fixed
+values, and a typo'd command, option or task name gets a "did you mean" (both read off the
+grammar by ``freeride_lab.command_hints``). ``report`` without a PATH writes
+``./freeride-report-<run_id>/report.html`` (the tables and traces go in that folder) and
+displays a link to it. One difference, see [Note: the current run]: where the CLI needs a
+``RUN_DIR``, the notebook may leave it out and means the *current* session — the one
+``launch`` started, held by the :class:`FreerideMagics` instance and named ``session`` in the
+notebook. ``launch`` starts the run
 in the kernel (its processes stay in the kernel's process group; the CLI's ``launch`` detaches a
 keeper instead), returns at once and displays the live dashboard (``freeride_lab.ui.dashboard``);
 running the same launch cell again while that run is live reuses it and says so. Bad input is
@@ -64,7 +70,6 @@ __all__ = ["FreerideMagics", "load", "unload"]
 PROG = "%freeride"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _MAGIC_LINE = re.compile(r"^\s*%freeride\s(?P<rest>.*)$")
-_POLICIES = ("WARN", "SHRINK_BUDGET", "PAUSE", "KILL")  # core.budget's overrun policies
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -241,7 +246,7 @@ class FreerideMagics(Magics):
             raise UsageError(f"cannot split {line!r}: {exc}") from None
         parser = _parser()
         if not argv:
-            print(parser.format_help())
+            print(_help_text())
             return
         from freeride_lab.cli import UsageError as CliUsageError
         from freeride_lab.command_hints import hint
@@ -537,6 +542,7 @@ class FreerideMagics(Magics):
         if not context.token.endswith(token):  # IPython splits at "=", ":" and such
             return nothing
         from freeride_lab.command_hints import complete, subcommands
+        from freeride_lab.core.budget import OverrunPolicy
         from freeride_lab.core.schedule import SCHEDULES
         from freeride_lab.tasks import BUILTIN_TASKS
 
@@ -546,7 +552,7 @@ class FreerideMagics(Magics):
             "task": tasks,
             "task_id": self._task_ids(),
             "schedule": list(SCHEDULES),
-            "policy": list(_POLICIES),
+            "policy": [str(p) for p in OverrunPolicy],
         }
         found = complete(
             parser, words, token, values, run_dir_optional=True, is_run_dir=_is_run_dir

@@ -136,9 +136,10 @@ def test_subcommand_help_shows_what_may_be_left_out(ip, capsys):
     assert "default: the run this kernel launched" in out
 
 
-def test_bare_magic_prints_the_help(ip, capsys):
+def test_bare_magic_prints_the_notebook_help(ip, capsys):
     assert run(ip, "%freeride").success
-    assert "usage: %freeride" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Example session:" in out and "%freeride attach [RUN_DIR] TASK" in out
 
 
 def test_help_flag_prints_help_without_ending_the_kernel(ip, capsys):
