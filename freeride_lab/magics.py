@@ -4,14 +4,20 @@
     %freeride launch --schedule 1F1B --stages 4 --microbatches 4 --steps 50 --workload synthetic
     %freeride attach pagerank --stage 1 --budget-ms 50
     %freeride status
-    %freeride report report/run.html
+    %freeride report
     %freeride stop
 
 ``%freeride`` parses its line with the command line's own parser (``freeride_lab.cli.
-build_parser``), so the two faces share one grammar and ``%freeride?`` shows its help. One
-difference, see [Note: the current run]: where the CLI needs a ``RUN_DIR``, the notebook may leave
-it out and means the *current* session — the one ``launch`` started, held by the
-:class:`FreerideMagics` instance and named ``session`` in the notebook. ``launch`` starts the run
+build_parser``), so the two faces share one grammar; ``%freeride?`` (and a bare ``%freeride``)
+shows help written for the notebook, with an example session, built from that grammar. Tab
+completes commands, side-task names, the current run's task ids, options and their fixed
+values, and a typo'd command, option or task name gets a "did you mean" (both read off the
+grammar by ``freeride_lab.command_hints``). ``report`` without a PATH writes
+``./freeride-report-<run_id>/report.html`` (the tables and traces go in that folder) and
+displays a link to it. One difference, see [Note: the current run]: where the CLI needs a
+``RUN_DIR``, the notebook may leave it out and means the *current* session — the one
+``launch`` started, held by the :class:`FreerideMagics` instance and named ``session`` in the
+notebook. ``launch`` starts the run
 in the kernel (its processes stay in the kernel's process group; the CLI's ``launch`` detaches a
 keeper instead), returns at once and displays the live dashboard (``freeride_lab.ui.dashboard``);
 running the same launch cell again while that run is live reuses it and says so. Bad input is
@@ -53,6 +59,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 if TYPE_CHECKING:
+    from IPython.core.completer import CompletionContext, SimpleMatcherResult
     from IPython.core.interactiveshell import InteractiveShell
 
     from freeride_lab.lab.session import Session
@@ -62,27 +69,85 @@ __all__ = ["FreerideMagics", "load", "unload"]
 
 PROG = "%freeride"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+_MAGIC_LINE = re.compile(r"^\s*%freeride\s(?P<rest>.*)$")
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The CLI's grammar, as the notebook reads it (see [Note: the current run]): RUN_DIR and
+    the report's PATH are shown, and parsed, as optional."""
     from freeride_lab.cli import build_parser
+    from freeride_lab.command_hints import subcommands
 
-    return build_parser(prog=PROG)
+    parser = build_parser(prog=PROG)
+    for name, sub in subcommands(parser).items():
+        for action in sub._actions:
+            if action.dest == "run_dir" and not action.option_strings:
+                action.metavar = "[RUN_DIR]"  # filled in before parsing where it is left out
+                action.help = "the run directory (default: the run this kernel launched)"
+            elif name == "report" and action.dest == "path":
+                action.nargs, action.required, action.default = "?", False, None
+                action.metavar = "PATH"
+                action.help = f"where the report goes (default: ./{_REPORT_NAME})"
+    return parser
+
+
+_REPORT_NAME = "freeride-report-<run_id>/report.html"
+
+_HELP = """\
+%freeride COMMAND ... — train a pipeline in the background and run side tasks in its bubbles.
+
+Every `freeride-lab` command works here, with notebook manners: RUN_DIR may be left out (it
+means the run this kernel launched, named `session`), `launch` keeps the run in the kernel and
+shows its live dashboard, and `report` links the report it writes. Tab completes commands,
+side-task names and --options; a typo gets a "did you mean".
+
+Example session:
+
+    %freeride launch --stages 4 --microbatches 8 --steps 500 --workload synthetic
+    %freeride attach pagerank --stage 1 --budget-ms 50
+    %freeride report
+
+Commands ([...] may be left out; `%freeride COMMAND --help` lists every option):
+
+{commands}
+
+Side tasks: {tasks};
+or a class of your own: write it in a cell under `%%freeride_task NAME`, then
+`%freeride attach NAME`.
+"""
+
+#: What a command does in the notebook, where it differs from the CLI's one-line help.
+_NOTEBOOK_HELP = {
+    "run": "the same as launch: in a notebook a run never blocks the kernel",
+    "launch": "start a run in this kernel and show its live dashboard",
+    "attach": "run a side task in the run's bubbles (built-in, %%freeride_task or module:Class)",
+    "stop": "stop the run (SIGTERM, grace, SIGKILL); its files stay",
+    "report": "write the run's HTML report and tables (default ./freeride-report-<run_id>/)",
+}
 
 
 def _help_text() -> str:
-    """The parser's help, then each subcommand's usage line: the magic's docstring."""
+    """The magic's docstring (``%freeride?``): for notebook users, built from the grammar."""
+    from freeride_lab.command_hints import subcommands
+    from freeride_lab.tasks import BUILTIN_TASKS
+
     parser = _parser()
-    parts = [
-        "In a notebook RUN_DIR may be left out: it means the run this kernel launched "
-        "(`session`).\n`launch` keeps the run in the kernel and shows its live dashboard.\n",
-        parser.format_help(),
-    ]
-    for action in parser._actions:  # argparse has no public way to list subparsers
+    helps: dict[str, str] = {}
+    for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):
-                parts.append(sub.format_usage().replace("usage: ", "  ", 1).rstrip())
-    return "\n".join(parts)
+            helps = {choice.dest: str(choice.help or "") for choice in action._choices_actions}
+    rows = []
+    for name, sub in subcommands(parser).items():
+        words = [f"%freeride {name}"]
+        for a in sub._actions:
+            if not a.option_strings:
+                word = str(a.metavar or a.dest.upper())
+                words.append(f"[{word}]" if a.nargs == "?" else word)
+        if any(a.option_strings and a.dest != "help" for a in sub._actions):
+            words.append("[--options]")
+        rows.append((" ".join(words), _NOTEBOOK_HELP.get(name, helps.get(name, ""))))
+    commands = "\n".join(f"    {usage}\n        {what}" for usage, what in rows)
+    return _HELP.format(commands=commands, tasks=", ".join(BUILTIN_TASKS))
 
 
 def _run_dir_commands(parser: argparse.ArgumentParser) -> set[str]:
@@ -117,6 +182,7 @@ class FreerideMagics(Magics):
     def __init__(self, shell: InteractiveShell, *, tasks_dir: Path | None = None) -> None:
         super().__init__(shell)
         self._session: Session | None = None
+        self._parser_cache: argparse.ArgumentParser | None = None
         self.tasks_dir = Path(tasks_dir) if tasks_dir is not None else Path(".freeride_tasks")
 
     def __repr__(self) -> str:
@@ -180,15 +246,17 @@ class FreerideMagics(Magics):
             raise UsageError(f"cannot split {line!r}: {exc}") from None
         parser = _parser()
         if not argv:
-            print(parser.format_help())
+            print(_help_text())
             return
         from freeride_lab.cli import UsageError as CliUsageError
+        from freeride_lab.command_hints import hint
 
+        typed = argv
         argv = self._with_run_dir(argv, parser)
         try:
             args = parser.parse_args(argv)
         except CliUsageError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(_with_hint(str(exc), hint(parser, typed))) from None
         except SystemExit:  # --help printed; never let argparse end the kernel
             return
         command = str(args.command)
@@ -312,27 +380,53 @@ class FreerideMagics(Magics):
         )
 
     def _report(self, args: argparse.Namespace) -> None:
+        """Write the report (by default into its own folder in the kernel's directory: the
+        tables and traces go beside the HTML) and display a link to it."""
+        from IPython.display import display
+
         session = self._current(args)
-        path = session.report(args.path)
+        target = args.path
+        if target is None:
+            safe_id = re.sub(r"[^A-Za-z0-9._-]+", "_", str(session.run_id)).strip("._") or "run"
+            target = _REPORT_NAME.replace("<run_id>", safe_id)
+        path = Path(session.report(target))
         print(
             f"report written to {path} (self-contained HTML; Parquet tables, summary.json and "
             f"per-rank Chrome traces beside it in {path.parent})"
         )
+        display(_report_link(path))  # type: ignore[no-untyped-call]
 
     # side tasks ----------------------------------------------------------------------------------
 
-    def _task_ref(self, name: str) -> str:
+    def _task_ref(self, name: str, session: Session) -> str:
+        """The reference ``attach`` passes for ``name``: a ``%%freeride_task``'s file, else
+        ``name`` itself; a near miss of a known name is refused with a "did you mean"."""
+        from freeride_lab.command_hints import did_you_mean
+        from freeride_lab.tasks import BUILTIN_TASKS
         from freeride_lab.ui.dashboard import user_tasks
 
-        task = user_tasks(self.tasks_dir).get(name)
-        return task.ref if task is not None else name
+        mine = user_tasks(self.tasks_dir)
+        task = mine.get(name)
+        if task is not None:
+            return task.ref
+        if ":" in name or name.lower().replace("-", "_") in BUILTIN_TASKS:
+            return name
+        if any(str(t.get("id")) == name for t in _tasks(session)):
+            return name  # a detached task's id: attach resumes it
+        suggestion = did_you_mean(name, [*BUILTIN_TASKS, *mine])
+        if suggestion:
+            raise UsageError(
+                f"attach: unknown side task {name!r}; {suggestion} (built-in: "
+                f"{', '.join(BUILTIN_TASKS)}; from %%freeride_task: {', '.join(mine) or 'none'})"
+            )
+        return name
 
     def _attach(self, args: argparse.Namespace) -> None:
         from freeride_lab.cli_runs import _options
 
         session = self._current(args)
         task = session.attach(
-            self._task_ref(args.task),
+            self._task_ref(args.task, session),
             stage=args.stage,
             memory=args.memory,
             sm_pct=args.sm,
@@ -427,6 +521,71 @@ class FreerideMagics(Magics):
             f"attach it with `%freeride attach {name} --stage 1`"
         )
 
+    # -- Tab completion ------------------------------------------------------------------------
+
+    def complete(self, context: CompletionContext) -> SimpleMatcherResult:
+        """IPython matcher (API v2) for ``%freeride`` lines: subcommands, task names and
+        --options from the grammar (``freeride_lab.command_hints``).
+
+        Anything else, and a place where the grammar has nothing to offer (a path, a number),
+        is left to IPython's other matchers.
+        """
+        from IPython.core.completer import SimpleCompletion
+
+        nothing: SimpleMatcherResult = {"completions": [], "suppress": False}
+        match = _MAGIC_LINE.match(context.text_until_cursor)
+        if match is None:
+            return nothing
+        rest = match.group("rest")
+        words = rest.split()
+        token = "" if not rest or rest[-1].isspace() else words.pop()
+        if not context.token.endswith(token):  # IPython splits at "=", ":" and such
+            return nothing
+        from freeride_lab.command_hints import complete, subcommands
+        from freeride_lab.core.budget import OverrunPolicy
+        from freeride_lab.core.schedule import SCHEDULES
+        from freeride_lab.tasks import BUILTIN_TASKS
+
+        parser = self._grammar()
+        tasks = [*BUILTIN_TASKS, *_user_task_names(self.tasks_dir)]
+        values = {
+            "task": tasks,
+            "task_id": self._task_ids(),
+            "schedule": list(SCHEDULES),
+            "policy": [str(p) for p in OverrunPolicy],
+        }
+        found = complete(
+            parser, words, token, values, run_dir_optional=True, is_run_dir=_is_run_dir
+        )
+        commands = subcommands(parser)
+
+        def kind(text: str) -> str:
+            if text.startswith("-"):
+                return "option"
+            return "task" if text in tasks else "command" if text in commands else "value"
+
+        return {
+            "completions": [SimpleCompletion(text, type=kind(text)) for text in found],
+            "suppress": bool(found),
+            "matched_fragment": token,
+        }
+
+    def _task_ids(self) -> list[str]:
+        """The current run's side-task ids (for ``tune``/``detach``); none while there is no
+        run, or its tasks cannot be read just now."""
+        if self._session is None:
+            return []
+        try:
+            return [str(t.get("id")) for t in _tasks(self._session)]
+        except (OSError, ValueError, RuntimeError, LookupError):
+            return []
+
+    def _grammar(self) -> argparse.ArgumentParser:
+        """The notebook's parser, built once per instance (completion runs on every Tab)."""
+        if self._parser_cache is None:
+            self._parser_cache = _parser()
+        return self._parser_cache
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> int:
@@ -460,6 +619,31 @@ def _tasks(session: Any) -> list[dict[str, Any]]:
     if tasks is None:
         return []
     return [dict(t) for t in (tasks() if callable(tasks) else tasks)]
+
+
+def _with_hint(message: str, suggestion: str) -> str:
+    """``message`` with its "did you mean" (if any) at the end, still one line."""
+    return f"{message}; {suggestion}" if suggestion else message
+
+
+def _user_task_names(tasks_dir: Path) -> list[str]:
+    """Names of the ``%%freeride_task`` tasks in ``tasks_dir`` (one ``NAME.json`` each), read
+    without importing the dashboard (Tab must answer at once)."""
+    with contextlib.suppress(OSError):
+        return sorted(p.stem for p in tasks_dir.glob("*.json") if p.with_suffix(".py").is_file())
+    return []
+
+
+def _report_link(path: Path) -> Any:
+    """A link to the report, relative to the kernel's directory when it lies below it (the
+    notebook's file browser serves paths relative to the notebook)."""
+    from IPython.display import FileLink
+
+    try:
+        shown = path.absolute().relative_to(Path.cwd())
+    except ValueError:
+        shown = path.absolute()
+    return FileLink(str(shown), result_html_prefix="report: ")  # type: ignore[no-untyped-call]
 
 
 def _num(value: Any) -> str:
@@ -520,7 +704,34 @@ def load(ipython: InteractiveShell) -> FreerideMagics:
     FreerideMagics.freeride.__doc__ = _help_text()
     magics = FreerideMagics(ipython)
     ipython.register_magics(magics)
+    completer = getattr(ipython, "Completer", None)
+    if completer is not None:
+        _drop_matchers(completer)
+        completer.custom_matchers.append(_matcher(magics))
     return magics
+
+
+def _matcher(magics: FreerideMagics) -> Callable[[CompletionContext], SimpleMatcherResult]:
+    """``magics.complete`` marked as an IPython matcher of API v2."""
+    from IPython.core.completer import context_matcher
+
+    @context_matcher()  # type: ignore[untyped-decorator]
+    def freeride_matcher(context: CompletionContext) -> SimpleMatcherResult:
+        return magics.complete(context)
+
+    freeride_matcher.matcher_identifier = _MATCHER_ID
+    return freeride_matcher
+
+
+_MATCHER_ID = "freeride_lab.magics.complete"
+
+
+def _drop_matchers(completer: Any) -> None:
+    completer.custom_matchers[:] = [
+        m
+        for m in completer.custom_matchers
+        if getattr(m, "matcher_identifier", None) != _MATCHER_ID
+    ]
 
 
 def unload(ipython: InteractiveShell) -> None:
@@ -535,3 +746,6 @@ def unload(ipython: InteractiveShell) -> None:
         stop_all()
     manager.magics["line"].pop("freeride", None)
     manager.magics["cell"].pop("freeride_task", None)
+    completer = getattr(ipython, "Completer", None)
+    if completer is not None:
+        _drop_matchers(completer)

@@ -22,8 +22,10 @@ import pytest
 for _ui_package in ("IPython", "plotly", "anywidget"):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 from fake_session import FakeSession  # noqa: E402
+from IPython.core.completer import provisionalcompleter  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
 
 from freeride_lab.magics import FreerideMagics, _parser  # noqa: E402
 from freeride_lab.ui.dashboard import dashboard_for, mimebundle, user_tasks  # noqa: E402
@@ -107,16 +109,37 @@ def test_loading_imports_no_torch_and_starts_no_thread():
     assert out.stdout.split() == ["False", "0"]
 
 
-def test_help_of_the_magic_is_the_clis_parser_help(ip):
+def test_help_of_the_magic_is_written_for_the_notebook(ip):
     doc = ip.find_line_magic("freeride").__doc__
     for command in ("launch", "attach", "tune", "detach", "stop", "report", "list", "status"):
         assert f"%freeride {command}" in doc
     assert "RUN_DIR may be left out" in doc
+    example = "%freeride launch --stages 4 --microbatches 8 --steps 500 --workload synthetic"
+    assert example in doc and "%freeride attach pagerank --stage 1" in doc
+    assert "%freeride report\n" in doc  # the example report needs no path
+    # optional arguments are not shown as required, and it is not the CLI's usage text
+    assert "%freeride attach [RUN_DIR] TASK [--options]" in doc
+    assert "%freeride report [RUN_DIR] [PATH]" in doc
+    assert "usage:" not in doc and "RUN_DIR TASK" not in doc
 
 
-def test_bare_magic_prints_the_help(ip, capsys):
+def test_question_mark_shows_the_notebook_help(ip, capsys):
+    assert run(ip, "%freeride?").success
+    out = capsys.readouterr().out
+    assert "Example session:" in out and "%%freeride_task NAME" in out
+
+
+def test_subcommand_help_shows_what_may_be_left_out(ip, capsys):
+    assert run(ip, "%freeride report --help").success
+    out = capsys.readouterr().out
+    assert "usage: %freeride report [-h] [RUN_DIR] [PATH]" in out
+    assert "default: the run this kernel launched" in out
+
+
+def test_bare_magic_prints_the_notebook_help(ip, capsys):
     assert run(ip, "%freeride").success
-    assert "usage: %freeride" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Example session:" in out and "%freeride attach [RUN_DIR] TASK" in out
 
 
 def test_help_flag_prints_help_without_ending_the_kernel(ip, capsys):
@@ -124,7 +147,117 @@ def test_help_flag_prints_help_without_ending_the_kernel(ip, capsys):
     assert "--budget-ms" in capsys.readouterr().out
 
 
+# -- Tab completion ------------------------------------------------------------------------------
+
+
+def completions(shell: InteractiveShell, line: str) -> list[str]:
+    """What Tab offers at the end of ``line``, through IPython's own completer."""
+    with provisionalcompleter():
+        return [c.text for c in shell.Completer.completions(line, len(line))]
+
+
+def test_tab_completes_subcommands(ip):
+    offered = completions(ip, "%freeride ")
+    assert {"launch", "attach", "status", "report", "stop", "tune", "detach"} <= set(offered)
+    assert completions(ip, "%freeride at") == ["attach"]
+    assert completions(ip, "%freeride re") == ["report"]
+
+
+def test_tab_completes_task_names_after_attach(ip):
+    assert run(ip, f"%%freeride_task counter\n{COUNTER_CELL}").success
+    offered = completions(ip, "%freeride attach ")
+    assert {"pagerank", "resnet18", "sgd_mf", "counter"} <= set(offered)
+    assert completions(ip, "%freeride attach pag") == ["pagerank"]
+    assert completions(ip, "%freeride attach res") == ["resnet18", "resnet50"]
+
+
+def test_tab_completes_task_names_after_an_explicit_run_directory(ip, tmp_path):
+    other = tmp_path / "other-run"
+    other.mkdir()
+    (other / "run.json").write_text("{}")
+    assert completions(ip, f"%freeride attach {other} pag") == ["pagerank"]
+
+
+def test_tab_completes_the_options_of_the_subcommand(ip):
+    assert completions(ip, "%freeride attach pagerank --bud") == ["--budget-ms"]
+    offered = completions(ip, "%freeride launch --")
+    assert {"--stages", "--schedule", "--steps", "--workload"} <= set(offered)
+    assert "--budget-ms" not in offered
+    given = completions(ip, "%freeride launch --stages 2 --st")
+    assert "--steps" in given and "--stages" not in given  # given once, not offered again
+
+
+def test_tab_completes_option_values_with_a_fixed_set(ip):
+    assert "Interleaved1F1B" in completions(ip, "%freeride launch --schedule ")
+    assert completions(ip, "%freeride launch --workload s") == ["synthetic"]
+    assert completions(ip, "%freeride attach pagerank --policy SH") == ["SHRINK_BUDGET"]
+
+
+def test_tab_completes_the_current_runs_task_ids(ip, fake):
+    first, second = fake.attach("pagerank", stage=0), fake.attach("resnet18", stage=1)
+    assert completions(ip, "%freeride tune ") == sorted([first["id"], second["id"]])
+    assert completions(ip, "%freeride detach ") == sorted([first["id"], second["id"]])
+    after_the_id = completions(ip, f"%freeride tune {first['id']} ")
+    assert not {first["id"], second["id"]} & set(after_the_id)  # only one TASK_ID
+
+
+def test_tab_elsewhere_is_left_to_ipython(ip):
+    ip.user_ns["freeride_value"] = 1
+    assert "freeride_value" in completions(ip, "freeride_va")
+    assert "print" in completions(ip, "pri")
+
+
+def test_unload_removes_the_completion(shell, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shell.run_line_magic("load_ext", "freeride_lab")
+    shell.run_line_magic("reload_ext", "freeride_lab")
+    assert completions(shell, "%freeride at") == ["attach"]  # one matcher after a reload
+    shell.run_line_magic("unload_ext", "freeride_lab")
+    assert "attach" not in completions(shell, "%freeride at")
+
+
 # -- errors are one line -------------------------------------------------------------------------
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_typo_in_the_subcommand_says_which_was_meant(ip, capsys):
+    result = run(ip, "%freeride stauts")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "did you mean 'status'?" in one_line_error(capsys)
+
+
+def test_a_typo_in_an_option_says_which_was_meant(ip, fake, capsys):
+    result = run(ip, "%freeride attach pagerank --stage 1 --budgetms 50")
+    assert isinstance(result.error_in_exec, UsageError)
+    err = one_line_error(capsys)
+    assert "unrecognized arguments: --budgetms 50" in err and "did you mean '--budget-ms'?" in err
+    assert fake.calls == []
+
+
+def test_a_typo_in_the_task_name_says_which_was_meant(ip, fake, capsys):
+    result = run(ip, "%freeride attach pagernak --stage 1")
+    assert isinstance(result.error_in_exec, UsageError)
+    err = one_line_error(capsys)
+    assert "unknown side task 'pagernak'; did you mean 'pagerank'?" in err
+    assert fake.calls == []
+
+
+def test_a_typo_in_a_cell_task_name_says_which_was_meant(ip, fake, capsys):
+    assert run(ip, f"%%freeride_task counter\n{COUNTER_CELL}").success
+    capsys.readouterr()
+    result = run(ip, "%freeride attach countr --stage 0")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "did you mean 'counter'?" in one_line_error(capsys)
+
+
+def test_task_names_nothing_is_close_to_reach_the_session(ip, fake):
+    assert run(ip, "%freeride attach mypkg.tasks:Mine --stage 0").success
+    assert fake.calls[-1][1] == "mypkg.tasks:Mine"
 
 
 def test_unknown_subcommand_is_one_usage_error_line(ip, capsys):
@@ -222,6 +355,24 @@ def test_status_lists_the_side_tasks(ip, fake, capsys):
     assert run(ip, "%freeride status").success
     out = capsys.readouterr().out
     assert "step 2/10" in out and "t1  pagerank  stage 1" in out
+
+
+def test_report_without_a_path_writes_beside_the_notebook_and_links_it(ip, fake, tmp_path):
+    with capture_output() as captured:
+        result = run(ip, "%freeride report")
+    assert result.success, result.error_in_exec
+    (written,) = tmp_path.glob("freeride-report-fake-run-*/report.html")  # named by the run
+    assert (written.parent / "summary.json").is_file()  # the tables go in its folder
+    links = [o.data["text/html"] for o in captured.outputs if "text/html" in o.data]
+    assert len(links) == 1 and f"href='{written.relative_to(tmp_path)}'" in links[0]
+
+
+def test_report_to_a_path_links_that_path(ip, fake, tmp_path):
+    with capture_output() as captured:
+        assert run(ip, "%freeride report out/run.html").success
+    assert (tmp_path / "out" / "run.html").is_file()
+    links = [o.data["text/html"] for o in captured.outputs if "text/html" in o.data]
+    assert len(links) == 1 and "href='out/run.html'" in links[0]
 
 
 # -- %%freeride_task -----------------------------------------------------------------------------
