@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from acceptance_runs import RunFarm, Shape
@@ -12,9 +13,12 @@ from acceptance_runs import RunFarm, Shape
 def farm(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunFarm]:
-    """Runs shared by the acceptance modules; knows every selected module's ``RUNS``."""
+    """Runs shared by the acceptance modules; knows every selected acceptance module's ``RUNS``
+    (modules elsewhere may use the name for something else)."""
+    here = Path(__file__).parent
     modules = dict.fromkeys(getattr(item, "module", None) for item in request.session.items)
-    planned: list[Shape] = [s for m in modules if m is not None for s in getattr(m, "RUNS", [])]
+    ours = [m for m in modules if m is not None and Path(m.__file__).parent == here]
+    planned: list[Shape] = [s for m in ours for s in getattr(m, "RUNS", [])]
     runs = RunFarm(tmp_path_factory.mktemp("acceptance"), planned)
     try:
         yield runs

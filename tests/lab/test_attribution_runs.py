@@ -42,7 +42,7 @@ SEND_DELAY_MS = 20.0  # after 0F1 (stage 0's F of micro-batch 1), before its sen
 TOL_MS = 1.0  # per step
 HOOKS = "tests.lab.attribution_hooks:install"
 
-RUNS: dict[str, tuple[str, dict[str, object]]] = {
+FAULT_RUNS: dict[str, tuple[str, dict[str, object]]] = {
     "slow-stage": ("1F1B", {"slow_forward": {"stage": 1, "extra_ms": SLOW_EXTRA_MS}}),
     "late-sends": (
         "GPipe",
@@ -93,10 +93,10 @@ def finish(proc: subprocess.Popen[bytes], path: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     root = tmp_path_factory.mktemp("attribution")
-    started = {name: launch(root / name, *spec) for name, spec in RUNS.items()}
+    started = {name: launch(root / name, *spec) for name, spec in FAULT_RUNS.items()}
     for name, proc in started.items():
         finish(proc, root / name)
-    return {name: Session.open(root / name) for name in RUNS}
+    return {name: Session.open(root / name) for name in FAULT_RUNS}
 
 
 def session_of(runs: dict[str, Session], name: str) -> Path:
@@ -123,6 +123,14 @@ def inner_steps(session: Session) -> pd.DataFrame:
 def per_step(session: Session) -> pd.DataFrame:
     """Median over the inner steps of each rank's bubble ms and parts per step."""
     return inner_steps(session).groupby("rank").median()
+
+
+def tolerance_ms(session: Session, rank: int) -> float:
+    """1 ms per step, or the run's own step-to-step noise when the box makes it larger (the
+    interquartile range of the rank's bubble ms per step): a median step cannot be matched
+    closer than its run repeats itself."""
+    bubble = inner_steps(session).groupby("rank")["bubble_ms"].quantile([0.25, 0.75])
+    return max(TOL_MS, float(bubble[rank][0.75] - bubble[rank][0.25]))
 
 
 def simulated_idle_ms(session: Session) -> pd.Series:
@@ -162,7 +170,9 @@ def test_a_slow_stage_is_schedule_idle_on_every_rank(runs: dict[str, Session]) -
     assert (got <= expected[0] + TOL_MS).all(), got.tolist()
     assert got.max() == pytest.approx(expected[0], abs=TOL_MS)
     # rank 1 waits at the boundary, whose parts fall into two steps' bubbles
-    assert per_step(session).loc[1, "schedule_ms"] == pytest.approx(expected[1], abs=TOL_MS)
+    assert per_step(session).loc[1, "schedule_ms"] == pytest.approx(
+        expected[1], abs=tolerance_ms(session, 1)
+    )
 
 
 def test_a_late_send_is_the_senders_host_overhead(runs: dict[str, Session]) -> None:
@@ -195,7 +205,9 @@ def test_a_late_send_is_peer_wait_on_the_receiver_and_not_schedule_idle(
     assert (waited["peer_ms"] >= waited["duration_ms"] - TOL_MS).all()
     got = per_step(session)
     assert got.loc[1, "peer_ms"] >= SEND_DELAY_MS - TOL_MS
-    assert got.loc[1, "schedule_ms"] == pytest.approx(simulated_idle_ms(session)[1], abs=TOL_MS)
+    assert got.loc[1, "schedule_ms"] == pytest.approx(
+        simulated_idle_ms(session)[1], abs=tolerance_ms(session, 1)
+    )
 
 
 def test_session_summary_shows_the_split_beside_the_theory_fraction(
