@@ -172,26 +172,33 @@ class Costs:
         )
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> Costs:
-        """The synthetic workload's costs: each rank's ``t_*_ms`` split evenly over its chunks.
+    def from_config(
+        cls,
+        config: RunConfig,
+        *,
+        comm_ms: float = 0.0,
+        dispatch_ms: float = 0.0,
+        optimizer_ms: float = 0.0,
+    ) -> Costs:
+        """The synthetic workload's costs per global stage (``RunConfig.stage_costs_ms``): a
+        scalar ``t_*_ms`` is one rank's cost split evenly over its chunks, a sequence one
+        value per stage chunk. The one conversion from a config to costs.
 
         Follows the first-stage quirk in [Note: putting the sleeps on the right half of the
         backward] (``runtime/synthetic.py``): on stage 0, I costs 0 and W costs I + W.
         """
-        v = config.chunks or 1
-        n = config.stages * v
-        f, i, w = (
-            config.t_forward_ms / v,
-            config.t_backward_input_ms / v,
-            config.t_backward_weight_ms / v,
-        )
-        inp, wgt = np.full(n, i), np.full(n, w)
-        inp[0], wgt[0] = 0.0, i + w
+        f, i, w = (np.array(col, dtype=float) for col in zip(*config.stage_costs_ms(), strict=True))
+        b = i + w
+        inp, wgt = i.copy(), w.copy()
+        inp[0], wgt[0] = 0.0, b[0]
         return cls(
-            forward_ms=f,
-            backward_ms=i + w,
+            forward_ms=tuple(f),
+            backward_ms=tuple(b),
             backward_input_ms=tuple(inp),
             backward_weight_ms=tuple(wgt),
+            comm_ms=comm_ms,
+            dispatch_ms=dispatch_ms,
+            optimizer_ms=optimizer_ms,
         )
 
     @classmethod
