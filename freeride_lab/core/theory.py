@@ -57,9 +57,10 @@ def theory_bubble_fraction(
       (p-1)·u per rank once m ≥ (3p-1)/2 and 2(p-1-(m-p))·u below that, against 6m·u of
       compute: max(p-1, 2(p-1)-2(m-p)) / [6m + max(…)]. ZB-V's bubble vanishes only in the
       paper's tuned plan; torch's keeps one action per stage.
-    - DualPipeV: torch runs the OVERLAP_F_B actions' sub-actions one after the other, so the
-      plan is a V schedule without overlap; with F = I = W it idles (p-1)·u per rank:
-      (p-1)/(6m+p-1) (m ≥ 2p, which torch requires).
+    - DualPipeV: torch runs an OVERLAP_F_B action's sub-actions one after the other and sends
+      their results only after both ([Note: held sends] in ``core/schedule.py``), so the
+      downstream rank waits a second action: with F = I = W each rank idles 2(p-1)·u,
+      2(p-1)/(6m+2(p-1)) (m ≥ 2p, which torch requires).
 
     ZBVZeroBubble and DualPipeV take F = I = W: their ``t_*`` are checked but not used.
 
@@ -90,9 +91,11 @@ def theory_bubble_fraction(
         bubble = max(0.0, (p - 1) * (t_forward + t_backward_input - t_backward_weight))
         compute = v * m * (t_forward + t_backward_input + t_backward_weight)
         return bubble / (compute + bubble) if bubble else 0.0
-    if spec.name in ("ZBVZeroBubble", "DualPipeV"):  # in units of one chunk's action
+    if spec.name == "ZBVZeroBubble":  # in units of one chunk's action
         units = max(p - 1, 2 * (p - 1) - 2 * (m - p))
         return units / (6 * m + units)
+    if spec.name == "DualPipeV":
+        return 2 * (p - 1) / (6 * m + 2 * (p - 1))
     raise ValueError(  # a schedule added to SCHEDULES without a formula here
         f"schedule {spec.name!r} has no formula in theory_bubble_fraction yet; "
         f"known: {', '.join(n for n in SCHEDULES if n not in NO_FORMULA)}"
@@ -159,7 +162,7 @@ _NOTES = {
     "LoopedBFS": "approximate: the interleaved formula",
     "InterleavedZeroBubble": "ZB-H1 with v chunks",
     "ZBVZeroBubble": "torch's ZB-V plan at F = I = W",
-    "DualPipeV": "torch's plan (OVERLAP_F_B run sequentially) at F = I = W",
+    "DualPipeV": "torch's plan (OVERLAP_F_B run sequentially, sends held) at F = I = W",
 }
 
 

@@ -335,7 +335,7 @@ def test_summary_rejects_skip_steps_that_leave_no_step() -> None:
 
 def test_summary_gives_dualpipev_the_theory_of_torchs_sequential_plan() -> None:
     s = summary(ideal_1f1b(4, 8, steps=2), "DualPipeV", 4, 8)
-    assert (s["theory_frac"] == 3 / 51).all() and s["measured_frac"].notna().all()
+    assert (s["theory_frac"] == 6 / 54).all() and s["measured_frac"].notna().all()
 
 
 # --- prediction -------------------------------------------------------------------------------
