@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from freeride_lab.cli import main
+from freeride_lab.cli import build_parser, main, run_config_fields
 from freeride_lab.core.config import RunConfig, cost_text
 from freeride_lab.core.planner import Costs, simulate_summary
 from freeride_lab.runtime.synthetic import build_sleep_chunks
@@ -137,3 +137,16 @@ def test_a_bad_comma_list_is_a_one_line_usage_error(
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1
+
+
+def test_run_and_launch_options_build_a_config_with_per_stage_costs() -> None:
+    """The grammar ``run``, ``launch`` and the ``%freeride`` magics share (``build_parser``,
+    ``run_config_fields``)."""
+    for command in ("run", "launch"):
+        args = build_parser().parse_args(
+            [command, "--workload", "synthetic", "--stages", "4", "--microbatches", "4",
+             "--t-forward-ms", "10,10,20,10", "--t-backward-weight-ms", "5"]
+        )  # fmt: skip
+        config = RunConfig(**run_config_fields(args))
+        assert config.t_forward_ms == (10.0, 10.0, 20.0, 10.0)
+        assert config.t_backward_weight_ms == 5.0
