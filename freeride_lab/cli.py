@@ -28,7 +28,7 @@ from freeride_lab.core.schedule import SCHEDULES
 if TYPE_CHECKING:
     from freeride_lab.lab.session import Session
 
-__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main", "os_error_text"]
+__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "costs_ms", "main", "os_error_text"]
 
 PROG = "freeride-lab"
 
@@ -116,13 +116,29 @@ def _add_shape_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", type=int, default=4, help="pipeline ranks S (default 4)")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches M (default 8)")
     p.add_argument("--chunks", type=int, default=None, help="model chunks per rank V")
-    p.add_argument("--t-forward-ms", type=float, default=None, help="synthetic F cost per rank")
+    each = "one number per rank (split over its chunks) or a comma list, one per stage chunk"
+    p.add_argument("--t-forward-ms", type=costs_ms, default=None, help=f"synthetic F cost: {each}")
     p.add_argument(
-        "--t-backward-input-ms", type=float, default=None, help="synthetic I cost per rank"
+        "--t-backward-input-ms", type=costs_ms, default=None, help=f"synthetic I cost: {each}"
     )
     p.add_argument(
-        "--t-backward-weight-ms", type=float, default=None, help="synthetic W cost per rank"
+        "--t-backward-weight-ms", type=costs_ms, default=None, help=f"synthetic W cost: {each}"
     )
+
+
+def costs_ms(text: str) -> float | tuple[float, ...]:
+    """A ``--t-*-ms`` value: ``"10"`` (every stage) or ``"10,10,20,10"`` (one per stage chunk).
+
+    Only the spelling is checked here; ``RunConfig`` checks the values and the count.
+    """
+    parts = text.split(",")
+    try:
+        values = tuple(float(x) for x in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of ms or a comma list of them; e.g. 10 or 10,10,20,10"
+        ) from None
+    return values[0] if len(parts) == 1 else values
 
 
 def add_run(subparsers: Any) -> argparse.ArgumentParser:
@@ -321,30 +337,32 @@ def add_simulate(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Print ``simulate_summary`` with a ``theory_pct`` column."""
+    """Print ``simulate_summary`` with a ``theory_pct`` column.
+
+    Costs mean what they mean for ``run`` (``Costs.from_config``), so the table predicts the
+    synthetic run of the same options; theory takes the mean cost of a stage chunk.
+    """
     import math
 
-    from freeride_lab.core.config import RunConfig
+    from freeride_lab.core.config import COST_FIELDS, RunConfig
     from freeride_lab.core.planner import Costs, simulate_summary
     from freeride_lab.core.schedule import Schedule
     from freeride_lab.core.theory import NO_FORMULA, theory_bubble_fraction
 
-    t_f = 1.0 if args.t_forward_ms is None else args.t_forward_ms
-    t_i = 1.0 if args.t_backward_input_ms is None else args.t_backward_input_ms
-    t_w = 1.0 if args.t_backward_weight_ms is None else args.t_backward_weight_ms
+    costs_given = {
+        name: 1.0 if getattr(args, name) is None else getattr(args, name) for name in COST_FIELDS
+    }
     try:
         spec = Schedule.from_name(args.schedule)
-        # the bounds a run is held to (sizes, stage chunks); no plan is built twice
-        RunConfig(schedule=spec.name, stages=args.stages, microbatches=args.microbatches,
-                  chunks=args.chunks, workload="synthetic", check_plan=False)  # fmt: skip
-        costs = Costs(
-            forward_ms=t_f,
-            backward_input_ms=t_i,
-            backward_weight_ms=t_w,
-            comm_ms=args.comm_ms,
-            dispatch_ms=args.dispatch_ms,
-        )
+        # the bounds a run is held to (sizes, stage chunks, costs); no plan is built twice
+        config = RunConfig(schedule=spec.name, stages=args.stages, microbatches=args.microbatches,
+                           chunks=args.chunks, workload="synthetic", check_plan=False,
+                           **costs_given)  # fmt: skip
+        costs = Costs.from_config(config, comm_ms=args.comm_ms, dispatch_ms=args.dispatch_ms)
         table = simulate_summary(spec, args.stages, args.microbatches, args.chunks, costs=costs)
+        t_f, t_i, t_w = (
+            float(sum(col) / len(col)) for col in zip(*config.stage_costs_ms(), strict=True)
+        )
         theory = (
             math.nan
             if spec.name in NO_FORMULA

@@ -19,7 +19,16 @@ from typing import Any, Literal
 
 from freeride_lab.core.schedule import Schedule, torch_plan
 
-__all__ = ["EXTRA_KEYS", "MAX_COST_MS", "MAX_MICROBATCHES", "MAX_STAGE_CHUNKS", "RunConfig"]
+__all__ = [
+    "COST_FIELDS",
+    "EXTRA_KEYS",
+    "MAX_COST_MS",
+    "MAX_MICROBATCHES",
+    "MAX_STAGE_CHUNKS",
+    "CostMs",
+    "RunConfig",
+    "cost_text",
+]
 
 # Bounds checked before torch's plan is built (building it is quadratic-ish in these sizes:
 # 100000 stages take minutes and gigabytes).
@@ -47,6 +56,10 @@ EXTRA_KEYS = (
     "timed",
 )
 
+# The synthetic workload's action costs, F, I and W in that order.
+COST_FIELDS = ("t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms")
+CostMs = float | tuple[float, ...]  # every stage alike, or one value per stage chunk
+
 Workload = Literal["text", "synthetic"]
 Device = Literal["cpu", "cuda"]
 
@@ -64,8 +77,11 @@ class RunConfig:
         steps: training steps to run.
         workload: "text" trains a byte-level GPT on real text; "synthetic" runs sleep-timed
             stages with the given ``t_*_ms`` costs (exact, contention-free timing on CPU).
-        t_forward_ms, t_backward_input_ms, t_backward_weight_ms: per micro-batch costs of one
-            rank (split evenly over its chunks) for the synthetic workload.
+        t_forward_ms, t_backward_input_ms, t_backward_weight_ms: the synthetic workload's per
+            micro-batch costs in ms. One number is the cost of one rank, split evenly over its
+            chunks (every stage alike); a sequence gives each stage chunk its own cost, one
+            value per global stage (``stages * chunks`` values, stage 0 first; for chunks=1 one
+            per rank). Sequences are stored as tuples (lists in JSON). See ``stage_costs_ms``.
         layers, d_model, heads, seq_len, microbatch_size: GPT size (text workload; the synthetic
             workload uses d_model, seq_len and microbatch_size for its tensors).
         text_path: a text file or directory for the text workload; None uses the Python standard
@@ -91,9 +107,9 @@ class RunConfig:
     chunks: int | None = None
     steps: int = 20
     workload: Workload = "text"
-    t_forward_ms: float = 20.0
-    t_backward_input_ms: float = 20.0
-    t_backward_weight_ms: float = 20.0
+    t_forward_ms: CostMs = 20.0
+    t_backward_input_ms: CostMs = 20.0
+    t_backward_weight_ms: CostMs = 20.0
     layers: int = 8
     d_model: int = 64
     heads: int = 4
@@ -145,18 +161,14 @@ class RunConfig:
                 raise ValueError(f"{name}={value!r} must be an integer or None")
         for name in ("t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms", "lr"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
-            try:
-                finite = math.isfinite(value)
-            except OverflowError:  # an int too large for a float, e.g. 10**400
-                finite = False
-            if not finite or value < 0:
-                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
-            if name.endswith("_ms") and value > MAX_COST_MS:
-                raise ValueError(
-                    f"{name}={value!r} is above the limit of {MAX_COST_MS:g} (an hour)"
+            if name in COST_FIELDS and isinstance(value, list | tuple):
+                object.__setattr__(
+                    self, name, tuple(_cost(name, x, i) for i, x in enumerate(value))
                 )
+            elif name in COST_FIELDS:
+                object.__setattr__(self, name, _cost(name, value))
+            elif not _finite_at_least_0(value):
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
         if not -(2**63) <= self.seed <= MAX_SEED:
             raise ValueError(f"seed={self.seed} must fit in 64 bits (-2**63 .. 2**64-1)")
         for name in ("workload", "device", "dtype", "master_addr", "bus_host"):
@@ -214,6 +226,14 @@ class RunConfig:
                 f"stages×chunks={self.stages * v} is above the limit of {MAX_STAGE_CHUNKS} "
                 "stage chunks; lower stages or chunks"
             )
+        for name in COST_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) != self.stages * v:
+                raise ValueError(
+                    f"{name}={list(value)} has {len(value)} value(s) but the run has "
+                    f"stages x chunks = {self.stages * v} stage chunks; give one "
+                    "value per stage chunk (stage 0 first), or one number for every stage"
+                )
         if self.microbatches > MAX_MICROBATCHES:
             raise ValueError(
                 f"microbatches={self.microbatches} is above the limit of {MAX_MICROBATCHES}"
@@ -240,8 +260,31 @@ class RunConfig:
         assert self.chunks is not None
         return self.stages * self.chunks
 
+    def stage_costs_ms(self) -> tuple[tuple[float, float, float], ...]:
+        """(F, I, W) ms per micro-batch of every stage chunk, indexed by global stage.
+
+        A scalar field is one rank's cost split evenly over its chunks; a sequence field is
+        already one value per stage chunk.
+
+            >>> RunConfig(schedule="Interleaved1F1B", stages=2, microbatches=4,
+            ...           t_forward_ms=(1, 2, 3, 4), t_backward_input_ms=8.0,
+            ...           t_backward_weight_ms=2.0, check_plan=False).stage_costs_ms()[1]
+            (2.0, 4.0, 1.0)
+        """
+        n = self.stage_count
+        columns = []
+        for name in COST_FIELDS:
+            value = getattr(self, name)
+            columns.append(value if isinstance(value, tuple) else (value / (n // self.stages),) * n)
+        return tuple(zip(*columns, strict=True))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain fields (per-stage costs as lists, as JSON stores them)."""
+        data = dataclasses.asdict(self)
+        for name in COST_FIELDS:
+            if isinstance(data[name], tuple):
+                data[name] = list(data[name])
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -293,6 +336,42 @@ def _check_extra(extra: dict[str, Any]) -> None:
                     f"extra[{key!r}] must be plain JSON (no NaN, no objects): {exc}; "
                     f"the runtime's keys are {', '.join(EXTRA_KEYS)}"
                 ) from None
+
+
+def cost_text(value: CostMs) -> str:
+    """A ``t_*_ms`` field for people: ``"20"`` or, per stage chunk, ``"10,10,20,10"``.
+
+    >>> cost_text(20.0), cost_text((10.0, 12.5))
+    ('20', '10,12.5')
+    """
+    values = value if isinstance(value, tuple) else (value,)
+    return ",".join(f"{x:g}" for x in values)
+
+
+def _finite_at_least_0(value: Any) -> bool:
+    """A real number (not a bool), finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int too large for a float, e.g. 10**400
+        return False
+
+
+def _cost(name: str, value: Any, index: int | None = None) -> float:
+    """One synthetic action cost in ms as a float; ``index`` names its stage chunk."""
+    where = name if index is None else f"{name}[{index}]"
+    if not _finite_at_least_0(value):
+        raise ValueError(
+            f"{where}={value!r} must be a finite number of ms >= 0; give one number for every "
+            "stage or a list with one per stage chunk, e.g. [10, 10, 20, 10]"
+        )
+    if value > MAX_COST_MS:
+        raise ValueError(
+            f"{where}={value!r} is above the limit of {MAX_COST_MS:g} (an hour); give a cost "
+            "in ms below it"
+        )
+    return float(value)
 
 
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

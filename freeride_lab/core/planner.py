@@ -35,6 +35,7 @@ and no plan arrays are built, which is what makes 1,024 stages x 8,192 micro-bat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -44,7 +45,12 @@ import numpy as np
 import pandas as pd
 
 from freeride_lab.core.config import MAX_COST_MS
-from freeride_lab.core.schedule import Action, ActionKind, Schedule, torch_plan
+from freeride_lab.core.schedule import (
+    Action,
+    ActionKind,
+    Schedule,
+    torch_plan_with_held_sends,
+)
 
 if TYPE_CHECKING:
     from freeride_lab.core.config import RunConfig
@@ -172,26 +178,33 @@ class Costs:
         )
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> Costs:
-        """The synthetic workload's costs: each rank's ``t_*_ms`` split evenly over its chunks.
+    def from_config(
+        cls,
+        config: RunConfig,
+        *,
+        comm_ms: float = 0.0,
+        dispatch_ms: float = 0.0,
+        optimizer_ms: float = 0.0,
+    ) -> Costs:
+        """The synthetic workload's costs per global stage (``RunConfig.stage_costs_ms``): a
+        scalar ``t_*_ms`` is one rank's cost split evenly over its chunks, a sequence one
+        value per stage chunk. The one conversion from a config to costs.
 
         Follows the first-stage quirk in [Note: putting the sleeps on the right half of the
         backward] (``runtime/synthetic.py``): on stage 0, I costs 0 and W costs I + W.
         """
-        v = config.chunks or 1
-        n = config.stages * v
-        f, i, w = (
-            config.t_forward_ms / v,
-            config.t_backward_input_ms / v,
-            config.t_backward_weight_ms / v,
-        )
-        inp, wgt = np.full(n, i), np.full(n, w)
-        inp[0], wgt[0] = 0.0, i + w
+        f, i, w = (np.array(col, dtype=float) for col in zip(*config.stage_costs_ms(), strict=True))
+        b = i + w
+        inp, wgt = i.copy(), w.copy()
+        inp[0], wgt[0] = 0.0, b[0]
         return cls(
-            forward_ms=f,
-            backward_ms=i + w,
+            forward_ms=tuple(f),
+            backward_ms=tuple(b),
             backward_input_ms=tuple(inp),
             backward_weight_ms=tuple(wgt),
+            comm_ms=comm_ms,
+            dispatch_ms=dispatch_ms,
+            optimizer_ms=optimizer_ms,
         )
 
     @classmethod
@@ -310,6 +323,9 @@ class PlanArrays:
     length: np.ndarray  # (ranks,) int64
     stages: int  # global stages (ranks * chunks)
     microbatches: int
+    # (ranks, width) bool: the action's result reaches other ranks only when the rank's next
+    # action ends (torch's held sends, [Note: held sends] in core/schedule.py); None: never
+    held: np.ndarray | None = None
 
     @property
     def ranks(self) -> int:
@@ -381,7 +397,14 @@ def plan_arrays(
         local = np.where(kind == _F, block % v, v - 1 - block % v)
         j = (q // (per_round * v)) * per_round + q % per_round
         return _arrays(kind, local * S + r, j, S * v, M)
-    return PlanArrays.from_plan(torch_plan(spec, S, M, v), M)
+    plan, held = torch_plan_with_held_sends(spec, S, M, v)
+    arrays = PlanArrays.from_plan(plan, M)
+    if any(held.values()):
+        mask = np.zeros(arrays.kind.shape, bool)
+        for rank, positions in held.items():
+            mask[rank, sorted(positions)] = True
+        arrays = dataclasses.replace(arrays, held=mask)
+    return arrays
 
 
 def _sizes(
@@ -511,27 +534,36 @@ def _run(pa: PlanArrays, costs: Costs) -> tuple[np.ndarray, np.ndarray]:
     has_dep = (is_f & (stage > 0)) | (is_back & (stage < N - 1))
     dep_a = np.where(has_dep, (dep_stage * 2 + is_back) * M + mb, none_i)
     dep_a[kind < 0] = inf_i
-    comm_a = np.where(
-        has_dep & (stage_rank[np.clip(dep_stage, 0, N - 1)] != rank), costs.comm_ms, 0.0
-    )
+    remote = has_dep & (stage_rank[np.clip(dep_stage, 0, N - 1)] != rank)
+    comm_a = np.where(remote, costs.comm_ms, 0.0)
     dep_b = np.where(is_back, stage * 2 * M + mb, np.where(is_w, (stage * 2 + 1) * M + mb, none_i))
     write = np.where(is_f | is_back, (stage * 2 + is_back) * M + mb, dummy_i)
     dur = np.where(kind >= 0, table[stage, np.maximum(kind, 0)], 0.0)
-    done = np.full(2 * N * M + 3, np.inf)
+    done = np.full(2 * N * M + 3, np.inf)  # when a result is ready on its own rank
     done[none_i] = -np.inf
+    held = np.zeros(R * width, bool)
+    if pa.held is not None:
+        held.reshape(R, width)[:, :L] = pa.held
+    sent = done.copy()  # when it reaches other ranks ([Note: held sends] in core/schedule.py)
+    remote = has_dep & (stage_rank[np.clip(dep_stage, 0, N - 1)] != rank)
     start, end = np.full(R * width, np.nan), np.full(R * width, np.nan)
     base, ptr, free = np.arange(R) * width, np.zeros(R, np.int64), np.zeros(R)
     remaining = int(pa.length.sum())
     while remaining:
         idx = base + ptr
-        dep = np.maximum(done[dep_a[idx]] + comm_a[idx], done[dep_b[idx]])
+        dep_a_end = np.where(remote[idx], sent[dep_a[idx]], done[dep_a[idx]])
+        dep = np.maximum(dep_a_end + comm_a[idx], done[dep_b[idx]])
         rr = np.flatnonzero(dep < np.inf)
         if rr.size == 0:
-            raise ValueError(_deadlock_message(pa, ptr, done[dep_a[idx]] == np.inf))
+            raise ValueError(_deadlock_message(pa, ptr, dep_a_end == np.inf))
         ri = idx[rr]
         st = np.maximum(free[rr] + costs.dispatch_ms, dep[rr])
         en = st + dur[ri]
         done[write[ri]] = en
+        now = ~held[ri]
+        sent[write[ri[now]]] = en[now]
+        after = (ptr[rr] > 0) & held[ri - 1]  # the previous action's held result leaves now
+        sent[write[ri[after] - 1]] = en[after]
         free[rr] = en
         start[ri], end[ri] = st, en
         ptr[rr] += 1

@@ -24,6 +24,7 @@ __all__ = [
     "Schedule",
     "stage_indices",
     "torch_plan",
+    "torch_plan_with_held_sends",
 ]
 
 
@@ -176,6 +177,20 @@ def torch_plan(
     Raises:
         ValueError: the schedule cannot run these sizes (torch's reason, with the numbers).
     """
+    return torch_plan_with_held_sends(schedule, ranks, microbatches, chunks)[0]
+
+
+def torch_plan_with_held_sends(
+    schedule: Schedule | str, ranks: int, microbatches: int, chunks: int | None = None
+) -> tuple[dict[int, list[Action | None]], dict[int, frozenset[int]]]:
+    """``torch_plan`` and, per rank, the positions (among its actions, ``None`` left out) of
+    the actions whose results torch sends to other ranks only when the next action has ended.
+
+    [Note: held sends] torch adds the sends of an overlapped action (DualPipeV's
+    OVERLAP_F_B) after the whole action, so the output of its first sub-action leaves the
+    rank only once the second has run too; a rank downstream waits that long. Results used
+    on the same rank pass at once.
+    """
     from torch.distributed.pipelining import schedules as ts
 
     spec = Schedule.from_name(schedule) if isinstance(schedule, str) else schedule
@@ -186,8 +201,11 @@ def torch_plan(
     if cls is None:
         import torch
 
-        raise ValueError(f"schedule {spec.name!r} is not in the installed torch {torch.__version__}")
+        raise ValueError(
+            f"schedule {spec.name!r} is not in the installed torch {torch.__version__}"
+        )
     plan: dict[int, list[Action | None]] = {}
+    held: dict[int, frozenset[int]] = {}
     single_order: dict[int, list[Any]] | None = None
     for rank in range(ranks):
         try:
@@ -216,9 +234,25 @@ def torch_plan(
             ) from None
         if spec.name == "1F1B":
             plan[rank] = list(_executed_1f1b(rank, ranks, microbatches))
+            held[rank] = frozenset()
         else:
-            plan[rank] = _flatten([_convert(a) for a in order[rank]] if order else [])
-    return plan
+            converted = [_convert(a) for a in order[rank]] if order else []
+            plan[rank] = _flatten(converted)
+            held[rank] = _held_positions(converted)
+    return plan, held
+
+
+def _held_positions(converted: list[Action | list[Action] | None]) -> frozenset[int]:
+    """Positions (``None`` left out) of every sub-action of an overlapped action but its last:
+    their sends wait for the rest of the action ([Note: held sends])."""
+    held, position = set(), 0
+    for a in converted:
+        if isinstance(a, list):
+            held.update(range(position, position + len(a) - 1))
+            position += len(a)
+        elif a is not None:
+            position += 1
+    return frozenset(held)
 
 
 def _executed_1f1b(stage: int, stages: int, microbatches: int) -> list[Action]:

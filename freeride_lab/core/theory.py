@@ -3,7 +3,9 @@
 "Fraction" is bubble time ÷ step time (what a global-window measurement gives), not the
 "rate" (bubble ÷ ideal compute) that papers often print. Stages are uniform and
 communication is ignored, so these are lower bounds for a measurement
-(see ``/work/shared/reference/pipelining-and-gpu.md`` §5-6).
+(see ``/work/shared/reference/pipelining-and-gpu.md`` §5-6). Each formula is the idle share
+of the plan the installed torch runs (``torch_plan``), as the planner computes it with no
+overheads (``tests/core/test_theory.py`` checks them against it).
 
     >>> round(theory_bubble_fraction("1f1b", stages=4, microbatches=4), 3)
     0.429
@@ -22,8 +24,9 @@ from freeride_lab.core.schedule import SCHEDULES, Schedule
 
 __all__ = ["NO_FORMULA", "theory_bubble_fraction", "theory_table"]
 
-# Schedules without a formula comparable to what torch runs (see ``theory_bubble_fraction``).
-NO_FORMULA: frozenset[str] = frozenset({"DualPipeV"})
+# Schedules without a formula comparable to what torch runs (see ``theory_bubble_fraction``);
+# none at present, kept so callers can skip such a schedule.
+NO_FORMULA: frozenset[str] = frozenset()
 
 
 def theory_bubble_fraction(
@@ -43,14 +46,23 @@ def theory_bubble_fraction(
     - GPipe, 1F1B: (p-1)/(m+p-1). The bubble is (p-1)(t_f+t_b) and the step
       (m+p-1)(t_f+t_b), so the fraction is the same for any measured t_f, t_b.
     - Interleaved1F1B: (p-1)/(v·m+p-1) (Megatron, arXiv 2104.04473).
-    - LoopedBFS: approximately the interleaved value (same bubble, more activations).
-    - InterleavedZeroBubble: the ZB-H1 single-chunk value
-      (p-1)(t_f+t_i-t_w) / [m(t_f+t_i+t_w) + (p-1)(t_f+t_i-t_w)], clamped at 0; ``chunks``
-      does not enter (it matched a v=2 measurement to 0.1 point). Pass measured medians
-      as the ``t_*`` (their scale cancels, only ratios matter).
-    - ZBVZeroBubble: 0. ZB-V's bubble vanishes when t_f = t_i = t_w and m ≥ 2p-1; what a
-      run shows beyond that is a warm-up residue of communication and dispatch (8.6% at
-      p=4, m=8 on CPU) that no closed form of the schedule predicts, so 0 is the bound.
+    - LoopedBFS: the interleaved value (same bubble, more activations).
+    - InterleavedZeroBubble: ZB-H1 with v chunks,
+      (p-1)(t_f+t_i-t_w) / [v·m(t_f+t_i+t_w) + (p-1)(t_f+t_i-t_w)], clamped at 0 (when W
+      outweighs F + I torch's plan keeps a small bubble that this does not give). At v = 1
+      it is the single-chunk ZB-H1 value; each added chunk divides the bubble's share of
+      compute, as for Interleaved1F1B. Pass measured medians as the ``t_*`` (their scale
+      cancels, only ratios matter).
+    - ZBVZeroBubble: with F = I = W (the unit u, one chunk's action), torch's ZB-V plan idles
+      (p-1)·u per rank once m ≥ (3p-1)/2 and 2(p-1-(m-p))·u below that, against 6m·u of
+      compute: max(p-1, 2(p-1)-2(m-p)) / [6m + max(…)]. ZB-V's bubble vanishes only in the
+      paper's tuned plan; torch's keeps one action per stage.
+    - DualPipeV: torch runs an OVERLAP_F_B action's sub-actions one after the other and sends
+      their results only after both ([Note: held sends] in ``core/schedule.py``), so the
+      downstream rank waits a second action: with F = I = W each rank idles 2(p-1)·u,
+      2(p-1)/(6m+2(p-1)) (m ≥ 2p, which torch requires).
+
+    ZBVZeroBubble and DualPipeV take F = I = W: their ``t_*`` are checked but not used.
 
     Args:
         chunks: model chunks per rank; None picks the schedule's default
@@ -60,9 +72,7 @@ def theory_bubble_fraction(
             full backward's input half, ``t_backward_weight`` its weight half).
 
     Raises:
-        ValueError: unknown schedule, sizes < 1, invalid chunks or costs, or DualPipeV
-            (torch runs its OVERLAP_F_B sub-actions one after the other, so DualPipe's
-            overlapped formula does not describe the run).
+        ValueError: unknown schedule, sizes < 1, invalid chunks or costs.
     """
     spec = Schedule.from_name(schedule)
     v = spec.resolve_chunks(chunks)
@@ -73,22 +83,19 @@ def theory_bubble_fraction(
             "and micro-batches per step"
         )
     _check_costs(t_forward, t_backward_input, t_backward_weight)
-    if spec.name in NO_FORMULA:
-        raise ValueError(
-            f"schedule {spec.name!r} has no comparable bubble formula: torch runs its "
-            "OVERLAP_F_B sub-actions sequentially, so DualPipe's overlapped formula does not "
-            "apply; measure it (bubble_fraction) instead of comparing with theory"
-        )
     if spec.name in ("GPipe", "1F1B"):
         return (p - 1) / (m + p - 1)
     if spec.name in ("Interleaved1F1B", "LoopedBFS"):
         return (p - 1) / (v * m + p - 1)
     if spec.name == "InterleavedZeroBubble":
         bubble = max(0.0, (p - 1) * (t_forward + t_backward_input - t_backward_weight))
-        compute = m * (t_forward + t_backward_input + t_backward_weight)
-        return bubble / (compute + bubble)
-    if spec.name == "ZBVZeroBubble":
-        return 0.0
+        compute = v * m * (t_forward + t_backward_input + t_backward_weight)
+        return bubble / (compute + bubble) if bubble else 0.0
+    if spec.name == "ZBVZeroBubble":  # in units of one chunk's action
+        units = max(p - 1, 2 * (p - 1) - 2 * (m - p))
+        return units / (6 * m + units)
+    if spec.name == "DualPipeV":
+        return 2 * (p - 1) / (6 * m + 2 * (p - 1))
     raise ValueError(  # a schedule added to SCHEDULES without a formula here
         f"schedule {spec.name!r} has no formula in theory_bubble_fraction yet; "
         f"known: {', '.join(n for n in SCHEDULES if n not in NO_FORMULA)}"
@@ -153,9 +160,9 @@ def theory_table(
 
 _NOTES = {
     "LoopedBFS": "approximate: the interleaved formula",
-    "InterleavedZeroBubble": "ZB-H1 single-chunk value (reference only)",
-    "ZBVZeroBubble": "lower bound; runs show a warm-up residue",
-    "DualPipeV": "not comparable: torch runs OVERLAP_F_B sub-actions sequentially",
+    "InterleavedZeroBubble": "ZB-H1 with v chunks",
+    "ZBVZeroBubble": "torch's ZB-V plan at F = I = W",
+    "DualPipeV": "torch's plan (OVERLAP_F_B run sequentially, sends held) at F = I = W",
 }
 
 

@@ -284,16 +284,8 @@ class RankRunner:
             self.emulation.calibrate()  # collective; the process group is up by now
             return list(self.emulation.chunks)
         if cfg.workload == "synthetic":
-            return list(
-                build_sleep_chunks(
-                    cfg.d_model,
-                    len(self.stage_ids),
-                    t_forward_ms=cfg.t_forward_ms,
-                    t_backward_input_ms=cfg.t_backward_input_ms,
-                    t_backward_weight_ms=cfg.t_backward_weight_ms,
-                    chunks_per_rank=len(self.stage_ids),
-                )
-            )
+            costs = cfg.stage_costs_ms()  # per global stage: each chunk its own costs
+            return list(build_sleep_chunks(cfg.d_model, [costs[s] for s in self.stage_ids]))
         gpt = GPTConfig(
             seq_len=cfg.seq_len,
             layers=cfg.layers,

@@ -27,6 +27,7 @@ stage 0 would cost only t_w.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -91,25 +92,15 @@ class SleepStage(nn.Module):
 
 
 def build_sleep_chunks(
-    d_model: int,
-    n_chunks: int,
-    *,
-    t_forward_ms: float,
-    t_backward_input_ms: float,
-    t_backward_weight_ms: float,
-    chunks_per_rank: int,
+    d_model: int, costs_ms: Sequence[tuple[float, float, float]]
 ) -> list[SleepStage]:
-    """``n_chunks`` sleep stages whose costs are one rank's per-micro-batch costs split evenly
-    over its ``chunks_per_rank`` chunks (so a rank spends t_forward_ms per micro-batch in F)."""
-    if chunks_per_rank < 1:
-        raise ValueError(f"chunks_per_rank={chunks_per_rank} must be >= 1")
-    scale = 1e-3 / chunks_per_rank  # ms per rank -> s per chunk
+    """One sleep stage per entry of ``costs_ms``: its (F, I, W) ms per micro-batch.
+
+    A rank passes its own stage chunks' entries of ``RunConfig.stage_costs_ms()``, so every
+    stage chunk sleeps its own costs (one rank's scalar costs split over its chunks, or the
+    per-stage values given).
+    """
     return [
-        SleepStage(
-            d_model,
-            forward_s=t_forward_ms * scale,
-            input_grad_s=t_backward_input_ms * scale,
-            weight_grad_s=t_backward_weight_ms * scale,
-        )
-        for _ in range(n_chunks)
+        SleepStage(d_model, forward_s=f * 1e-3, input_grad_s=i * 1e-3, weight_grad_s=w * 1e-3)
+        for f, i, w in costs_ms
     ]

@@ -51,6 +51,7 @@ import pandas as pd
 from freeride_lab.core import attribution as core_attribution
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import FREERIDE_UNITS
+from freeride_lab.core.config import cost_text
 from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS
 from freeride_lab.ui.board import SideTaskBoard, plain_controls
 from freeride_lab.ui.gpu_monitor import GpuMonitor, ProcessRole
@@ -277,8 +278,8 @@ def _config_html(session: DashboardSession) -> str:
     work = f"{cfg.workload} on {cfg.device} ({cfg.backend})"
     if cfg.workload == "synthetic":
         work += (
-            f", F/I/W {cfg.t_forward_ms:g}/{cfg.t_backward_input_ms:g}/"
-            f"{cfg.t_backward_weight_ms:g} ms"
+            f", F/I/W {cost_text(cfg.t_forward_ms)}/{cost_text(cfg.t_backward_input_ms)}/"
+            f"{cost_text(cfg.t_backward_weight_ms)} ms"
         )
     return (
         "<div class='fr-dash-head' style='font:13px system-ui,sans-serif'>"

@@ -1,4 +1,4 @@
-"""Fixtures of the acceptance tests: one farm of real runs per test session."""
+"""Fixtures of the acceptance tests: farms of real runs, one of each per test session."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from acceptance_runs import RunFarm, Shape
+from gated_runs import GatedFarm, GatedRun
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +25,25 @@ def farm(
         yield runs
     finally:
         runs.stop()
+
+
+@pytest.fixture(scope="session")
+def gated_farm(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatedFarm]:
+    """Gated runs (``gated_runs.py``) of every selected test: the ``GatedRun`` parameters of
+    the selected tests and the ``GATED_RUNS`` of their modules, launched on the first request."""
+    items = request.session.items
+    params = [
+        value
+        for item in items
+        for value in getattr(getattr(item, "callspec", None), "params", {}).values()
+        if isinstance(value, GatedRun)
+    ]
+    modules = dict.fromkeys(getattr(item, "module", None) for item in items)
+    listed = [r for m in modules if m is not None for r in getattr(m, "GATED_RUNS", [])]
+    farm = GatedFarm(tmp_path_factory.mktemp("gated"), [*params, *listed])
+    try:
+        yield farm
+    finally:
+        farm.stop()

@@ -333,9 +333,9 @@ def test_summary_rejects_skip_steps_that_leave_no_step() -> None:
         summary(ideal_1f1b(4, 4), "1F1B", 4, 4, skip_steps=1)
 
 
-def test_summary_theory_is_nan_for_dualpipev() -> None:
+def test_summary_gives_dualpipev_the_theory_of_torchs_sequential_plan() -> None:
     s = summary(ideal_1f1b(4, 8, steps=2), "DualPipeV", 4, 8)
-    assert s["theory_frac"].isna().all() and s["measured_frac"].notna().all()
+    assert (s["theory_frac"] == 6 / 54).all() and s["measured_frac"].notna().all()
 
 
 # --- prediction -------------------------------------------------------------------------------

@@ -332,3 +332,15 @@ def test_compare_with_run_flags_a_run_of_other_sizes() -> None:
     measured = _noisy_run("1F1B", 4, 8, EQUAL)
     result = compare_with_run(measured, "1F1B", 4, 4)
     assert (result["rel_diff"] > 0.3).all()
+
+
+def test_dualpipev_results_leave_the_rank_only_after_the_whole_overlapped_action() -> None:
+    """torch sends an OVERLAP_F_B action's results after both sub-actions ([Note: held sends]):
+    rank 0's 3F2 needs rank 1's 2F2, which rank 1 runs overlapped with 1B0, so 3F2 waits for
+    1B0 to end as well (measured on gloo: 3F2 started 0.4 ms after 1B0 ended, 100 ms after
+    2F2)."""
+    sim = simulate("DualPipeV", 2, 4, costs=Costs())
+    at = sim.set_index(sim["stage"].astype(str) + sim["action"] + sim["microbatch"].astype(str))
+    assert at.loc["2F2", "rank"] == at.loc["1B0", "rank"] == 1
+    assert at.loc["1B0", "start_ms"] == at.loc["2F2", "end_ms"]  # one overlapped action
+    assert at.loc["3F2", "start_ms"] == at.loc["1B0", "end_ms"]

@@ -246,9 +246,7 @@ def run_schedule(
     name: str, steps: int = 3, *, loss_s: float = 0.0, rec: ActionRecorder | None = None
 ) -> list[StepRecord]:
     rec = rec or ActionRecorder()
-    chunks = build_sleep_chunks(
-        4, 2, t_forward_ms=T_F, t_backward_input_ms=T_I, t_backward_weight_ms=T_W, chunks_per_rank=2
-    )
+    chunks = build_sleep_chunks(4, [(T_F / 2, T_I / 2, T_W / 2)] * 2)
     example = torch.empty(2, 3, 4, requires_grad=True)  # (mb, T, D)
     stages = [
         TimedPipelineStage(

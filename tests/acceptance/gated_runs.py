@@ -1,0 +1,159 @@
+"""Real sleep-timed runs measured side by side, with a start gate (``start_gate.py``).
+
+A ``GatedFarm`` launches a batch of runs at once (``Session.launch``: torchrun, gloo, one
+process per rank, no side-task workers) and holds every rank at the gate until all ranks of the
+batch have imported torch and joined their process groups; then all of them train together.
+So no run's measured steps share the two cores with another run's start-up (tens of seconds of
+imports), while the start-ups themselves overlap, which is what keeps a dozen runs to about a
+minute. Runs of one ``group`` share a batch (up to ``MAX_RANKS`` ranks); groups with different
+timing needs (long actions for bubble fractions, short ones for the planner) run apart.
+
+Each test module lists its runs in a module-level ``GATED_RUNS``; the farm learns every selected
+module's runs at the start (as ``RunFarm`` does) and launches them on the first request.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from start_gate import GATE, go_file, ready_file
+
+from freeride_lab.core.config import CostMs, RunConfig
+from freeride_lab.lab.session import Session
+from freeride_lab.runtime.launcher import RunState
+
+HERE = Path(__file__).resolve().parent
+MAX_RANKS = 20  # ranks per batch: 20 torch imports on two cores take about a minute
+RUN_TIMEOUT_S = 420.0  # a batch's start-up plus its steps on a loaded two-core box
+
+
+@dataclass(frozen=True)
+class GatedRun:
+    """A synthetic run: shape and per-stage-chunk costs (see ``RunConfig``)."""
+
+    schedule: str
+    stages: int
+    microbatches: int
+    chunks: int
+    t_forward_ms: CostMs
+    t_backward_input_ms: CostMs
+    t_backward_weight_ms: CostMs
+    steps: int
+    group: str
+    skip_steps: int = 1
+    label: str = field(default="", compare=True)
+
+    def config(self) -> RunConfig:
+        return RunConfig(
+            schedule=self.schedule,
+            stages=self.stages,
+            microbatches=self.microbatches,
+            chunks=self.chunks,
+            steps=self.steps,
+            workload="synthetic",
+            t_forward_ms=self.t_forward_ms,
+            t_backward_input_ms=self.t_backward_input_ms,
+            t_backward_weight_ms=self.t_backward_weight_ms,
+            d_model=16,
+            seq_len=8,
+            microbatch_size=2,
+            side_tasks=False,
+            extra={"edges_factory": GATE},
+        )
+
+    def __str__(self) -> str:
+        tail = f"-{self.label}" if self.label else ""
+        return f"{self.schedule}-S{self.stages}-M{self.microbatches}-V{self.chunks}{tail}"
+
+
+@dataclass(frozen=True)
+class GatedResult:
+    """A run that ended, with its tables read once."""
+
+    run: GatedRun
+    session: Session
+    state: RunState
+    actions: pd.DataFrame  # every step, as Session.actions
+
+    @property
+    def measured(self) -> pd.DataFrame:
+        """Actions of the steps after the warm-up."""
+        return self.actions[self.actions["step"] >= self.run.skip_steps]
+
+    def explain(self) -> str:
+        """The run's state, failure and log tails, for assertion messages."""
+        logs = self.session.run_dir.logs_dir
+        tails = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*"))
+        )
+        return f"{self.run}: {self.state} ({self.session.failure})\n{tails}"
+
+
+class GatedFarm:
+    """Launches ``GatedRun`` batches behind one start gate each and remembers the results."""
+
+    def __init__(self, root: Path, planned: Iterable[GatedRun] = ()) -> None:
+        self.root = root
+        self.planned = list(dict.fromkeys(planned))
+        self._done: dict[GatedRun, GatedResult] = {}
+        self._batches = 0
+
+    def get(self, runs: Iterable[GatedRun]) -> dict[GatedRun, GatedResult]:
+        """The result of each run, launching those not run yet (and every planned one)."""
+        wanted = list(dict.fromkeys(runs))
+        missing = [r for r in dict.fromkeys([*wanted, *self.planned]) if r not in self._done]
+        for group in dict.fromkeys(r.group for r in missing):
+            batch: list[GatedRun] = []
+            for run in (r for r in missing if r.group == group):
+                if batch and sum(r.stages for r in batch) + run.stages > MAX_RANKS:
+                    self._run_batch(batch)
+                    batch = []
+                batch.append(run)
+            if batch:
+                self._run_batch(batch)
+        return {r: self._done[r] for r in wanted}
+
+    def _run_batch(self, batch: list[GatedRun]) -> None:
+        self._batches += 1
+        root = self.root / f"batch{self._batches}"
+        root.mkdir(parents=True)
+        path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        previous = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = path  # the ranks import start_gate
+        sessions: list[tuple[GatedRun, Session]] = []
+        try:
+            for run in batch:
+                session = Session.launch(run.config(), run_dir=root / str(run), grace_s=3)
+                sessions.append((run, session))
+            self._open_gate(root, sessions)
+            for run, session in sessions:
+                state = session.wait(timeout_s=RUN_TIMEOUT_S)
+                self._done[run] = GatedResult(run, session, state, session.actions)
+        finally:
+            if previous is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = previous
+            go_file(root).touch()
+            for _, session in sessions:
+                session.stop()  # a no-op for a finished run; ends the batch on a timeout
+
+    @staticmethod
+    def _open_gate(root: Path, sessions: list[tuple[GatedRun, Session]]) -> None:
+        """Open the gate once every rank waits at it (or a run has ended: it never will)."""
+        ready = [ready_file(root, str(run), r) for run, _ in sessions for r in range(run.stages)]
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not all(p.exists() for p in ready) and time.monotonic() < deadline:
+            if any(s.state.done for _, s in sessions):
+                break
+            time.sleep(0.05)
+        go_file(root).touch()
+
+    def stop(self) -> None:
+        for result in self._done.values():
+            result.session.stop()

@@ -1,0 +1,34 @@
+"""A start gate for runs measured side by side: ``extra={"edges_factory": GATE}``.
+
+The rank calls ``edges_factory`` during setup, after the process group is up and before the
+schedule is built. Here each rank marks itself ready in its run directory's parent and waits for
+the parent's ``go`` file, so every run of a batch starts its steps once all of them have
+imported torch: one run's measured steps never share the cores with another's start-up. The
+rank then trains without live bubble edges. Rank processes import this module through
+``PYTHONPATH`` (the test adds this directory).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+GATE = "start_gate:wait_for_go"
+WAIT_S = 600.0  # after this the rank starts anyway (the test's own timeout reports the rest)
+
+
+def ready_file(batch: Path, run_name: str, rank: int) -> Path:
+    return batch / f"{run_name}.rank{rank}.ready"
+
+
+def go_file(batch: Path) -> Path:
+    return batch / "go"
+
+
+def wait_for_go(*, run_dir: Any, rank: int) -> None:
+    path = Path(run_dir.path)
+    ready_file(path.parent, path.name, rank).touch()
+    deadline = time.monotonic() + WAIT_S
+    while not go_file(path.parent).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
