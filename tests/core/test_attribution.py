@@ -6,8 +6,6 @@ Timelines come from the planner (``core.planner.simulate``), which runs a schedu
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -254,9 +252,10 @@ def test_an_actions_table_without_times_is_refused_naming_the_columns() -> None:
         attribute_bubbles(acts.drop(columns="end_ms"), schedule="1F1B", stages=2, microbatches=2)
 
 
-def test_unknown_theory_is_nan_for_dualpipev() -> None:
+def test_the_theory_fraction_stands_beside_the_split_for_dualpipev_too() -> None:
     acts, table = run_of("DualPipeV", 2, 4, None)
     per_rank = attribution_by_rank(
         acts, steps=table, schedule="DualPipeV", stages=2, microbatches=4
     )
-    assert all(math.isnan(x) for x in per_rank["theory_frac"])
+    want = theory_bubble_fraction("DualPipeV", 2, 4)
+    assert per_rank["theory_frac"].tolist() == pytest.approx([want, want])
