@@ -3,7 +3,7 @@
 
     Session (notebook kernel or CLI)             same process group as the caller
       └─ launcher            SIGINT ignored, parent-death watchdog, child subreaper
-           └─ torchrun       python -m torch.distributed.run … (SIGINT left ignored)
+           └─ torchrun       python -m freeride_lab.runtime.torchrun … (SIGINT left ignored)
                 └─ S/nnodes ranks    python -m freeride_lab.runtime.rank --run-dir DIR
 
 Why a launcher: if the kernel is SIGKILLed, torchrun would survive it as an orphan and train on.
@@ -158,7 +158,7 @@ def torchrun_command(
     if rdzv.master_port is None:
         raise ValueError("master_port is None; resolve it (e.g. free_port()) first")
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "freeride_lab.runtime.torchrun",  # torchrun, fast exit
         "--nnodes", str(rdzv.nnodes),
         "--node-rank", str(rdzv.node_rank),
         "--nproc-per-node", str(rdzv.nproc_per_node),
@@ -511,4 +511,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # [Note: fast exit] in runtime.rank: the final status is written and every child reaped; the
+    # launcher has imported torchrun (its option list), whose teardown would delay the stop.
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -363,7 +363,7 @@ def write_report(
     )
     ranks = set(actions["rank"].astype(int)) | set(bubbles["rank"].astype(int))
     world_size = max(int(config.get("stages") or 1), max(ranks, default=0) + 1)
-    traces = write_traces(actions, bubbles, side, out / "trace", world_size)
+    traces = write_traces(actions, bubbles, side, out / "trace", world_size, steps)
     files += [str(p.relative_to(out)) for p in traces]
     summary_doc = {
         "config": config,

@@ -1,9 +1,10 @@
 """The quickstart notebook in a real JupyterLab: it runs, draws the timeline, and a side task
 dragged from the board's palette onto stage 1 is attached in the run.
 
-The notebook is run once per module (``quickstart`` fixture): every cell above its last one, the
-``%freeride stop`` cell, so the run is still training when the tests drag cards onto it; the
-module's last test runs that cell and checks that the run stopped. Each test checks one claim.
+The notebook is run once per module (``quickstart`` fixture) with Run All, which leaves the run
+training: its last cell, ``# %freeride stop``, is commented out. The tests drag cards onto the
+live run; the module's last test uncomments that cell, as a user does when done, runs it and
+checks that the run stopped. Each test checks one claim.
 Artifacts: ``test-artifacts/test_quickstart_browser-*.png``, ``test-artifacts/jupyter-server.log``.
 """
 
@@ -63,7 +64,7 @@ def run_tasks(lab: Any) -> list[dict[str, Any]]:
     return list(json.loads(result.text.strip().splitlines()[-1]))
 
 
-STOP_CELL = "%freeride stop"
+STOP_CELL = "# %freeride stop"  # commented out: Run All passes over it
 
 # Make cell ``index`` the active one and run a notebook command; its outcome lands on window
 # (see [Note: driving JupyterLab] in conftest.py).
@@ -76,6 +77,13 @@ _JS_RUN_COMMAND_AT = """
   app.commands.execute(command).then(
     () => { run.done = true; },
     (e) => { run.done = true; run.error = String(e); });
+}
+"""
+
+_JS_UNCOMMENT_CELL = """
+(index) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[index];
+  cell.model.sharedModel.setSource(cell.model.sharedModel.getSource().replace(/^# /, ""));
 }
 """
 
@@ -108,9 +116,9 @@ def stop_cell_index(lab: Any) -> int:
 
 @pytest.fixture(scope="module")
 def quickstart(lab_module: Any) -> Any:
-    """The quickstart, open and run up to its stop cell (training continues in the background)."""
+    """The quickstart, open and Run All (training continues in the background)."""
     lab_module.open(QUICKSTART)
-    run_command_at(lab_module, stop_cell_index(lab_module), "notebook:run-all-above", RUN_S)
+    run_command_at(lab_module, stop_cell_index(lab_module), "notebook:run-all-cells", RUN_S)
     # the dashboard (the launch cell's output) in view: what a failure screenshot should show
     lab_module.page.locator(".jp-OutputArea-output .widget-vbox").first.scroll_into_view_if_needed()
     return lab_module
@@ -157,8 +165,16 @@ def test_dragging_a_palette_card_onto_stage_1_attaches_that_task(quickstart: Any
     assert len(new) == 1, f"one drag attached {len(new)} tasks: {new}"
 
 
-def test_the_stop_cell_ends_the_run(quickstart: Any) -> None:
-    run_command_at(quickstart, stop_cell_index(quickstart), "notebook:run-cell", RUN_S)
+def test_run_all_leaves_the_run_training(quickstart: Any) -> None:
+    result = quickstart.run_code("print(session.state.done, session.state)")
+    assert result.error is None, result.error
+    assert result.text.split() == ["False", "running"], result.text
+
+
+def test_the_stop_cell_uncommented_ends_the_run(quickstart: Any) -> None:
+    index = stop_cell_index(quickstart)
+    quickstart.page.evaluate(_JS_UNCOMMENT_CELL, index)
+    run_command_at(quickstart, index, "notebook:run-cell", RUN_S)
     result = quickstart.run_code("print(session.state.done, session.state)")
     assert result.error is None, result.error
     assert result.text.split()[0] == "True", result.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -259,6 +260,41 @@ def test_stop_leaves_no_process_of_the_run(to_stop: Session) -> None:
     assert not [p.pid for p in before if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert to_stop.state == RunState.STOPPED
     to_stop.stop()  # a second stop is a no-op
+
+
+def _module(proc: psutil.Process) -> str:
+    """The module a Python process runs (its first ``-m``), or ""."""
+    cmdline = proc.cmdline()
+    return cmdline[cmdline.index("-m") + 1] if "-m" in cmdline[:-1] else ""
+
+
+def test_stop_of_a_quickstart_sized_run_returns_within_5_s(tmp_path: Path) -> None:
+    """Nothing is stuck, so stop() waits for the ranks to end their step and for every process
+    to exit, never for the grace (10 s here): at most 5 s on a loaded two-core box, of which
+    at most 1.5 s after the last rank has gone (torchrun and the launcher leave at once)."""
+    config = RunConfig(schedule="1F1B", stages=4, microbatches=4, steps=1000, workload="synthetic")
+    with Session.launch(config, run_dir=tmp_path / "run", grace_s=10.0) as session:
+        wait_until(lambda: session.steps_done >= 2, timeout_s=STARTUP_S, what="two steps")
+        tree = run_processes(session.run_dir.path)
+        ranks = [p for p in tree if _module(p) == "freeride_lab.runtime.rank"]
+        assert len(tree) >= 10 and len(ranks) == 4  # launcher, torchrun, 4 ranks, 4 workers
+        ranks_gone: list[float] = []
+        watcher = threading.Thread(
+            target=lambda: ranks_gone.append(
+                time.monotonic() if not psutil.wait_procs(ranks, timeout=60)[1] else math.inf
+            )
+        )
+        watcher.start()
+        started = time.monotonic()
+        session.stop()
+        returned = time.monotonic()
+        watcher.join()
+        assert run_processes(session.run_dir.path) == []
+        assert session.state == RunState.STOPPED
+    assert returned - started <= 5.0, f"stop() took {returned - started:.1f} s"
+    assert returned - ranks_gone[0] <= 1.5, (
+        f"stop() returned {returned - ranks_gone[0]:.1f} s after the last rank had gone"
+    )
 
 
 def test_a_failed_rank_is_reported_with_its_rank_and_reason(

@@ -4,8 +4,11 @@ Each notebook is copied into a fresh directory (the kernel's working directory, 
 and ``.freeride_tasks`` land there) and executed cell by cell with nbclient on a ``python3``
 kernel whose spec points at this interpreter. Cells with ``nbmake.mock`` metadata get the same
 treatment nbmake gives them: the mocked globals are set right after the cell runs (CI sizes).
-Before the kernel shuts down, the test checks that the notebook itself stopped every process it
-started (none may be left under the kernel, nor name the notebook's directory).
+A notebook may end with a "when you are done" cell (``WHEN_DONE``): commented out, so that Run
+All leaves its run training for the user to play with. The test records what is running after
+Run All, then runs that cell uncommented, as a user does when done. Before the kernel shuts down,
+the test checks that the notebook itself stopped every process it started (none may be left
+under the kernel, nor name the notebook's directory).
 
 ``pytest --nbmake notebooks/`` runs the same notebooks without these extra checks.
 """
@@ -33,14 +36,17 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 CELL_TIMEOUT_S = 600  # one cell; the slowest waits for runs on a loaded two-core box
 STARTUP_S = 120
+WHEN_DONE = "# %freeride stop"  # a last cell that Run All passes over; run uncommented when done
 
 
 @dataclass
 class Executed:
-    """A notebook after execution: its cells, the directory it ran in, and processes it left."""
+    """A notebook after execution: its cells (then its when-done cells, uncommented), the
+    directory it ran in, the processes running after Run All, and the processes it left."""
 
     nb: Any
     workdir: Path
+    after_run_all: list[str]
     leftovers: list[str]
 
     def text(self, index: int | None = None) -> str:
@@ -111,6 +117,21 @@ def _naming(workdir: Path) -> list[psutil.Process]:
     return found
 
 
+def _running(workdir: Path, kernel_pid: int | None) -> list[str]:
+    """Live processes under the kernel or naming the notebook's directory: "pid cmdline"."""
+    procs = {p.pid: p for p in _naming(workdir)}
+    if kernel_pid is not None:
+        procs.update({p.pid: p for p in _descendants(kernel_pid)})
+    running = []
+    for proc in procs.values():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
 def execute(name: str, tmp_path: Path, kernel_name: str) -> Executed:
     """Run ``notebooks/<name>`` in ``tmp_path``; record processes left before the kernel ends."""
     workdir = tmp_path / "nb"
@@ -124,22 +145,17 @@ def execute(name: str, tmp_path: Path, kernel_name: str) -> Executed:
         kernel_name=kernel_name,
         resources={"metadata": {"path": str(workdir)}},
     )
-    leftovers: list[str] = []
     with client.setup_kernel():
-        for index, cell in enumerate(nb.cells):
+        for index, cell in enumerate(list(nb.cells)):
             client.execute_cell(cell, index)
         kernel_pid = client.km.provisioner.pid if client.km.provisioner else None
-        procs = {p.pid: p for p in _naming(workdir)}
-        if kernel_pid is not None:
-            procs.update({p.pid: p for p in _descendants(kernel_pid)})
-        for proc in procs.values():
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    leftovers.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
-            except psutil.NoSuchProcess:
-                pass
+        after_run_all = _running(workdir, kernel_pid)
+        for cell in [c for c in nb.cells if c.cell_type == "code" and c.source == WHEN_DONE]:
+            nb.cells.append(nbformat.v4.new_code_cell(cell.source.removeprefix("# ")))
+            client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
+        leftovers = _running(workdir, kernel_pid)
     nbformat.write(nb, workdir / f"executed-{name}")  # kept for a look after a failure
-    return Executed(nb, workdir, leftovers)
+    return Executed(nb, workdir, after_run_all, leftovers)
 
 
 def test_every_notebook_is_tested_here():
@@ -164,7 +180,10 @@ def check_quickstart(run: Executed) -> None:
     assert "attached pagerank" in text
     assert run.widget_views() >= 1  # the dashboard
     assert (run.workdir / "report" / "quickstart.html").is_file()
-    assert "stopped after" in text or "finished after" in text
+    assert any("freeride_lab.runtime.rank" in p for p in run.after_run_all), (
+        "Run All must leave the run training"
+    )
+    assert "stopped after" in run.text(len(run.nb.cells) - 1)  # the when-done cell
 
 
 def check_custom_side_task(run: Executed) -> None:

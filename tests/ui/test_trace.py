@@ -1,14 +1,29 @@
-"""Per-rank Chrome traces: valid JSON, one X event per span, HTA's distributedInfo.rank."""
+"""Per-rank Chrome traces: valid JSON, one X event per span, and a real run's traces load in
+Holistic Trace Analysis with the right ranks and the idle time of our bubble table."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from waits import run_processes
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.ui.trace import BUBBLE_TID, SIDE_TASK_TID, write_traces
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.session import Session
+from freeride_lab.ui.trace import (
+    BUBBLE_TID,
+    COMPUTE_STREAM,
+    KERNEL_CAT,
+    OPTIMIZER_TID,
+    SIDE_TASK_TID,
+    write_traces,
+)
+
+STARTUP_S = 240.0  # a fresh run on a loaded two-core box (a torch import per process)
 
 ACTIONS = pd.DataFrame(
     [
@@ -116,3 +131,84 @@ def test_unfinished_spans_are_left_out(tmp_path):
 def test_rank_outside_world_size_is_rejected(tmp_path):
     with pytest.raises(ValueError, match=r"ranks \[1\] but world_size=1"):
         write_traces(ACTIONS, BUBBLES, SIDE, tmp_path, world_size=1)
+
+
+STEPS = pd.DataFrame(
+    {
+        "step": [0, 0],
+        "rank": [0, 1],
+        "optimizer_start_ms": [6.0, 4.0],
+        "optimizer_end_ms": [6.5, float("nan")],
+    }
+)
+
+
+def test_busy_spans_are_kernels_on_the_compute_stream_and_bubbles_are_not(tmp_path):
+    paths = write_traces(ACTIONS, BUBBLES, SIDE, tmp_path, world_size=2, steps=STEPS)
+    rank0 = spans(json.loads(paths[0].read_text()))
+    busy = [e for e in rank0 if e["cat"] == KERNEL_CAT]
+    assert sorted(e["name"] for e in busy) == ["0B0", "0F0", "optimizer"]
+    assert {e["args"]["stream"] for e in busy} == {COMPUTE_STREAM}
+    assert all("stream" not in e["args"] for e in rank0 if e["cat"] != KERNEL_CAT)
+
+
+def test_optimizer_spans_come_from_the_steps_table(tmp_path):
+    paths = write_traces(ACTIONS, BUBBLES, None, tmp_path, world_size=2, steps=STEPS)
+    [rank0, rank1] = [spans(json.loads(p.read_text())) for p in paths]
+    optimizer = [e for e in rank0 if e["name"] == "optimizer"]
+    assert [(e["tid"], e["ts"], e["dur"]) for e in optimizer] == [(OPTIMIZER_TID, 6000.0, 500.0)]
+    assert not [e for e in rank1 if e["name"] == "optimizer"]  # its end is unknown
+
+
+# -- a real run, read by Holistic Trace Analysis -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Session, Path]]:
+    """A finished two-rank CPU run and the trace directory of its report."""
+    config = RunConfig(
+        schedule="1F1B",
+        stages=2,
+        microbatches=4,
+        steps=12,
+        workload="synthetic",
+        t_forward_ms=5.0,
+        t_backward_input_ms=5.0,
+        t_backward_weight_ms=5.0,
+        d_model=16,
+        seq_len=8,
+        microbatch_size=2,
+    )
+    out = tmp_path_factory.mktemp("hta")
+    with Session.launch(config, run_dir=out / "run", grace_s=3) as session:
+        session.wait(timeout_s=STARTUP_S)
+        report = session.report(out / "report" / "report.html")
+        yield session, report.parent / "trace"
+    assert not run_processes(out / "run")
+
+
+def test_hta_reads_each_rank_of_a_real_run(real_traces):
+    from hta.trace_analysis import TraceAnalysis
+
+    _, trace_dir = real_traces
+    analysis = TraceAnalysis(trace_dir=str(trace_dir))
+    assert analysis.t.get_ranks() == [0, 1]
+
+
+def test_hta_idle_time_per_rank_matches_the_bubble_table(real_traces):
+    """HTA's idle = gaps between busy spans; ours = the bubble table (which also counts the
+    rank's idle before its first and after its last span: a few ms of a whole run)."""
+    from hta.trace_analysis import TraceAnalysis
+
+    session, trace_dir = real_traces
+    analysis = TraceAnalysis(trace_dir=str(trace_dir))
+    temporal = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
+    idle, _ = analysis.get_idle_time_breakdown(ranks=[0, 1], visualize=False)
+    ours_us = session.bubbles.groupby("rank")["duration_ms"].sum() * 1000.0
+    hta_us = temporal["idle_time(us)"].astype(float)
+    assert (hta_us > 0).all()
+    assert list(hta_us.index) == [0, 1]
+    for rank in (0, 1):
+        assert hta_us[rank] == pytest.approx(ours_us[rank], rel=0.10), rank
+        per_stream = idle[idle["rank"] == rank]
+        assert per_stream["idle_time"].sum() == pytest.approx(hta_us[rank], rel=1e-6)
