@@ -584,8 +584,19 @@ def main(argv: list[str] | None = None) -> int:
         exit_on_close=not args.keep_on_close,
     )
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop("SIGTERM"))
-    return worker.serve()
+    code = worker.serve()
+    # Its tasks are stopped and recorded: a late SIGTERM (a stop signals the whole tree, some
+    # processes more than once) must not turn this clean end into "killed by SIGTERM", which
+    # it would once the interpreter restores default handlers on its way out.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # [Note: fast exit] as the ranks do: nothing is left to clean up once ``main`` returns, and
+    # skipping the interpreter's teardown of torch's modules ends the worker at once
+    exit_code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

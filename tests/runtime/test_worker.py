@@ -271,6 +271,24 @@ def test_closing_the_edges_stops_the_tasks_and_the_worker(
     assert checkpoint_path(run_dir.path, "c1").exists()
 
 
+def test_sigterms_of_a_stop_end_the_worker_cleanly_not_killed(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    """Stopping a run signals its whole tree, some processes more than once: the worker stops
+    its tasks on the first SIGTERM and a later one, while it exits, must not turn that clean
+    end into "killed by SIGTERM"."""
+    pid = client.attach(ref("Counting"), task_id="c1").payload["pid"]
+    wait_until(lambda: has_state(run_dir, "c1", "PAUSED"), what="the task to be PAUSED")
+    assert worker.popen is not None
+    deadline = time.monotonic() + 30
+    while worker.popen.poll() is None and time.monotonic() < deadline:
+        os.kill(worker.popen.pid, signal.SIGTERM)
+        time.sleep(0.002)
+    assert worker.popen.wait(30) == 0
+    assert not _running(pid)
+    assert has_state(run_dir, "c1", "STOPPED")
+
+
 def test_worker_exits_when_its_parent_dies(run_dir: RunDir) -> None:
     parent = subprocess.Popen(
         [
