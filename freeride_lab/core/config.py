@@ -169,6 +169,8 @@ class RunConfig:
                 object.__setattr__(self, name, _cost(name, value))
             elif not _finite_at_least_0(value):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+            else:  # a learning rate is a float, in run.json too (an int of 2**64 is not JSON's)
+                object.__setattr__(self, name, float(value))
         if not -(2**63) <= self.seed <= MAX_SEED:
             raise ValueError(f"seed={self.seed} must fit in 64 bits (-2**63 .. 2**64-1)")
         for name in ("workload", "device", "dtype", "master_addr", "bus_host"):

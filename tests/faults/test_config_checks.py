@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from freeride_lab.cli import main
@@ -114,6 +114,7 @@ FIELDS = ("schedule", "stages", "microbatches", "chunks", "steps", "workload", "
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(FIELDS), NASTY, max_size=4))
+@example(fields={"lr": 2**64})  # an int learning rate beyond 64 bits must leave run.json a float
 def test_a_random_config_is_refused_in_one_line_or_well_formed(fields: dict[str, Any]) -> None:
     try:
         config = RunConfig(**fields, check_plan=False)
