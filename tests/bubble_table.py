@@ -45,12 +45,17 @@ def merged_ms(intervals: list[Interval]) -> float:
 
 
 def step_spans(actions: pd.DataFrame, steps: pd.DataFrame) -> dict[tuple[int, int], Interval]:
-    """Per (step, rank) with actions: the span its busy time and bubbles must fill."""
+    """Per (step, rank) with actions: the span its busy time and bubbles must fill. It starts
+    at the step's window start, or where the rank's previous step ended when that is later
+    (steps may overlap across ranks, never on one rank)."""
     windows = actions.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
-    spans = {}
-    for (s, r), intervals in busy_intervals(actions, steps).items():
+    spans: dict[tuple[int, int], Interval] = {}
+    for (s, r), intervals in sorted(busy_intervals(actions, steps).items()):
         end = windows.loc[s + 1, "start"] if s + 1 in windows.index else windows.loc[s, "end"]
-        spans[(s, r)] = (windows.loc[s, "start"], max(end, max(b for _, b in intervals)))
+        start = windows.loc[s, "start"]
+        if (s - 1, r) in spans:
+            start = max(start, spans[(s - 1, r)][1])
+        spans[(s, r)] = (start, max(end, max(b for _, b in intervals)))
     return spans
 
 

@@ -305,15 +305,29 @@ def _optimizer_spans(steps: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
 def _gaps(busy: pd.DataFrame, windows: pd.DataFrame, *, to_next_window: bool) -> pd.DataFrame:
     """The idle gaps around ``busy`` (sorted by step, rank, start) per (step, rank).
 
-    Each (step, rank) spans [window start, end): end is the window end, or with
+    Each (step, rank) spans [start, end). Start is the window start (with ``to_next_window``:
+    or the rank's previous step's end, when that is later). End is the window end, or with
     ``to_next_window`` the next step's window start when that step was recorded; never before
     the rank's last busy moment. Gaps that cross the window end are cut there; the part after
     it is a boundary gap (column ``boundary``).
+
+    [Note: overlapping steps]
+    Steps may overlap across ranks: nothing holds a rank at a step boundary (the stop agreement
+    runs behind the step), so in zero-bubble and V schedules a rank can start its next step's
+    first action while a peer still runs the last weight gradients of the step before. A
+    rank's own steps never overlap, so its spans are cut where its previous step ended: its
+    bubbles never overlap its own busy time, and a rank still busy when the next step starts
+    has no boundary bubble for that step.
     """
     keys = [busy["step"], busy["rank"]]
     win_start = busy["step"].map(windows["start_ms"])
     win_end = busy["step"].map(windows["end_ms"])
     reach = busy["end_ms"].groupby(keys).cummax()  # latest end so far: merges overlaps
+    if to_next_window:  # spans tile each rank's time ([Note: overlapping steps])
+        last_end = reach.groupby([busy["step"], busy["rank"]]).max()
+        before = pd.MultiIndex.from_arrays([busy["step"] - 1, busy["rank"]])
+        prev_end = pd.Series(last_end.reindex(before).to_numpy(), index=busy.index)
+        win_start = np.maximum(win_start, prev_end.fillna(-np.inf))
     span_end = win_end
     if to_next_window:
         next_start = windows["start_ms"].reindex(windows.index + 1).to_numpy()

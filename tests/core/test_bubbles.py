@@ -621,3 +621,34 @@ def test_without_steps_actions_and_bubbles_fill_each_window_exactly(
     idle = b.groupby(["step", "rank"])["duration_ms"].sum()
     f = bubble_fraction(actions).set_index(["step", "rank"])
     assert np.allclose(idle.reindex(f.index, fill_value=0.0), f["idle_ms"], atol=1e-9)
+
+
+def test_steps_that_overlap_across_ranks_never_overlap_a_ranks_own_busy_time() -> None:
+    """Nothing holds the ranks at a step boundary: rank 0 starts step 1 while rank 1 still runs
+    a weight gradient of step 0. Rank 1's step 1 then starts where its step 0 ended, and no
+    rank's bubbles cover its own busy time."""
+    rows = [  # step, rank, action, microbatch, start, end (ms)
+        (0, 0, "F", 0, 0.0, 10.0),
+        (0, 1, "F", 0, 10.0, 20.0),
+        (0, 1, "W", 0, 20.0, 45.0),
+        (0, 0, "B", 0, 25.0, 35.0),
+        (1, 0, "F", 0, 40.0, 50.0),  # before rank 1's W of step 0 ends
+        (1, 1, "F", 0, 50.0, 60.0),
+        (1, 0, "B", 0, 70.0, 80.0),
+    ]
+    actions = pd.DataFrame(
+        rows, columns=["step", "rank", "action", "microbatch", "start_ms", "end_ms"]
+    )
+    actions["stage"] = actions["rank"]
+    steps = pd.DataFrame(
+        [(0, 0, 36.0, 38.0), (0, 1, 46.0, 48.0), (1, 0, 81.0, 82.0), (1, 1, 61.0, 62.0)],
+        columns=["step", "rank", "optimizer_start_ms", "optimizer_end_ms"],
+    )
+    bubbles = extract_bubbles(actions, steps=steps)
+    assert_complete_and_exact(actions, steps, bubbles)
+    mine = bubbles[(bubbles["rank"] == 1) & (bubbles["step"] == 1)]
+    first = mine.sort_values("start_ms").iloc[0]
+    assert (first["start_ms"], first["end_ms"]) == (48.0, 50.0)  # after its step 0, optimizer
+    # rank 0 began step 1 (at 40) before step 0's window closed (45): no boundary bubble
+    boundary = bubbles[bubbles["kind"] == "boundary"]
+    assert (0, 0) not in set(zip(boundary["step"], boundary["rank"], strict=True))

@@ -133,7 +133,7 @@ def test_a_step_holding_the_gil_is_killed_from_outside_and_fails_hung(
     reason = failure(run_dir, "hog")
     found = re.match(r"^hung: step \d+ ran ([\d.]+) s, over 2 x budget \+ 1 s = 1\.02 s", reason)
     assert found is not None, reason
-    assert float(found[1]) > 1.02
+    assert float(found[1]) >= 1.02  # past the limit; the reason rounds to 10 ms
     assert failed_after_s < 1.02 + 5, f"FAILED {failed_after_s:.1f} s after the step began"
     assert not running(pid)
     client.attach(COUNTING, task_id="next", limits={"budget_s": 0.004})
