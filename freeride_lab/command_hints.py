@@ -5,6 +5,7 @@ new subcommand or option completes and is suggested without a change here. The n
 (``%freeride``) uses them for Tab completion and for its one-line errors; nothing here imports
 IPython, torch or a run.
 
+    >>> from freeride_lab.cli import build_parser
     >>> parser = build_parser()
     >>> complete(parser, ["attach"], "pag", {"task": ["pagerank", "vgg19"]}, run_dir_optional=True)
     ['pagerank']
