@@ -282,7 +282,8 @@ def test_sigterms_of_a_stop_end_the_worker_cleanly_not_killed(
     assert worker.popen is not None
     deadline = time.monotonic() + 30
     while worker.popen.poll() is None and time.monotonic() < deadline:
-        os.kill(worker.popen.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it may be gone between poll and kill
+            os.kill(worker.popen.pid, signal.SIGTERM)
         time.sleep(0.002)
     assert worker.popen.wait(30) == 0
     assert not _running(pid)
