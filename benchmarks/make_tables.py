@@ -428,17 +428,21 @@ def _split_rows() -> list[tuple[str, dict[str, Any]]]:
     return [("", r) for r in merged(H200_SPLIT)["pipeline"] if r["case"] == "mix"]
 
 
-def h200_split_per_stage() -> list[str]:
+def _per_stage(summary: list[dict[str, Any]], cases: tuple[str, ...]) -> list[str]:
     rows = [
         [str(r["stage"]), r["task"], r["mode"],
          fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
                       signed=True),
          fmt_interval(r["harvest_frac"], r["harvest_lo_frac"], r["harvest_hi_frac"], 1),
          fmt_pct(r["idle_frac"], 0)]
-        for r in merged(H200_SPLIT)["summary"]
-        if r["case"] == "mix" and r["mode"] != "vanilla"
+        for r in summary
+        if r["case"] in cases and r["mode"] != "vanilla"
     ]  # fmt: skip
     return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
+
+
+def h200_split_per_stage() -> list[str]:
+    return _per_stage(merged(H200_SPLIT)["summary"], ("mix",))
 
 
 def _instrument_rows() -> list[tuple[str, dict[str, Any]]]:
@@ -446,16 +450,7 @@ def _instrument_rows() -> list[tuple[str, dict[str, Any]]]:
 
 
 def h200_instrument_per_stage() -> list[str]:
-    rows = [
-        [str(r["stage"]), r["task"], r["mode"],
-         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
-                      signed=True),
-         fmt_interval(r["harvest_frac"], r["harvest_lo_frac"], r["harvest_hi_frac"], 1),
-         fmt_pct(r["idle_frac"], 0)]
-        for r in result(H200_INSTRUMENT)["summary"]
-        if r["case"] in ("mix", "instrumentation") and r["mode"] != "vanilla"
-    ]  # fmt: skip
-    return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
+    return _per_stage(result(H200_INSTRUMENT)["summary"], ("mix", "instrumentation"))
 
 
 def h200_instrument_old_vs_new() -> list[str]:

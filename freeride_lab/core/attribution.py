@@ -73,12 +73,16 @@ of the wait (the wait would have happened anyway). Busy items that overlap are m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from freeride_lab.core.bubbles import extract_bubbles
+from freeride_lab.core.bubbles import (  # one table toolkit for core
+    _empty,
+    _require,
+    _typed,
+    extract_bubbles,
+)
 from freeride_lab.core.planner import Costs, simulate
 from freeride_lab.core.schedule import Schedule
 from freeride_lab.core.theory import NO_FORMULA, theory_bubble_fraction
@@ -488,19 +492,3 @@ def _overlap(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray | float)
     with np.errstate(invalid="ignore"):
         length: np.ndarray = np.clip(np.minimum(y, b) - np.maximum(x, a), 0.0, None)
     return length
-
-
-def _require(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(
-            f"{what} lacks column(s) {missing}; needs {list(columns)} (has {list(frame.columns)})"
-        )
-
-
-def _empty(schema: Mapping[str, str]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in schema.items()})
-
-
-def _typed(frame: pd.DataFrame, schema: Mapping[str, str]) -> pd.DataFrame:
-    return frame[list(schema)].astype(dict(schema)).reset_index(drop=True)
