@@ -3,7 +3,7 @@
 The writer (this process) publishes alternating bubble start/end edges at random 1-3 ms gaps,
 each stamped with ``time.time_ns()``; a reader process records when it sees each one. Readers:
 
-- ``futex``: ``EdgeReader.wait`` (sleeps on the edge file's futex, see runtime/signal.py);
+- ``futex``: ``EdgeReader.wait`` (sleeps on the edge file's futex, see sidetasks/edges.py);
 - ``futex+spin``: what a GPU run's side-task host does: it predicts the next edge (a bubble's
   end from the rank's prediction, the next start from ``core.edge_timing.NextBubbleClock``),
   sleeps on the futex until 300 µs before it, then spins across it (``wait(spin_s=)``);
@@ -45,14 +45,14 @@ from typing import Any
 import numpy as np
 
 from freeride_lab.core.edge_timing import NextBubbleClock
-from freeride_lab.runtime.signal import Edge, EdgeReader, EdgeWriter, Phase, futex_available
+from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter, Phase, futex_available
 
 MODES = ("futex", "futex+spin", "poll-1ms", "poll-10ms")
 WRITERS = ("busy", "sleep", "pipeline")
 PIPELINE_IDLE_MS = (2.0, 1.0, 1.5, 3.0)  # bubble lengths of one step, by slot
 PIPELINE_BUSY_MS = (1.0, 2.5, 1.2, 2.0)  # compute after each bubble
 PIPELINE_JITTER_MS = 0.02
-SPIN_LEAD_S = 300e-6  # as runtime/task_host.py
+SPIN_LEAD_S = 300e-6  # as sidetasks/host.py
 RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
 
 

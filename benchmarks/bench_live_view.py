@@ -64,8 +64,8 @@ def replay_rank(run_dir: str) -> int:
         StepTimed,
     )
     from freeride_lab.core.planner import Costs, simulate
-    from freeride_lab.runtime.rundir import RunDir
-    from freeride_lab.runtime.sink import EventSink
+    from freeride_lab.io.rundir import RunDir
+    from freeride_lab.io.sink import EventSink
 
     stop = {"now": False}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             "run_dir": str(root / "real"),
             "extra": {},
         }
-        phases.append(phase("real", real, ["-m", "freeride_lab.runtime.rank"], args.gap_ms / 1e3))
+        phases.append(phase("real", real, ["-m", "freeride_lab.pipeline.rank"], args.gap_ms / 1e3))
 
     report = {
         "benchmark": "live-view",

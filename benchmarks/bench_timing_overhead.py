@@ -53,8 +53,8 @@ import torch
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.intervals import Interval, mean_interval
 from freeride_lab.core.schedule import ActionKind
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.timed_stage import ActionRecorder
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.pipeline.timed_stage import ActionRecorder
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -108,7 +108,7 @@ def run_case(case: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
         "-m",
-        "freeride_lab.runtime.rank",
+        "freeride_lab.pipeline.rank",
         "--run-dir",
         str(run_dir.path),
     ]

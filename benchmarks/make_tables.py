@@ -2,7 +2,7 @@
 
 Every table of BENCHMARKS.md sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
 and is computed here from ``benchmarks/results/*.json`` with the package's own arithmetic
-(``lab.bench_results.fill_tables``), so no number in a table is typed by hand and an old
+(``bench.results.fill_tables``), so no number in a table is typed by hand and an old
 result is read with today's arithmetic. What an old result did not record (the solo phase
 after the blocks, the task's own overrun count) is written "not measured in this result".
 
@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from freeride_lab.lab.bench_markdown import (
+from freeride_lab.bench.markdown import (
     NOT_MEASURED,
     fmt_interval,
     fmt_num,
@@ -34,7 +34,7 @@ from freeride_lab.lab.bench_markdown import (
     fmt_rate,
     markdown,
 )
-from freeride_lab.lab.bench_results import fill_tables
+from freeride_lab.bench.results import fill_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -21,9 +21,9 @@ _LAZY = {
     "SCHEDULES": "freeride_lab.core.schedule",
     "theory_bubble_fraction": "freeride_lab.core.theory",
     "SideTaskState": "freeride_lab.core.sidetask_state",
-    "IterativeSideTask": "freeride_lab.runtime.sidetask",
-    "ImperativeSideTask": "freeride_lab.runtime.sidetask",
-    "GpuLimits": "freeride_lab.runtime.limits",
+    "IterativeSideTask": "freeride_lab.sidetasks.api",
+    "ImperativeSideTask": "freeride_lab.sidetasks.api",
+    "GpuLimits": "freeride_lab.sidetasks.limits",
     "Session": "freeride_lab.lab.session",
 }
 

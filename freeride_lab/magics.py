@@ -7,12 +7,12 @@
     %freeride report
     %freeride stop
 
-``%freeride`` parses its line with the command line's own parser (``freeride_lab.cli.
+``%freeride`` parses its line with the command line's own parser (``freeride_lab.cli.app.
 build_parser``), so the two faces share one grammar; ``%freeride?`` (and a bare ``%freeride``)
 shows help written for the notebook, with an example session, built from that grammar. Tab
 completes commands, side-task names, the current run's task ids, options and their fixed
 values, and a typo'd command, option or task name gets a "did you mean" (both read off the
-grammar by ``freeride_lab.command_hints``). ``report`` without a PATH writes
+grammar by ``freeride_lab.cli.hints``). ``report`` without a PATH writes
 ``./freeride-report-<run_id>/report.html`` (the tables and traces go in that folder) and
 displays a link to it. One difference, see [Note: the current run]: where the CLI needs a
 ``RUN_DIR``, the notebook may leave it out and means the *current* session — the one
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from freeride_lab.lab.session import Session
-    from freeride_lab.runtime.sidetask import SideTaskBase
+    from freeride_lab.sidetasks.api import SideTaskBase
 
 __all__ = ["FreerideMagics", "load", "unload"]
 
@@ -75,8 +75,8 @@ _MAGIC_LINE = re.compile(r"^\s*%freeride\s(?P<rest>.*)$")
 def _parser() -> argparse.ArgumentParser:
     """The CLI's grammar, as the notebook reads it (see [Note: the current run]): RUN_DIR and
     the report's PATH are shown, and parsed, as optional."""
-    from freeride_lab.cli import build_parser
-    from freeride_lab.command_hints import subcommands
+    from freeride_lab.cli.app import build_parser
+    from freeride_lab.cli.hints import subcommands
 
     parser = build_parser(prog=PROG)
     for name, sub in subcommands(parser).items():
@@ -128,7 +128,7 @@ _NOTEBOOK_HELP = {
 
 def _help_text() -> str:
     """The magic's docstring (``%freeride?``): for notebook users, built from the grammar."""
-    from freeride_lab.command_hints import subcommands
+    from freeride_lab.cli.hints import subcommands
     from freeride_lab.tasks import BUILTIN_TASKS
 
     parser = _parser()
@@ -248,8 +248,8 @@ class FreerideMagics(Magics):
         if not argv:
             print(_help_text())
             return
-        from freeride_lab.cli import UsageError as CliUsageError
-        from freeride_lab.command_hints import hint
+        from freeride_lab.cli.app import UsageError as CliUsageError
+        from freeride_lab.cli.hints import hint
 
         typed = argv
         argv = self._with_run_dir(argv, parser)
@@ -296,7 +296,7 @@ class FreerideMagics(Magics):
     # launch --------------------------------------------------------------------------------------
 
     def _launch(self, args: argparse.Namespace) -> None:
-        from freeride_lab.cli import run_config_fields
+        from freeride_lab.cli.app import run_config_fields
         from freeride_lab.core.config import RunConfig
         from freeride_lab.lab.session import Session
 
@@ -401,7 +401,7 @@ class FreerideMagics(Magics):
     def _task_ref(self, name: str, session: Session) -> str:
         """The reference ``attach`` passes for ``name``: a ``%%freeride_task``'s file, else
         ``name`` itself; a near miss of a known name is refused with a "did you mean"."""
-        from freeride_lab.command_hints import did_you_mean
+        from freeride_lab.cli.hints import did_you_mean
         from freeride_lab.tasks import BUILTIN_TASKS
         from freeride_lab.ui.dashboard import user_tasks
 
@@ -422,7 +422,7 @@ class FreerideMagics(Magics):
         return name
 
     def _attach(self, args: argparse.Namespace) -> None:
-        from freeride_lab.cli_runs import _options
+        from freeride_lab.cli.runs import _options
 
         session = self._current(args)
         task = session.attach(
@@ -480,7 +480,7 @@ class FreerideMagics(Magics):
         anything while it runs (``sys.exit()``, ``KeyboardInterrupt`` and endless recursion
         included) is refused with one ``UsageError`` line; the kernel goes on.
         """
-        from freeride_lab.runtime.loader import load_task_class
+        from freeride_lab.sidetasks.loader import load_task_class
         from freeride_lab.tasks import BUILTIN_TASKS
         from freeride_lab.ui.dashboard import UserTask
 
@@ -525,7 +525,7 @@ class FreerideMagics(Magics):
 
     def complete(self, context: CompletionContext) -> SimpleMatcherResult:
         """IPython matcher (API v2) for ``%freeride`` lines: subcommands, task names and
-        --options from the grammar (``freeride_lab.command_hints``).
+        --options from the grammar (``freeride_lab.cli.hints``).
 
         Anything else, and a place where the grammar has nothing to offer (a path, a number),
         is left to IPython's other matchers.
@@ -541,7 +541,7 @@ class FreerideMagics(Magics):
         token = "" if not rest or rest[-1].isspace() else words.pop()
         if not context.token.endswith(token):  # IPython splits at "=", ":" and such
             return nothing
-        from freeride_lab.command_hints import complete, subcommands
+        from freeride_lab.cli.hints import complete, subcommands
         from freeride_lab.core.budget import OverrunPolicy
         from freeride_lab.core.schedule import SCHEDULES
         from freeride_lab.tasks import BUILTIN_TASKS
@@ -666,7 +666,7 @@ def _cell_failure(name: str, exc: BaseException) -> str:
 
 def _the_task_class(name: str, path: Path) -> type[SideTaskBase]:
     """Import ``path`` once, on its own, and return its one side-task class."""
-    from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask
+    from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask
 
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     module_name = f"freeride_cell_{name.replace('-', '_')}_{digest}"

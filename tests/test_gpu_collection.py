@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 UI_PACKAGES = ("plotly", "anywidget", "ipywidgets", "IPython")
 

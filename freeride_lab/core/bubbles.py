@@ -24,7 +24,7 @@ step (``predict_bubbles`` groups by slot); putting them first would shift every 
 step but the first. The last recorded step has no next window: it ends at its window end, or
 at the rank's optimizer end when that is later.
 
-The live bubble edges (``runtime.timed_stage``, [Note: bubble slots] there) announce the idle
+The live bubble edges (``pipeline.timed_stage``, [Note: bubble slots] there) announce the idle
 from the optimizer's end to the first action of step s+1 as one slot, slot 0 of step s+1
 (``carry_gap``), so that one prediction covers it. In this table that span is step s's last
 boundary row plus step s+1's leading row, cut at step s+1's window start: together they are

@@ -2,8 +2,8 @@
 
 A hung process cannot be trusted to report its own hang: a step that holds the GIL in C code
 starves every thread of its process, and a SIGSTOPped process runs nothing at all. So the
-process only leaves marks that need no help from it later (``runtime.heartbeat``), and another
-process compares them with its own clock (``runtime.watchdog`` in the worker for its tasks,
+process only leaves marks that need no help from it later (``sidetasks.heartbeat``), and another
+process compares them with its own clock (``sidetasks.watchdog`` in the worker for its tasks,
 ``lab.manager`` in the session for the workers). These are the rules it applies:
 
 - **a step** is hung once it has run longer than ``2 x budget + slack`` (budget = the step guard

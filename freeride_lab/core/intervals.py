@@ -18,7 +18,7 @@ resamples whole blocks, so values of one block stay together.
 
 [Note: paired design]
 An overhead is a mean of per-block differences d_i = m_i / mean(neighbouring vanilla blocks)
-- 1 (``core.benchstats`` [Note: paired ratios]). Two neighbouring mode blocks share the
+- 1 (``bench.stats`` [Note: paired ratios]). Two neighbouring mode blocks share the
 vanilla block between them, so their differences are positively correlated and the plain
 s/√n is too small (by ≈ 14% at n = 5 when all blocks are equally noisy). ``mean_interval``
 takes the design: W (one row per difference: +1 on its block, -1/k on each of its k vanilla

@@ -191,7 +191,7 @@ class Costs:
         value per stage chunk. The one conversion from a config to costs.
 
         Follows the first-stage quirk in [Note: putting the sleeps on the right half of the
-        backward] (``runtime/synthetic.py``): on stage 0, I costs 0 and W costs I + W.
+        backward] (``pipeline/synthetic.py``): on stage 0, I costs 0 and W costs I + W.
         """
         f, i, w = (np.array(col, dtype=float) for col in zip(*config.stage_costs_ms(), strict=True))
         b = i + w

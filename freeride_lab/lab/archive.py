@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from freeride_lab.runtime.rundir import PRIVATE_FILES
+from freeride_lab.io.rundir import PRIVATE_FILES
 
 __all__ = ["Kind", "pack", "packable"]
 

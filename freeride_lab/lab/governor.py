@@ -7,7 +7,7 @@
 Each tick the loop reads the training steps that every rank has finished (one step behind the
 newest, so the side-task steps of a step have arrived), turns each into a
 ``StepObservation`` (the step's window across ranks; the side tasks that stepped in its
-bubbles; on CUDA the GPUs' power and SM clock from ``runtime.nvml``) and applies the
+bubbles; on CUDA the GPUs' power and SM clock from ``gpu.nvml``) and applies the
 governor's decisions through ``SideTaskManager.tune``: an SM share (only where an MPS daemon
 serves the run; elsewhere the governor is pinned at 100% and works on budgets alone) and a
 step budget = the task's base budget (set by the user, else profiled) x the decision's scale.
@@ -32,8 +32,8 @@ import pandas as pd
 
 from freeride_lab.core.governor import GovernorDecision, OverheadGovernor, StepObservation
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.io.rundir import open_append
 from freeride_lab.lab.manager import SideTaskManager
-from freeride_lab.runtime.rundir import open_append
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class GovernorLoop:
         """Mean board power (W) and lowest SM clock (MHz) of this run's GPUs, if NVML has them."""
         if not self.gpu_ordinals:
             return None, None
-        from freeride_lab.runtime import nvml
+        from freeride_lab.gpu import nvml
 
         samples = [s for s in nvml.read_samples() if s.cuda_ordinal in self.gpu_ordinals]
         power = [s.power_w for s in samples if math.isfinite(s.power_w)]

@@ -61,15 +61,15 @@ from freeride_lab.core.events import ControlAck, SideTaskStateChanged, to_json
 from freeride_lab.core.placement import NoPlacement, QueuedTask, StageInfo, TaskRequest, place
 from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.harvest import free_bytes_by_rank, predicted_bubbles_by_rank
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
-from freeride_lab.runtime.limits import GpuLimits, parse_bytes
-from freeride_lab.runtime.loader import BUILTIN_TASKS, check_task_ref, load_task_class
-from freeride_lab.runtime.proctree import kill_tree
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.taskspec import GATINGS, TaskSpec, parse_overrun_policy
-from freeride_lab.runtime.watchdog import worker_hang_reason
-from freeride_lab.runtime.worker_exit import read_exit
+from freeride_lab.sidetasks.limits import GpuLimits, parse_bytes
+from freeride_lab.sidetasks.loader import BUILTIN_TASKS, check_task_ref, load_task_class
+from freeride_lab.sidetasks.proctree import kill_tree
+from freeride_lab.sidetasks.spec import GATINGS, TaskSpec, parse_overrun_policy
+from freeride_lab.sidetasks.watchdog import worker_hang_reason
+from freeride_lab.sidetasks.worker_exit import read_exit
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ _WORKER_WAIT_S = 120.0  # how long a request waits for a starting rank's worker
 
 
 class WorkerLike(Protocol):
-    """What the manager sends to a rank's worker (``runtime.worker_client.WorkerClient``)."""
+    """What the manager sends to a rank's worker (``sidetasks.client.WorkerClient``)."""
 
     def attach(self, spec: TaskSpec) -> ControlAck: ...
     def tune(self, task_id: str, **limits: Any) -> ControlAck: ...
@@ -380,7 +380,7 @@ class SideTaskManager:
 
     def _kill_hung_workers(self) -> None:
         """SIGKILL every worker of this node that is silent for three heartbeats (SIGSTOPped,
-        starved; see ``runtime.watchdog``), with its task processes, and remember why.
+        starved; see ``sidetasks.watchdog``), with its task processes, and remember why.
 
         Takes no lock: a request waiting on a hung worker must not shield it from this.
         """
@@ -403,7 +403,7 @@ class SideTaskManager:
         A task counts as the worker's if its state is not terminal, or if its process stopped
         itself because the worker's channel closed (reason "worker exited"); a worker that
         ends normally stops its tasks with other reasons first, so those are left alone. The
-        reason says how the worker died, as its rank recorded it (``runtime.worker_exit``).
+        reason says how the worker died, as its rank recorded it (``sidetasks.worker_exit``).
         """
         by_rank: dict[int, list[TaskRecord]] = {}
         for record in self.book.records().values():
@@ -599,7 +599,7 @@ class SideTaskManager:
     def _client(self, rank: int) -> WorkerLike:
         if self._client_factory is not None:
             return self._client_factory(rank)
-        from freeride_lab.runtime.worker_client import WorkerClient
+        from freeride_lab.sidetasks.client import WorkerClient
 
         if self._secret is None:
             self._secret = self.run_dir.secret()
@@ -649,7 +649,7 @@ class SideTaskManager:
 
 def _worker_pid(run_dir: Path, rank: int) -> int | None:
     """The pid the worker of ``rank`` published, or None before it did."""
-    from freeride_lab.runtime.worker_client import worker_address_file
+    from freeride_lab.sidetasks.client import worker_address_file
 
     try:
         pid = json.loads(worker_address_file(run_dir, rank).read_text()).get("pid")

@@ -46,7 +46,7 @@ from multiprocessing.connection import (
 )
 from typing import Any
 
-from freeride_lab.runtime.handshake import authenticate
+from freeride_lab.io.handshake import authenticate
 
 log = logging.getLogger(__name__)
 

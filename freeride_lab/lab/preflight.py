@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.runtime.rundir import check_private_dir
+from freeride_lab.io.rundir import check_private_dir
 
 __all__ = ["MIN_FREE_BYTES", "check_environment"]
 

@@ -23,9 +23,9 @@ from typing import Any
 import psutil
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.runtime.launcher import stop_processes
-from freeride_lab.runtime.mps import MpsDaemon
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.gpu.mps import MpsDaemon
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.pipeline.launcher import stop_processes
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@
     s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
     s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
 
-Processes: the Session starts one launcher (``python -m freeride_lab.runtime.launcher``) in the
+Processes: the Session starts one launcher (``python -m freeride_lab.pipeline.launcher``) in the
 caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping
 walks the whole process tree first, sends SIGTERM to all of it, waits ``grace_s`` (plus a few
 seconds for the launcher to write its status) and SIGKILLs what is left. A module-level
@@ -71,7 +71,7 @@ leaves its MPS daemon to the session. While a run trains, the owner runs one dae
 workers once tasks were attached (``SideTaskManager.check_workers``): a worker silent for three
 heartbeats is killed with its task processes, and a dead or killed worker's tasks become FAILED,
 naming it and how it died, as its rank recorded it ("worker for rank R died: killed by
-SIGKILL …", see ``runtime.worker_exit``, or "hung: worker for rank R … sent no heartbeat …"),
+SIGKILL …", see ``sidetasks.worker_exit``, or "hung: worker for rank R … sent no heartbeat …"),
 in the tables and in ``events/lab-<rank>.jsonl``, within a few seconds and without anyone
 reading ``tasks``. Once the launcher has exited, the thread settles the run (``_settle``:
 final read, status, MPS daemon stopped) and ends, so nothing waits for someone to look.
@@ -115,21 +115,21 @@ import psutil
 from freeride_lab.core import attribution as core_attribution
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.bus import BusBatch, BusServer
+from freeride_lab.io.rundir import RunDir, open_append
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.owner_channel import OwnerClient
 from freeride_lab.lab.preflight import check_environment
 from freeride_lab.lab.run_mps import RunMps
 from freeride_lab.lab.side_tasks import SideTaskControls
 from freeride_lab.lab.tables import EventTables, EventTailer
-from freeride_lab.runtime.bus import BusBatch, BusServer
-from freeride_lab.runtime.launcher import (
+from freeride_lab.pipeline.launcher import (
     DEFAULT_RANK_ENTRY,
     RunState,
     free_port,
     state_of_exit_code,
     stop_processes,
 )
-from freeride_lab.runtime.rundir import RunDir, open_append
 
 if TYPE_CHECKING:
     from freeride_lab.lab.governor import GovernorLoop
@@ -146,7 +146,7 @@ __all__ = ["RunFailure", "Session"]
 
 LAUNCHER_STATUS_MARGIN_S = 3.0  # extra time stop() gives the launcher to write its status
 INBOX_BATCHES = 10_000  # bus batches kept between two reads of the tables
-EDGES_FACTORY = "freeride_lab.runtime.worker_client:open_edges"  # a worker beside each rank
+EDGES_FACTORY = "freeride_lab.sidetasks.client:open_edges"  # a worker beside each rank
 WATCHDOG_PERIOD_S = 1.0  # how often the owner checks that side-task workers are alive
 
 # The one piece of global state (house rule 14): sessions this process owns and must stop at exit.
@@ -349,7 +349,7 @@ class Session(SideTaskControls):
                 ``./runs/<run_id>``.
             grace_s: SIGTERM → SIGKILL delay when the run is stopped.
             rank_entry: what torchrun runs per rank, before ``--run-dir DIR``; default
-                ``-m freeride_lab.runtime.rank`` (a script path works too).
+                ``-m freeride_lab.pipeline.rank`` (a script path works too).
             detached: this process is a keeper of a detached run (``lab.keeper``); any
                 observer may then stop it (see [Note: owner and observers]).
 
@@ -411,7 +411,7 @@ class Session(SideTaskControls):
             }
             rd.write_json(rd.run_json, run)
             cmd = [
-                sys.executable, "-m", "freeride_lab.runtime.launcher",
+                sys.executable, "-m", "freeride_lab.pipeline.launcher",
                 "--run-dir", str(rd.path),
                 "--parent-pid", str(os.getpid()),
                 "--grace-s", str(self.grace_s),
@@ -538,7 +538,7 @@ class Session(SideTaskControls):
     @property
     def failure(self) -> RunFailure | None:
         """Which rank failed and why: the launcher's verdict once the run has ended (see
-        [Note: finding the failing rank] in ``runtime.launcher``), before that the earliest
+        [Note: finding the failing rank] in ``pipeline.launcher``), before that the earliest
         RankFailed event; None if nothing failed."""
         self._refresh()
         by_rank: dict[int, dict[str, Any]] = {}

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.owner_channel import OwnerClient
-from freeride_lab.runtime.rundir import RunDir
 
 if TYPE_CHECKING:
     from freeride_lab.core.accounting import CostModel, CostSaving

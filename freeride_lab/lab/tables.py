@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from freeride_lab.core.events import check_dict
-from freeride_lab.runtime.bus import BusBatch
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.io.bus import BusBatch
+from freeride_lab.io.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from freeride_lab.core.budget import overran
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
-from freeride_lab.runtime.limits import GpuLimits
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.taskspec import TaskSpec, parse_overrun_policy, profile_path
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.limits import GpuLimits
+from freeride_lab.sidetasks.spec import TaskSpec, parse_overrun_policy, profile_path
 
 log = logging.getLogger(__name__)
 

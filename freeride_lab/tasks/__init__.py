@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from freeride_lab.runtime.sidetask import SideTaskBase
+    from freeride_lab.sidetasks.api import SideTaskBase
 
 __all__ = ["BUILTIN_TASKS", "REFERENCE_KEYS", "load_task_class", "task_path"]
 

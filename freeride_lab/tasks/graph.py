@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
 __all__ = [

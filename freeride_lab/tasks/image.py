@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
 __all__ = [

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 from freeride_lab.tasks.nets import IMPLS, build_model
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 

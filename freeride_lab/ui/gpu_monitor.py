@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from freeride_lab.runtime.nvml import GpuSample, NvmlSampler
+from freeride_lab.gpu.nvml import GpuSample, NvmlSampler
 
 if TYPE_CHECKING:
     import ipywidgets

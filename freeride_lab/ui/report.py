@@ -266,7 +266,7 @@ def _cost_figure(costs: pd.DataFrame) -> go.Figure | None:
 
 def environment_info() -> dict[str, Any]:
     """Versions, platform, command line and GPU (NVML) facts for the report header."""
-    from freeride_lab.runtime import nvml
+    from freeride_lab.gpu import nvml
 
     info: dict[str, Any] = {
         "python": sys.version.split()[0],

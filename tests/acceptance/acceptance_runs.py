@@ -30,7 +30,7 @@ import pandas as pd
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 T_MS = 100.0  # synthetic F, I and W cost per micro-batch per rank
 STEPS = 4

@@ -25,7 +25,7 @@ from start_gate import GATE, go_file, ready_file
 
 from freeride_lab.core.config import CostMs, RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 HERE = Path(__file__).resolve().parent
 MAX_RANKS = 20  # ranks per batch: 20 torch imports on two cores take about a minute

@@ -15,7 +15,7 @@ from acceptance_runs import FinishedRun, RunFarm, Shape
 
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.theory import theory_bubble_fraction
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(1200)  # the module's runs start in the first test's setup
 

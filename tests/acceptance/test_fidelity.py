@@ -24,7 +24,7 @@ from gated_runs import GatedFarm, GatedResult, GatedRun
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -23,7 +23,7 @@ import pytest
 from acceptance_runs import T_MS, FinishedRun, RunFarm, Shape
 
 from freeride_lab.core.bubbles import extract_bubbles
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -4,7 +4,7 @@ The CPU claims of the run's lifecycle are proven in ``tests/lab/test_session.py`
 repeated here: ``test_stop_leaves_no_process_of_the_run`` (after ``stop()`` no process of the
 run is left) and ``test_killing_the_owner_leaves_no_process_of_the_run_within_10_s`` (the
 launching process killed with SIGKILL). The rank-level CUDA run (CUDA-event timing without a
-Session) is ``tests/runtime/test_rank.py::test_one_rank_trains_on_cuda_with_event_timing``.
+Session) is ``tests/pipeline/test_rank.py::test_one_rank_trains_on_cuda_with_event_timing``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 RUN_TIMEOUT_S = 600.0
 

@@ -20,7 +20,7 @@ from acceptance_runs import SKIP_STEPS, FinishedRun, RunFarm, Shape
 
 from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.planner import Costs, compare_with_run, simulate
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 

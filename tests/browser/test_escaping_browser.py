@@ -34,7 +34,7 @@ DRAW_S = 90.0
 TASK_FILE = f'''
 import time
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 
 
 class HtmlUnit(IterativeSideTask):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from waits import run_processes, wait_until
 
-from freeride_lab.cli import SUBCOMMANDS, build_parser, main
+from freeride_lab.cli.app import SUBCOMMANDS, build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 240.0  # first step of a fresh run on a loaded two-core box

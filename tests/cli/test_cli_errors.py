@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from freeride_lab.cli import main, os_error_text
+from freeride_lab.cli.app import main, os_error_text
 from freeride_lab.lab.session import Session
 
 RUN = ["run", "--workload", "synthetic", "--stages", "2", "--microbatches", "2", "--steps", "1"]

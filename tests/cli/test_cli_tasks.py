@@ -20,7 +20,7 @@ from waits import run_processes, wait_until
 from freeride_lab.lab.session import Session
 
 REPO = Path(__file__).resolve().parents[2]
-TOYS = REPO / "tests" / "runtime" / "tasks_for_tests.py"
+TOYS = REPO / "tests" / "sidetasks" / "tasks_for_tests.py"
 STARTUP_S = 240.0  # first step of a fresh run on a loaded two-core box
 # Each command that opens the run builds its RunConfig, which imports torch (seconds), and
 # reads the run's events; slow stages keep the event files small.

@@ -1,6 +1,6 @@
-"""Completions and "did you mean" read off the command grammar (``freeride_lab.command_hints``).
+"""Completions and "did you mean" read off the command grammar (``freeride_lab.cli.hints``).
 
-Pure: the parser of ``freeride_lab.cli.build_parser``, no shell and no run.
+Pure: the parser of ``freeride_lab.cli.app.build_parser``, no shell and no run.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from freeride_lab.cli import build_parser
-from freeride_lab.command_hints import complete, did_you_mean, hint, options, subcommands
+from freeride_lab.cli.app import build_parser
+from freeride_lab.cli.hints import complete, did_you_mean, hint, options, subcommands
 
 PARSER = build_parser()
 TASKS = ["pagerank", "resnet18", "resnet50"]

@@ -108,7 +108,7 @@ def test_transition_raises_with_valid_names_for_an_unknown_event() -> None:
 
 
 def test_every_hook_name_is_a_method_of_the_side_task_api() -> None:
-    from freeride_lab.runtime.sidetask import SideTaskBase
+    from freeride_lab.sidetasks.api import SideTaskBase
 
     hooks = {h for _, hs in EXPECTED.values() for h in hs}
     assert hooks == {"setup", "to_device", "on_start", "on_pause", "to_host", "teardown"}

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from freeride_lab.cli import build_parser, main, run_config_fields
+from freeride_lab.cli.app import build_parser, main, run_config_fields
 from freeride_lab.core.config import RunConfig, cost_text
 from freeride_lab.core.planner import Costs, simulate_summary
-from freeride_lab.runtime.synthetic import build_sleep_chunks
+from freeride_lab.pipeline.synthetic import build_sleep_chunks
 
 
 def interleaved(**fields: Any) -> RunConfig:

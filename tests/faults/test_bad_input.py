@@ -1,8 +1,8 @@
 """Bad input: every input is accepted and works, or refused with one clear message; no traceback
 reaches the user and nothing is started on a refused input.
 
-Property-based (hypothesis) over the command-line grammar (``freeride_lab.cli``), ``RunConfig``,
-``GpuLimits`` and side-task references (``runtime/loader.py``). Nothing here launches a real run:
+Property-based (hypothesis) over the command-line grammar (``freeride_lab.cli.app``), ``RunConfig``,
+``GpuLimits`` and side-task references (``sidetasks/loader.py``). Nothing here launches a real run:
 ``Session._start`` (the one place that starts processes, after every check) is replaced by a
 stub that records the accepted config, so validation runs for real and a refusal is proven to
 come before any process. A refused input must raise ``ValueError``/``TypeError`` (API) or exit
@@ -39,14 +39,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from freeride_lab.cli import SUBCOMMANDS, UsageError, build_parser, main
+from freeride_lab.cli.app import SUBCOMMANDS, UsageError, build_parser, main
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.limits import GpuLimits, env_for, parse_bytes
-from freeride_lab.runtime.loader import BUILTIN_TASKS, load_task_class
-from freeride_lab.runtime.sidetask import ImperativeSideTask, IterativeSideTask
-from freeride_lab.runtime.taskspec import TaskSpec
+from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask
+from freeride_lab.sidetasks.limits import GpuLimits, env_for, parse_bytes
+from freeride_lab.sidetasks.loader import BUILTIN_TASKS, load_task_class
+from freeride_lab.sidetasks.spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = settings(
@@ -591,7 +591,7 @@ NO_CLASS = "X = 1\n"
 BROKEN = "def broken(:\n"
 EXITS = "import sys\nsys.exit(3)\n"
 GOOD = (
-    "from freeride_lab.runtime.sidetask import IterativeSideTask\n\n"
+    "from freeride_lab.sidetasks.api import IterativeSideTask\n\n"
     "class Good(IterativeSideTask):\n"
     "    unit = 'iterations'\n\n"
     "    def step(self) -> float:\n"
@@ -615,7 +615,7 @@ def reference_examples(outside: Path) -> list[str]:
         "", "  ", "nope", "resnet", "nope:", ":Cls", "a:b:c", "x.py:1abc", "os:path",
         "json:JSONDecoder", "builtins:object", "..foo:Bar", "/etc/passwd:X",
         "../../../../etc/passwd:X", "/nonexistent/x.py:Y", "freeride_lab:__version__",
-        "freeride_lab.runtime.sidetask:IterativeSideTask", "nonexistent_pkg_zz.mod:Cls",
+        "freeride_lab.sidetasks.api:IterativeSideTask", "nonexistent_pkg_zz.mod:Cls",
         f"{outside}:Good", f"{outside}/good.py:good", f"{outside}/not_a_task.py:NotATask",
         f"{outside}/no_class.py:Task", f"{outside}/broken.py:X", f"{outside}/exits.py:X",
         f"{outside}/missing.py:X", "a" * 300 + ":X",

@@ -30,9 +30,9 @@ import pytest
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 COUNTING = f"{TOYS}:Counting"
 STARTUP_S = 240.0
 LIVE_S = 120.0

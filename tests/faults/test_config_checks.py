@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from freeride_lab.cli import main
+from freeride_lab.cli.app import main
 from freeride_lab.core.config import MAX_COST_MS, RunConfig
 
 REFUSED = [

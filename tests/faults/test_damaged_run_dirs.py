@@ -22,7 +22,7 @@ import pytest
 from freeride_lab import cli
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 STARTUP_S = 240.0  # a fresh run on a loaded two-core box
 CONFIG = RunConfig(

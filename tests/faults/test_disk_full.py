@@ -3,7 +3,7 @@ telemetry, events that cannot be written wait in a bounded backlog (beyond it th
 and counted), writing resumes once there is room again, and the run directory stays readable.
 
 The disk is a real, small tmpfs mounted for the test (root only; skipped otherwise), filled by
-a file until the kernel answers ENOSPC. See [Note: a full disk] in ``runtime/sink.py``.
+a file until the kernel answers ENOSPC. See [Note: a full disk] in ``io/sink.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from waits import run_processes, wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import StepTimed
+from freeride_lab.io.sink import EventSink
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.runtime.sink import EventSink
+from freeride_lab.pipeline.launcher import RunState
 
 DISK_BYTES = 80 << 20  # above the 64 MiB a launch asks for (lab/preflight.py MIN_FREE_BYTES)
 STARTUP_S = 180.0  # first step of a fresh run on a loaded two-core box

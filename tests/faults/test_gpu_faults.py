@@ -18,7 +18,7 @@ from waits import run_processes, wait_until
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def alive(pids: set[int]) -> set[int]:
 @pytest.fixture
 def cuda_run(tmp_path: Path) -> Iterator[tuple[Session, set[int]]]:
     """A CUDA run under its own MPS daemon, two steps in; with the pids of that daemon."""
-    from freeride_lab.runtime.mps import MpsDaemon
+    from freeride_lab.gpu.mps import MpsDaemon
 
     available = MpsDaemon.available()
     if not available:
@@ -86,7 +86,7 @@ def cuda_run(tmp_path: Path) -> Iterator[tuple[Session, set[int]]]:
 def test_a_killed_cuda_rank_is_reported_and_its_mps_daemon_and_processes_are_gone_in_10_s(
     cuda_run: tuple[Session, set[int]],
 ) -> None:
-    from freeride_lab.runtime.mps import MpsDaemon
+    from freeride_lab.gpu.mps import MpsDaemon
 
     run, daemon_pids = cuda_run
     entry = run.run_dir.read_run()["mps"]
@@ -95,7 +95,7 @@ def test_a_killed_cuda_rank_is_reported_and_its_mps_daemon_and_processes_are_gon
     (rank_0,) = [
         p
         for p in run_processes(run.run_dir.path, environ=True)
-        if "freeride_lab.runtime.rank" in p.cmdline() and p.environ().get("RANK") == "0"
+        if "freeride_lab.pipeline.rank" in p.cmdline() and p.environ().get("RANK") == "0"
     ]
 
     rank_0.kill()

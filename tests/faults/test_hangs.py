@@ -22,12 +22,12 @@ from unruly_tasks import read_marker, ref
 from waits import wait_until
 
 from freeride_lab.core import events as ev
-from freeride_lab.runtime.heartbeat import heartbeat_path, read_heartbeat
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.watchdog import worker_hang_reason
-from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.heartbeat import heartbeat_path, read_heartbeat
+from freeride_lab.sidetasks.watchdog import worker_hang_reason
 
-COUNTING = f"{Path(__file__).resolve().parents[1] / 'runtime' / 'tasks_for_tests.py'}:Counting"
+COUNTING = f"{Path(__file__).resolve().parents[1] / 'sidetasks' / 'tasks_for_tests.py'}:Counting"
 CLEANUP_S = 10.0  # the requirement: cleanup of any side task within 10 s of detach or stop
 STARTUP_S = 60.0  # a task process starting on a loaded two-core box
 

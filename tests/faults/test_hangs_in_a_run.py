@@ -25,8 +25,8 @@ from unruly_tasks import read_marker, ref
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.runtime.task_log import TASK_LOG_CAP_BYTES
+from freeride_lab.pipeline.launcher import RunState
+from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 pytestmark = pytest.mark.slow  # one training run of about two minutes on two CPU cores
 
@@ -141,7 +141,7 @@ def test_a_step_holding_the_gil_fails_hung_while_training_goes_on(run: Run) -> N
     wait_until(lambda: task(session, tid)["state"] == "FAILED", 30.0, "the hog to fail", session)
     error = task(session, tid)["error"]
     assert re.match(r"^hung: step \d+ ran [\d.]+ s, over 2 x budget \+ 1 s = 1\.02 s", error)
-    assert not processes("freeride_lab.runtime.task_host", tid)
+    assert not processes("freeride_lab.sidetasks.host", tid)
 
 
 def test_a_task_calling_sys_exit_in_its_step_fails_with_the_reason(run: Run) -> None:
@@ -183,8 +183,8 @@ def test_a_sigstopped_worker_is_killed_and_its_task_fails_hung_without_anyone_re
 ) -> None:
     session, tid = run.session, run.ids["loud"]
     path = str(session.run_dir.path)
-    (worker,) = processes("freeride_lab.runtime.worker", path, "--rank 1 ")
-    (host,) = processes("freeride_lab.runtime.task_host", tid)
+    (worker,) = processes("freeride_lab.sidetasks.worker", path, "--rank 1 ")
+    (host,) = processes("freeride_lab.sidetasks.host", tid)
     worker.send_signal(signal.SIGSTOP)
     # Nobody reads session.tasks from here on: the session's watchdog must notice by itself.
     lab_events = session.run_dir.events_dir / "lab-1.jsonl"
@@ -197,7 +197,7 @@ def test_a_sigstopped_worker_is_killed_and_its_task_fails_hung_without_anyone_re
         recorded["reason"],
     ), recorded
     wait_until(
-        lambda: not processes("freeride_lab.runtime.worker", path, "--rank 1 "),
+        lambda: not processes("freeride_lab.sidetasks.worker", path, "--rank 1 "),
         10.0,
         "the hung worker to be gone",
     )

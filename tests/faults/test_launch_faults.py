@@ -22,10 +22,10 @@ from unittest import mock
 import psutil
 import pytest
 
-from freeride_lab.cli import main
+from freeride_lab.cli.app import main
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.rundir import RunDir
 
 CONFIG = RunConfig(workload="synthetic", stages=2, microbatches=2, steps=1)
 Usage = namedtuple("Usage", "total used free")

@@ -18,10 +18,10 @@ import pytest
 from unruly_tasks import ref
 
 from freeride_lab.core.sidetask_state import SideTaskState
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.task_log import TASK_LOG_CAP_BYTES
-from freeride_lab.runtime.task_process import TaskProcess
-from freeride_lab.runtime.taskspec import HostSpec, TaskSpec
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.process import TaskProcess
+from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
+from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 MB = 1_000_000
 

@@ -1,7 +1,7 @@
 """Control-channel security, tested as an attacker with raw sockets.
 
-Two listeners carry a run's control and telemetry: the event bus (``runtime/bus.py``, ranks and
-workers → the session) and each side-task worker's control channel (``runtime/worker.py``, the
+Two listeners carry a run's control and telemetry: the event bus (``io/bus.py``, ranks and
+workers → the session) and each side-task worker's control channel (``sidetasks/worker.py``, the
 session → the worker). Both use ``multiprocessing.connection`` with the run's secret: the server
 sends a random challenge and accepts the peer only if it answers with the HMAC of that challenge
 under the secret, and only then answers the peer's own challenge; after that, messages are JSON
@@ -35,9 +35,9 @@ import pytest
 from waits import wait_until
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.runtime.bus import BusPublisher, BusServer, encode_batch
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.io.bus import BusPublisher, BusServer, encode_batch
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
 
 CHALLENGE, WELCOME, FAILURE = b"#CHALLENGE#", b"#WELCOME#", b"#FAILURE#"
 HANDSHAKE_TIMEOUT_S = 2.0
@@ -164,7 +164,7 @@ SECRET = os.urandom(32)
 
 @pytest.fixture
 def bus(caplog: pytest.LogCaptureFixture) -> Iterator[BusServer]:
-    caplog.set_level(logging.WARNING, logger="freeride_lab.runtime.bus")
+    caplog.set_level(logging.WARNING, logger="freeride_lab.io.bus")
     server = BusServer(SECRET, handshake_timeout_s=HANDSHAKE_TIMEOUT_S).start()
     yield server
     server.stop()

@@ -26,9 +26,9 @@ import pytest
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 HTML_TASK = "<img src=x onerror=alert(1)>"  # tasks_for_tests.HTML
 HTML_CONFIG = "<script>alert(1)</script>"
 KILLED_WORKER = "worker for rank 1 died: killed by SIGKILL"  # as its rank recorded it
@@ -136,7 +136,7 @@ def test_a_task_raising_in_teardown_ends_failed_with_its_reason(runs: Runs) -> N
 def test_a_side_task_killed_with_sigkill_ends_failed_with_its_reason(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["victim"]
     wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the victim's progress", run)
-    (victim,) = processes("freeride_lab.runtime.task_host", tid)
+    (victim,) = processes("freeride_lab.sidetasks.host", tid)
     victim.send_signal(signal.SIGKILL)
     wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the victim to fail", run)
     error = task(run, tid)["error"]
@@ -164,7 +164,7 @@ def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_the
 ) -> None:
     run, tid = runs.main, runs.ids["orphan"]
     wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the orphan's progress", run)
-    (worker,) = processes("freeride_lab.runtime.worker", str(run.run_dir.path), "--rank 1 ")
+    (worker,) = processes("freeride_lab.sidetasks.worker", str(run.run_dir.path), "--rank 1 ")
     worker.send_signal(signal.SIGKILL)
     # Nobody reads run.tasks from here on: the session's watchdog must notice by itself.
     lab_events = run.run_dir.events_dir / "lab-1.jsonl"
@@ -176,7 +176,7 @@ def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_the
     assert fails["reason"].str.contains(KILLED_WORKER).any(), fails
     # its task process does not outlive it
     wait_until(
-        lambda: not processes("freeride_lab.runtime.task_host", tid), 30.0, "the orphan to exit"
+        lambda: not processes("freeride_lab.sidetasks.host", tid), 30.0, "the orphan to exit"
     )
 
 

@@ -18,10 +18,10 @@ from unruly_tasks import ref
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskState
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.signal import EdgeWriter, edge_path
-from freeride_lab.runtime.task_process import TaskProcess
-from freeride_lab.runtime.taskspec import HostSpec, TaskSpec
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.process import TaskProcess
+from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 
 EXITS = {
     "exit": "SystemExit: 3",

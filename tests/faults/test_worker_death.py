@@ -1,5 +1,5 @@
 """A side-task worker that dies, for any reason, leaves its tasks FAILED with the reason, never
-looking like a normal end: killed by a signal (its rank records how, ``runtime.worker_exit``,
+looking like a normal end: killed by a signal (its rank records how, ``sidetasks.worker_exit``,
 and the manager names it), or an error in its own loop (it fails its tasks itself, then exits
 with code 1).
 
@@ -26,16 +26,16 @@ import pytest
 from waits import wait_until
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.session import EDGES_FACTORY
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.task_process import child_env
-from freeride_lab.runtime.taskspec import checkpoint_path
-from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, start_worker
-from freeride_lab.runtime.worker_exit import WorkerExit, exit_reason, read_exit, record_exit
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.process import child_env
+from freeride_lab.sidetasks.spec import checkpoint_path
+from freeride_lab.sidetasks.worker_exit import WorkerExit, exit_reason, read_exit, record_exit
 
-COUNTING = f"{Path(__file__).resolve().parents[1] / 'runtime' / 'tasks_for_tests.py'}:Counting"
+COUNTING = f"{Path(__file__).resolve().parents[1] / 'sidetasks' / 'tasks_for_tests.py'}:Counting"
 STARTUP_S = 60.0  # a task process starting on a loaded two-core box
 NOTICED_S = 30.0  # the manager's check runs on each read; the rank records within a second
 
@@ -43,7 +43,7 @@ NOTICED_S = 30.0  # the manager's check runs on each read; the rank records with
 FAULTY_WORKER = textwrap.dedent(
     """
     import os, sys
-    from freeride_lab.runtime import worker
+    from freeride_lab.sidetasks import worker
 
     real_reap = worker.Worker._reap
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 
 HERE = Path(__file__).resolve()
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch.distributed.pipelining import PipelineStage
 
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.timed_stage import TimedPipelineStage
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.pipeline.timed_stage import TimedPipelineStage
 
 
 class QuietEdges:

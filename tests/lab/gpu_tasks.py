@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 
 
 class CudaHog(IterativeSideTask):

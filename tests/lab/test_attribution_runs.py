@@ -28,8 +28,8 @@ import pytest
 from freeride_lab.core.attribution import PART_COLUMNS, attribution_by_step
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.planner import Costs, simulate_summary
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 240
@@ -70,7 +70,7 @@ def launch(path: Path, schedule: str, fault: dict[str, object]) -> subprocess.Po
     run_dir.create()
     run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": path.name})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node=2", "-m", "freeride_lab.runtime.rank", "--run-dir", str(path)]
+    cmd += ["--nproc-per-node=2", "-m", "freeride_lab.pipeline.rank", "--run-dir", str(path)]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env["FREERIDE_LOG_LEVEL"] = "WARNING"
     log = open(run_dir.logs_dir / "torchrun.log", "wb")  # noqa: SIM115

@@ -25,9 +25,9 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.schedule import SCHEDULES
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import run_start_ns
-from freeride_lab.runtime.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -36,7 +36,7 @@ STEPS = 3
 T_MS = 5.0  # synthetic F, I and W cost per micro-batch per rank
 STAGES = {"1F1B": 3}  # the others run on 2 ranks
 # receives live bubble edges in the rank process (which imports it by module name)
-EDGES = "tests.runtime.test_rank:quiet_edges"
+EDGES = "tests.pipeline.test_rank:quiet_edges"
 
 
 def available(name: str) -> bool:
@@ -75,7 +75,7 @@ def launch(path: Path, name: str) -> subprocess.Popen[bytes]:
     run_dir.create()
     run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": path.name})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={stages}", "-m", "freeride_lab.runtime.rank"]
+    cmd += [f"--nproc-per-node={stages}", "-m", "freeride_lab.pipeline.rank"]
     cmd += ["--run-dir", str(path)]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env["FREERIDE_LOG_LEVEL"] = "WARNING"

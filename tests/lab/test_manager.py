@@ -15,15 +15,15 @@ import pytest
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import ControlAck
 from freeride_lab.core.governor import OverheadGovernor
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.governor import GOVERNOR_LOG_COLUMNS, GovernorLoop, governor_log_frame
 from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.session import EDGES_FACTORY
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.taskspec import TaskSpec, profile_path
+from freeride_lab.sidetasks.spec import TaskSpec, profile_path
 
 GIB = 2**30
-TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 COUNTING = f"{TOYS}:Counting"
 
 

@@ -31,10 +31,10 @@ from waits import run_processes, wait_until
 from freeride_lab.core.attribution import PART_COLUMNS
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import ACTION_COLUMNS, MEMORY_COLUMNS, STEP_COLUMNS, read_events
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.pipeline.launcher import RunState
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -276,7 +276,7 @@ def test_stop_of_a_quickstart_sized_run_returns_within_5_s(tmp_path: Path) -> No
     with Session.launch(config, run_dir=tmp_path / "run", grace_s=10.0) as session:
         wait_until(lambda: session.steps_done >= 2, timeout_s=STARTUP_S, what="two steps")
         tree = run_processes(session.run_dir.path)
-        ranks = [p for p in tree if _module(p) == "freeride_lab.runtime.rank"]
+        ranks = [p for p in tree if _module(p) == "freeride_lab.pipeline.rank"]
         assert len(tree) >= 10 and len(ranks) == 4  # launcher, torchrun, 4 ranks, 4 workers
         ranks_gone: list[float] = []
         watcher = threading.Thread(
@@ -327,7 +327,7 @@ def test_a_rank_killed_by_a_signal_is_reported_as_the_cause(to_stop: Session) ->
     (rank_1,) = [
         p
         for p in run_processes(to_stop.run_dir.path)
-        if "freeride_lab.runtime.rank" in p.cmdline() and p.environ().get("RANK") == "1"
+        if "freeride_lab.pipeline.rank" in p.cmdline() and p.environ().get("RANK") == "1"
     ]
     rank_1.kill()  # dies without a word; rank 0 then fails in its next collective
     assert to_stop.wait(timeout_s=120) == RunState.FAILED

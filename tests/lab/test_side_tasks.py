@@ -24,9 +24,9 @@ import pytest
 from freeride_lab.core.budget import memory_request_gib, step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
+from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "runtime" / "tasks_for_tests.py"
+TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 STARTUP_S = 240.0  # first step of two fresh runs on a loaded two-core box
 LIVE_S = 120.0  # the longest a live behaviour may take to show
 STEPS = 150  # long enough for every live test below on a busy two-core box
@@ -427,7 +427,7 @@ GPU_CONFIG = CONFIG.replace(
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
-    from freeride_lab.runtime.mps import MpsDaemon
+    from freeride_lab.gpu.mps import MpsDaemon
 
     available = MpsDaemon.available()
     if not available:
@@ -444,7 +444,7 @@ def task_process(run: Session, task_id: str) -> Any:
     """The live process of a task (``psutil.Process``), from its worker."""
     import psutil
 
-    from freeride_lab.runtime.worker_client import WorkerClient
+    from freeride_lab.sidetasks.client import WorkerClient
 
     def pid() -> int | None:
         status = WorkerClient.from_run_dir(run.run_dir.path, 0).status().payload
@@ -482,7 +482,7 @@ def test_mps_limits_reach_the_task_process_and_not_the_trainer(gpu_run: Session)
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == run.run_dir.read_run()["mps"]["pipe_dir"]
-        ranks = [p for p in run._run_processes() if "freeride_lab.runtime.rank" in p.cmdline()]
+        ranks = [p for p in run._run_processes() if "freeride_lab.pipeline.rank" in p.cmdline()]
         assert ranks
         for rank in ranks:
             rank_env = rank.environ()
@@ -526,7 +526,7 @@ def test_a_step_lasts_until_its_gpu_work_is_done(gpu_run: Session) -> None:
 def test_cuda_run_starts_its_mps_daemon_and_stops_it_after_every_process(
     gpu_run: Session,
 ) -> None:
-    from freeride_lab.runtime.mps import MpsDaemon
+    from freeride_lab.gpu.mps import MpsDaemon
 
     run = gpu_run
     entry = run.run_dir.read_run()["mps"]

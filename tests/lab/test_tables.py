@@ -23,6 +23,8 @@ from freeride_lab.core.events import (
     StepTimed,
     to_json,
 )
+from freeride_lab.io.bus import BusBatch
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.tables import (
     ACTION_COLUMNS,
     MEMORY_COLUMNS,
@@ -36,8 +38,6 @@ from freeride_lab.lab.tables import (
     side_task_steps_frame,
     steps_frame,
 )
-from freeride_lab.runtime.bus import BusBatch
-from freeride_lab.runtime.rundir import RunDir
 
 
 def action(mb: int, start_ns: int, *, rank: int = 0, step: int = 0, kind: str = "F") -> ActionTimed:

@@ -180,7 +180,7 @@ def check_quickstart(run: Executed) -> None:
     assert "attached pagerank" in text
     assert run.widget_views() >= 1  # the dashboard
     assert (run.workdir / "report" / "quickstart.html").is_file()
-    assert any("freeride_lab.runtime.rank" in p for p in run.after_run_all), (
+    assert any("freeride_lab.pipeline.rank" in p for p in run.after_run_all), (
         "Run All must leave the run training"
     )
     assert "stopped after" in run.text(len(run.nb.cells) - 1)  # the when-done cell

@@ -1,7 +1,7 @@
 """Any message, from an authenticated peer too, is refused without harm.
 
 Both channels of a side-task worker check every frame before using it
-(``freeride_lab/runtime/messages.py``): the control channel (a client holding the run's
+(``freeride_lab/sidetasks/messages.py``): the control channel (a client holding the run's
 secret) and the task channel (a task process, whose user code can write to it). A bad frame
 gets an error reply or is dropped with a log line; the worker goes on serving, and a normal
 command works within 2 s after it.
@@ -22,16 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from freeride_lab.core.sidetask_state import SideTaskState
-from freeride_lab.runtime.messages import (
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.messages import (
     MAX_FRAME_BYTES,
     MessageError,
     decode_command,
     decode_host_message,
 )
-from freeride_lab.runtime.rundir import RunDir
-from freeride_lab.runtime.task_process import TaskProcess, worker_end
-from freeride_lab.runtime.taskspec import TaskSpec
-from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.process import TaskProcess, worker_end
+from freeride_lab.sidetasks.spec import TaskSpec
 
 FAST = settings(
     max_examples=40,

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 from waits import run_processes, wait_until
 
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.pipeline.launcher import RunState
 
 REPO = Path(__file__).resolve().parents[2]
-TOYS = REPO / "tests" / "runtime" / "tasks_for_tests.py"
+TOYS = REPO / "tests" / "sidetasks" / "tasks_for_tests.py"
 COUNTING = f"{TOYS}:Counting"
 STARTUP_S = 240.0  # first steps of a fresh run on a loaded two-core box
 SHAPE = {

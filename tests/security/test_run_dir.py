@@ -5,7 +5,7 @@ workers (which run code as the launching user). So a run refuses a directory tha
 another user's, or open to others, before anything starts; every file of the run is created
 without following links; each process reads the secret once, when it starts; archives and
 reports of a run never carry the secret. See [Note: a private run directory] in
-``freeride_lab/runtime/rundir.py``.
+``freeride_lab/io/rundir.py``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import psutil
 import pytest
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir, check_private_dir
+from freeride_lab.io.sink import EventSink
 from freeride_lab.lab.archive import pack
 from freeride_lab.lab.preflight import check_environment
 from freeride_lab.lab.session import Session
-from freeride_lab.runtime.rundir import RunDir, check_private_dir
-from freeride_lab.runtime.sink import EventSink
-from freeride_lab.runtime.worker_client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
 
 NOBODY = 65534
 STARTUP_S = 240.0  # first step of a fresh run on a loaded box (a torch import per process)

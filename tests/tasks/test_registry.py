@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from freeride_lab.runtime.sidetask import IterativeSideTask
+from freeride_lab.sidetasks.api import IterativeSideTask
 from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS, load_task_class, task_path
 
 UNITS = {
@@ -61,5 +61,5 @@ def test_a_missing_class_is_an_import_error() -> None:
 
 
 def test_the_runtime_loader_knows_the_same_builtins() -> None:
-    loader = pytest.importorskip("freeride_lab.runtime.loader")
+    loader = pytest.importorskip("freeride_lab.sidetasks.loader")
     assert dict(loader.BUILTIN_TASKS) == dict(BUILTIN_TASKS)

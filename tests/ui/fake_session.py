@@ -18,9 +18,9 @@ from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import CostSaving
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.planner import Costs, simulate
+from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS, STEP_COLUMNS
-from freeride_lab.runtime.launcher import RunState
-from freeride_lab.runtime.rundir import RunDir
+from freeride_lab.pipeline.launcher import RunState
 
 GIB = 1024**3
 FREE_BYTES = [8 * GIB, 2 * GIB, 4 * GIB, 4 * GIB]

@@ -19,7 +19,7 @@ for _ui_package in ("plotly", "anywidget"):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 from fake_session import GIB, FakeSession  # noqa: E402
 
-from freeride_lab.runtime.launcher import RunState  # noqa: E402
+from freeride_lab.pipeline.launcher import RunState  # noqa: E402
 from freeride_lab.ui.dashboard import (  # noqa: E402
     WIDGET_MIME,
     Dashboard,

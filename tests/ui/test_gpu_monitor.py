@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from freeride_lab.runtime import nvml
-from freeride_lab.runtime.nvml import (
+from freeride_lab.gpu import nvml
+from freeride_lab.gpu.nvml import (
     GpuSample,
     NvmlSampler,
     map_cuda_visible_devices,

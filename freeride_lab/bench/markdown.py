@@ -1,0 +1,230 @@
+"""The markdown of ``freeride-lab bench`` results: the tables beside the JSON and the number
+formats BENCHMARKS.md's generator shares (``benchmarks/make_tables.py``).
+
+    print(markdown(result))        # result: a results dict after ``bench_results.fill_tables``
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from freeride_lab.bench import stats as bs
+
+__all__ = ["NOT_MEASURED", "fmt_interval", "fmt_num", "fmt_pct", "fmt_rate", "markdown"]
+
+#: What a table says for a figure an older result did not record.
+NOT_MEASURED = "not measured in this result"
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
+def fmt_pct(v: Any, digits: int = 2, *, signed: bool = False) -> str:
+    """A fraction as a percentage ("-" when missing); ``signed`` adds "+" to positives."""
+    if _missing(v):
+        return "-"
+    return f"{100 * float(v):{'+' if signed else ''}.{digits}f}%"
+
+
+def fmt_interval(
+    v: Any, lo: Any, hi: Any, digits: int = 2, *, signed: bool = False, pct: bool = True
+) -> str:
+    """ "+0.59% [-0.41, +1.59]": a figure and its 95% interval; the figure alone without one."""
+    if pct:
+        head = fmt_pct(v, digits, signed=signed)
+        if _missing(lo) or _missing(hi):
+            return head
+        return f"{head} [{fmt_pct(lo, digits, signed=signed)[:-1]}, " \
+            f"{fmt_pct(hi, digits, signed=signed)[:-1]}]"  # fmt: skip
+    head = fmt_num(v, f".{digits}f")
+    if _missing(lo) or _missing(hi):
+        return head
+    return f"{head} [{fmt_num(lo, f'.{digits}f')}, {fmt_num(hi, f'.{digits}f')}]"
+
+
+def fmt_num(v: Any, fmt: str = ".3g") -> str:
+    return "-" if _missing(v) else format(float(v), fmt)
+
+
+def fmt_rate(v: Any) -> str:
+    """Units per second with thousands separators at 3 significant digits (1,630; 5.14)."""
+    if _missing(v):
+        return "-"
+    x = float(v)
+    if abs(x) >= 1000:
+        return f"{round(x, -len(str(int(abs(x)))) + 3):,.0f}"
+    return f"{x:.3g}"
+
+
+def _iv(r: Mapping[str, Any], name: str, digits: int = 2, *, signed: bool = False) -> str:
+    return fmt_interval(
+        r.get(f"{name}_frac"), r.get(f"{name}_lo_frac"), r.get(f"{name}_hi_frac"), digits,
+        signed=signed,
+    )  # fmt: skip
+
+
+def _ms_iv(r: Mapping[str, Any], name: str) -> str:
+    return fmt_interval(
+        r.get(f"{name}_ms"), r.get(f"{name}_lo_ms"), r.get(f"{name}_hi_ms"), 2, pct=False
+    )
+
+
+def _overhead_cells(r: Mapping[str, Any]) -> str:
+    """ "overhead [95%] | median (min..max)" of a per-stage row; the baseline says so."""
+    if r["mode"] == bs.REFERENCE_MODE:
+        return "baseline | -"
+    return (
+        f"{_iv(r, 'overhead', signed=True)} | {fmt_pct(r['overhead_median_frac'], signed=True)}"
+        f" ({fmt_pct(r['overhead_min_frac'])}..{fmt_pct(r['overhead_max_frac'])})"
+    )
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """The results as markdown tables: pipeline rows (overhead; harvest, cost and latency),
+    goal checks, per-stage rows, dedicated speeds, runs. Every ``[lo, hi]`` is a 95% interval
+    over blocks."""
+    v = result.get("versions", {})
+    device = result.get("config", {}).get("device")
+    lines = [
+        f"# freeride-lab bench ({result.get('profile')}) — {result.get('date')}",
+        "",
+        f"`{result.get('command')}`",
+        "",
+        f"GPU {v.get('gpu')}, driver {v.get('driver')}, torch {v.get('torch')} "
+        f"(CUDA {v.get('cuda')}), python {v.get('python')}; "
+        f"{result.get('machine', {}).get('cpu_count')} CPUs; elapsed {result.get('elapsed_s')} s",
+        "",
+    ]
+    if device == "cpu":
+        lines += ["**CPU figures** (the real stage computed on the CPU): a check of the "
+                  "harness, not GPU results.", ""]  # fmt: skip
+    lines += [
+        "Every `[lo, hi]` is a 95% confidence interval over the blocks (t-interval; latency: "
+        "block bootstrap). *One stage* figures are what the harness measures (one stage "
+        "harvesting at a time); *all stages* is the estimate for every stage harvesting at "
+        "once (the sum of the per-stage slowdowns), the one comparable to FreeRide's.",
+        "",
+        "## Pipeline: training overhead (vs interleaved vanilla blocks)",
+        "",
+        "| run | case | mode | stages | blocks (min) | all stages at once (estimate) | "
+        "one stage: mean | one stage: worst |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("pipeline", []):
+        lines.append(
+            f"| {r['run']} | {r['case']} | {r['mode']} | {r['stages_covered']} | "
+            f"{r['blocks_min']} | {_iv(r, 'overhead_all_stages_estimate', signed=True)} | "
+            f"{_iv(r, 'overhead_one_stage_mean', signed=True)} | "
+            f"{_iv(r, 'overhead_one_stage_worst', signed=True)} "
+            f"({r['worst_stage']}·{r['worst_task']}) |"
+        )
+    lines += [
+        "",
+        "## Pipeline: harvest, cost, latency",
+        "",
+        "| run | case | mode | harvest | of theory limit | idle (measured) | of measured idle | "
+        "saving published | corrected | edge → step p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("pipeline", []):
+        lines.append(
+            f"| {r['run']} | {r['case']} | {r['mode']} | {_iv(r, 'harvest', 1)} | "
+            f"{_iv(r, 'harvest_of_theory_limit', 0)} (of {fmt_pct(r['bubble_limit_frac'], 1)}) | "
+            f"{fmt_pct(r['idle_frac'], 1)} | {_iv(r, 'harvest_of_measured_idle', 0)} | "
+            f"{_iv(r, 'saving_published', 1)} | {_iv(r, 'saving_corrected', 1)} | "
+            f"{_ms_iv(r, 'latency_p50')} | {_ms_iv(r, 'latency_p99')} |"
+        )
+    checks = result.get("goal_checks", [])
+    if checks:
+        lines += [
+            "",
+            "## Goals (met only when the 95% interval clears the goal)",
+            "",
+            "| run | case | mode | goal | figure [95%] | met |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in checks:
+            sign = "≤" if c["kind"] == "max" else "≥"
+            figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
+            if c["lo"] is None and c["hi"] is not None:
+                figure = f"{fmt_pct(c['value'], 2, signed=True)} (highest upper bound " \
+                    f"{fmt_pct(c['hi'], 2, signed=True)})"  # fmt: skip
+            met = "yes" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
+            lines.append(
+                f"| {c['run']} | {c['case']} | {c['mode']} | {c['goal']} {sign} "
+                f"{fmt_pct(c['threshold'], 1)} | {figure} | {met} |"
+            )
+    lines += [
+        "",
+        "## Per stage (one stage harvesting at a time)",
+        "",
+        "| run | case | stage | task | mode | blocks | step ms | overhead [95%] | "
+        "median (min..max) | throughput | bubble used | idle | harvest [95%] | of theory limit | "
+        "of measured idle | overruns (blocks) | SM MHz | W |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("summary", []):
+        lines.append(
+            f"| {r['run']} | {r['case']} | {r['stage']} | {r['task'] or '-'} | {r['mode']} | "
+            f"{r['blocks']} | {fmt_num(r['step_ms_median'], '.1f')} | "
+            f"{_overhead_cells(r)} | "
+            f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s | "
+            f"{fmt_pct(r['bubble_used_frac'], 0)} | {fmt_pct(r['idle_frac'], 0)} | "
+            f"{_iv(r, 'harvest', 1)} | {_iv(r, 'harvest_of_theory_limit', 0)} | "
+            f"{_iv(r, 'harvest_of_measured_idle', 0)} | {r['overruns']} of {r['side_steps']} | "
+            f"{fmt_num(r['sm_clock_mhz'], '.0f')} | {fmt_num(r['power_w'], '.0f')} |"
+        )
+    ded = result.get("dedicated", [])
+    if ded:
+        lines += [
+            "",
+            "## Dedicated speeds (each segment's own, alone on the device)",
+            "",
+            f"Flagged: before and after differ by more than {bs.SPREAD_FLAG_FRAC:.0%}.",
+            "",
+            "| run | case | stage · task | before | after | used | spread | flagged | "
+            "solo s before / after | task's steps in the run: overran |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for d in ded:
+            unit = f" {d['unit']}/s" if d["unit"] else ""
+            lines.append(
+                f"| {d['run']} | {d['case']} | {d['stage']} · {d['task']} | "
+                f"{fmt_rate(d['before_per_s'])}{unit} | "
+                + (f"{fmt_rate(d['after_per_s'])}{unit}" if d["after_measured"] else NOT_MEASURED)
+                + f" | {fmt_rate(d['dedicated_per_s'])}{unit} | "
+                + (fmt_pct(d["spread_frac"], 1) if d["after_measured"] else "-")
+                + f" | {'**yes**' if d['unstable'] else 'no'} | "
+                f"{fmt_num(d['solo_before_s'], '.2f')} / {fmt_num(d['solo_after_s'], '.2f')} | "
+                + (
+                    f"{d['task_overruns_total']} of {d['task_steps_total']}"
+                    if d["task_steps_total"] is not None
+                    else NOT_MEASURED
+                )
+                + " |"
+            )
+    lines += ["", "## Runs", ""]
+    for run in result.get("runs", []):
+        if "skipped" in run and isinstance(run["skipped"], str):
+            lines.append(f"- {run['name']}: skipped ({run['skipped']})")
+            continue
+        cal = "; ".join(
+            f"rank {c['rank']}: F {c['forward_ms']} B {c['backward_ms']} opt {c['optimizer_ms']}"
+            for c in run.get("calibration", [])
+        )
+        lines.append(
+            f"- {run['name']} (M={run.get('microbatches')}, MPS {run.get('mps')}): state "
+            f"{run.get('state')}, start-up {run.get('startup_s')} s; calibration (ms) {cal}"
+        )
+        memory = ", ".join(
+            f"rank {m['rank']} {m['peak_reserved_bytes'] / 2**30:.1f} GiB"
+            for m in run.get("stage_memory", [])
+        )
+        if memory:
+            lines.append(f"  - peak reserved memory: {memory}")
+        for note in [*run.get("skipped", []), *run.get("errors", [])]:
+            lines.append(f"  - {note}")
+    return "\n".join(lines) + "\n"

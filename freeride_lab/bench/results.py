@@ -1,0 +1,429 @@
+"""The results of ``freeride-lab bench``: blocks from a run's events, the tables, the JSON.
+``bench/driver.py`` drives the runs; ``bench/stats.py`` and ``bench/tables.py`` hold the
+arithmetic, ``core/intervals.py`` the 95% intervals, ``bench/markdown.py`` the markdown.
+
+    rows = [block_row(b, "m4", starts, bubbles, side, edges, samples, t0) for b in blocks]
+    fill_tables(result, stages=4)          # summary, pipeline, dedicated, headline, goal_checks
+    write_results(result, Path("results/h200.json"))   # and results/h200.md
+
+The results file holds: benchmark, profile, command, date, versions (python, torch, CUDA,
+driver, GPU), machine, config (the profile), cost_model, goals, runs (per run: its settings,
+calibration, segments with each task's solo speed before and after its blocks, budget and
+step and overrun totals, skipped parts, errors, governor decisions), blocks
+(``bench.stats.BLOCK_COLUMNS`` plus the raw ``step_ms``), summary
+(``benchtables.SUMMARY_COLUMNS``), pipeline (``benchtables.PIPELINE_COLUMNS``), dedicated
+(``DEDICATED_COLUMNS``), headline (``HEADLINE_FIGURES``, each with its interval) and
+goal_checks (``goal_checks``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from freeride_lab.bench import stats as bs
+from freeride_lab.bench import tables as bt
+from freeride_lab.bench.markdown import markdown
+from freeride_lab.core.accounting import CostModel
+from freeride_lab.core.budget import OverrunStats
+
+__all__ = [
+    "DEDICATED_COLUMNS",
+    "block_row",
+    "cost_model_dict",
+    "default_out",
+    "fill_tables",
+    "goal_checks",
+    "jsonable",
+    "machine",
+    "segment_speeds",
+    "versions",
+    "write_results",
+]
+
+
+#: Columns of ``segment_speeds`` (``result["dedicated"]``), in order.
+DEDICATED_COLUMNS: tuple[str, ...] = (
+    "run",
+    "case",
+    "stage",
+    "task",
+    "unit",
+    "before_per_s",  # solo phase before the segment's blocks
+    "after_per_s",  # solo phase after them (None: not measured in this result)
+    "dedicated_per_s",  # the speed harvest uses: the mean of the two (or the one measured)
+    "spread_frac",  # |after - before| ÷ their mean
+    "unstable",  # spread_frac > bench.stats.SPREAD_FLAG_FRAC
+    "after_measured",  # False for results from before the after phase existed
+    "solo_before_s",
+    "solo_after_s",
+    "solo_before_steps",
+    "solo_after_steps",
+    "task_steps_total",  # every step of the task in the run (None: not measured)
+    "task_overruns_total",  # of those, the ones that overran (core.budget.overrun_mask)
+)
+
+
+def fill_tables(result: dict[str, Any], *, stages: int) -> None:
+    """Fill the summary tables from the blocks and segments collected so far.
+
+    Each segment's side work is valued at that segment's own dedicated speed (never one
+    pooled over runs). Old results, whose segments have one solo phase, are read as they are:
+    what they lack is None in the tables (``NOT_MEASURED``).
+    """
+    result.pop("dedicated_per_s", None)  # the pooled speed of older results: not used
+    blocks = pd.DataFrame(result["blocks"], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
+    dedicated = segment_speeds(result["runs"])
+    if blocks.empty:
+        result.update(summary=[], pipeline=[], dedicated=dedicated, headline={}, goal_checks=[])
+        return
+    blocks["latency_ms"] = [tuple(x) for x in blocks["latency_ms"]]
+    speeds: dict[bs.SegmentKey, float] = {
+        (d["run"], d["case"], d["stage"], d["task"]): d["dedicated_per_s"]
+        for d in dedicated
+        if d["dedicated_per_s"] is not None
+    }
+    m_of_run = {r["name"]: r["microbatches"] for r in result["runs"] if "microbatches" in r}
+    summary = bt.summarize_blocks(
+        blocks, stages=stages, microbatches=m_of_run, dedicated_per_s=speeds
+    )
+    from freeride_lab.tasks import REFERENCE_KEYS
+
+    pipeline = bt.pipeline_summary(summary, blocks, stages=stages, reference_keys=REFERENCE_KEYS)
+    result["dedicated"] = dedicated
+    result["summary"] = _records(summary)
+    result["pipeline"] = _records(pipeline)
+    result["headline"] = _headline(summary, pipeline)
+    result["goal_checks"] = goal_checks(result["pipeline"], result["summary"], result.get("goals"))
+
+
+def segment_speeds(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One ``DEDICATED_COLUMNS`` row per segment with a side task, in run order."""
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        for seg in run.get("segments", []):
+            if not seg.get("task"):
+                continue
+            new = "dedicated_before_per_s" in seg
+            before = _finite(seg.get("dedicated_before_per_s" if new else "dedicated_per_s"))
+            after = _finite(seg.get("dedicated_after_per_s")) if new else None
+            speed = bs.dedicated_speed(before, after)
+            out.append(
+                {
+                    "run": str(run["name"]),
+                    "case": str(seg.get("case", "")),
+                    "stage": int(seg["stage"]),
+                    "task": str(seg["task"]),
+                    "unit": str(seg.get("unit", "")),
+                    "before_per_s": before,
+                    "after_per_s": after,
+                    "dedicated_per_s": speed["dedicated_per_s"],
+                    "spread_frac": speed["dedicated_spread_frac"],
+                    "unstable": speed["dedicated_unstable"],
+                    "after_measured": new,
+                    "solo_before_s": seg.get("solo_s"),
+                    "solo_after_s": seg.get("solo_after_s"),
+                    "solo_before_steps": seg.get("solo_steps"),
+                    "solo_after_steps": seg.get("solo_after_steps"),
+                    "task_steps_total": seg.get("task_steps_total"),
+                    "task_overruns_total": seg.get("task_overruns_total"),
+                }
+            )
+    return out
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
+def _bounds(row: Mapping[str, Any], name: str, unit: str = "frac") -> dict[str, Any]:
+    return {
+        "value": row[f"{name}_{unit}"],
+        "lo": row[f"{name}_lo_{unit}"],
+        "hi": row[f"{name}_hi_{unit}"],
+    }
+
+
+#: Headline figures per (run, mode): name in the JSON → pipeline column it comes from.
+HEADLINE_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("overhead_all_stages_estimate_frac", "overhead_all_stages_estimate", "frac"),
+    ("overhead_one_stage_mean_frac", "overhead_one_stage_mean", "frac"),
+    ("overhead_one_stage_worst_frac", "overhead_one_stage_worst", "frac"),
+    ("harvest_frac", "harvest", "frac"),
+    ("harvest_of_theory_limit_frac", "harvest_of_theory_limit", "frac"),
+    ("harvest_of_measured_idle_frac", "harvest_of_measured_idle", "frac"),
+    ("saving_published_frac", "saving_published", "frac"),
+    ("saving_corrected_frac", "saving_corrected", "frac"),
+    ("latency_p50_ms", "latency_p50", "ms"),
+    ("latency_p99_ms", "latency_p99", "ms"),
+)
+
+
+def _headline(summary: pd.DataFrame, pipeline: pd.DataFrame) -> dict[str, Any]:
+    """The figures the goals are about, per run (mix case) and mode, each as
+    ``{"value", "lo", "hi"}`` (the 95% interval), and the instrumentation overhead."""
+    out: dict[str, Any] = {}
+    for _, row in pipeline[pipeline["case"] == "mix"].iterrows():
+        figures: dict[str, Any] = {
+            key: _bounds(row, name, unit) for key, name, unit in HEADLINE_FIGURES
+        }
+        figures["overhead_one_stage_worst_frac"].update(
+            stage=row["worst_stage"], task=row["worst_task"]
+        )
+        figures["idle_frac"] = row["idle_frac"]
+        figures["bubble_limit_frac"] = row["bubble_limit_frac"]
+        figures["blocks_min"] = row["blocks_min"]
+        out.setdefault(str(row["run"]), {})[str(row["mode"])] = figures
+    plain = summary[(summary["case"] == "instrumentation") & (summary["mode"] == "plain")]
+    for _, row in plain.iterrows():
+        # plain ÷ timed = 1 + overhead; the timed stage costs 1 / that - 1
+        def inv(x: float) -> float:
+            return 1.0 / (1.0 + x) - 1.0 if 1.0 + x > 0 else math.nan
+
+        out.setdefault(str(row["run"]), {})["instrumentation_overhead_frac"] = {
+            "value": inv(float(row["overhead_frac"])),
+            "lo": inv(float(row["overhead_hi_frac"])),
+            "hi": inv(float(row["overhead_lo_frac"])),
+        }
+    headline: dict[str, Any] = jsonable(out)
+    return headline
+
+
+#: The goals and the figure each is judged on: (goal key in ``result["goals"]``, name, pipeline
+#: figure, "max" (met when the interval's upper bound is under it) or "min" (lower bound
+#: over it)). "worst stage" is judged on every stage's own interval.
+GOAL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    ("overhead_mean_frac_max", "overhead, all stages at once (estimate)",
+     "overhead_all_stages_estimate", "max"),
+    ("overhead_worst_frac_max", "overhead, worst stage (one at a time)", "", "max"),
+    ("harvest_of_limit_frac_min", "harvest of the theory limit", "harvest_of_theory_limit",
+     "min"),
+    ("harvest_of_limit_frac_min", "harvest of the measured idle time",
+     "harvest_of_measured_idle", "min"),
+    ("saving_corrected_frac_min", "saving, overhead-corrected", "saving_corrected", "min"),
+)  # fmt: skip
+_PRODUCT_MODES = ("managed", "governed")
+
+
+def goal_checks(
+    pipeline: Sequence[Mapping[str, Any]],
+    summary: Sequence[Mapping[str, Any]],
+    goals: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """Each goal against each (run, case) of the product's modes: met only when the 95%
+    interval clears it (upper bound under a maximum, lower bound over a minimum); a figure
+    without an interval (fewer than two blocks) meets nothing."""
+    out: list[dict[str, Any]] = []
+    for row in pipeline:
+        if row["mode"] not in _PRODUCT_MODES:
+            continue
+        for key, name, figure, kind in GOAL_FIGURES:
+            threshold = (goals or {}).get(key)
+            if threshold is None:
+                continue
+            if figure:
+                if f"{figure}_frac" not in row:
+                    continue
+                value, lo, hi = (row[f"{figure}{s}_frac"] for s in ("", "_lo", "_hi"))
+            else:  # the worst stage: every stage's interval must clear the goal
+                stages = [
+                    s
+                    for s in summary
+                    if (s["run"], s["case"], s["mode"]) == (row["run"], row["case"], row["mode"])
+                    and s["task"]
+                ]
+                value = max((s["overhead_frac"] for s in stages), default=None)
+                his = [s["overhead_hi_frac"] for s in stages]
+                hi = None if not his or any(h is None for h in his) else max(his)
+                lo = None
+            bound = hi if kind == "max" else lo
+            met = (
+                None
+                if bound is None
+                else (bound < threshold if kind == "max" else bound > threshold)
+            )
+            out.append(
+                {
+                    "run": row["run"],
+                    "case": row["case"],
+                    "mode": row["mode"],
+                    "goal": name,
+                    "kind": kind,
+                    "threshold": threshold,
+                    "value": value,
+                    "lo": lo,
+                    "hi": hi,
+                    "met": bool(met) if met is not None else False,
+                    "note": "" if met is not None else "no interval: too few blocks",
+                }
+            )
+    return out
+
+
+def block_row(
+    b: Mapping[str, Any],
+    run: str,
+    starts: Mapping[tuple[int, int], int],
+    bubbles: pd.DataFrame,
+    side: pd.DataFrame,
+    edges: Sequence[Mapping[str, Any]],
+    samples: Sequence[Any],
+    t0: int,
+) -> dict[str, Any] | None:
+    """One ``BLOCK_COLUMNS`` row (plus the raw ``step_ms``), or None if steps are missing."""
+    r, first, k = int(b["stage"]), int(b["first_step"]), int(b["steps"])
+    ns = [starts.get((r, s)) for s in range(first, first + k + 1)]
+    if any(x is None for x in ns):
+        return None
+    ns_ok = [int(x) for x in ns if x is not None]
+    periods = bs.step_periods_ms(ns_ok)
+    lo_ms, hi_ms = (ns_ok[0] - t0) / 1e6, (ns_ok[-1] - t0) / 1e6
+    mine = bubbles[(bubbles["rank"] == r) & bubbles["step"].between(first, first + k - 1)]
+    gaps = list(zip(mine["start_ms"], mine["end_ms"], strict=True))
+    s = side[(side["stage"] == r) & (side["start_ms"] >= lo_ms) & (side["start_ms"] < hi_ms)]
+    if b.get("task_id"):
+        s = s[s["task_id"] == b["task_id"]]
+    busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
+    latency: list[float] = []
+    if b["mode"] in ("managed", "governed") and len(s):
+        lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
+        mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
+        open_: dict[tuple[int, int], int] = {}
+        pairs: list[tuple[int, int]] = []
+        for e in sorted(mine_edges, key=lambda e: e["t_ns"]):
+            key = (int(e["step"]), int(e["slot"]))
+            if e["edge"] == "start":
+                open_[key] = int(e["t_ns"])
+            elif key in open_:
+                pairs.append((open_.pop(key), int(e["t_ns"])))
+        step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
+        latency = bs.signal_latency_ms([p[0] for p in pairs], [p[1] for p in pairs], step_ns)
+    lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
+    window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
+    overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
+    return {
+        "run": run,
+        "case": b["case"],
+        "stage": r,
+        "task": b["task"],
+        "mode": b["mode"],
+        "repeat": int(b["repeat"]),
+        "order": int(b["order"]),
+        "first_step": first,
+        "steps": k,
+        "step_ms_median": bs.median(periods),
+        "wall_s": (ns_ok[-1] - ns_ok[0]) / 1e9,
+        "bubble_ms": float(mine["duration_ms"].sum()),
+        "progress": float(s["progress"].sum()),
+        "unit": str(s["unit"].iloc[0]) if len(s) else "",
+        "side_steps": len(s),
+        "busy_ms": float(sum(e - a for a, e in busy if e > a)),
+        "busy_in_bubble_ms": bs.overlap_ms(gaps, busy),
+        "overruns": overruns.overruns,
+        "overrun_ms_total": overruns.overrun_ns_total / 1e6,
+        "latency_ms": latency,
+        "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
+        "power_w": bs.median(x.power_w for x in window),
+        "step_ms": [round(x, 4) for x in periods],
+    }
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def versions() -> dict[str, Any]:
+    import importlib.metadata
+
+    import torch
+
+    from freeride_lab.gpu import nvml
+
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    gpu = None
+    if nvml.is_available() and nvml.device_count() > 0:
+        handle = nvml.query("nvmlDeviceGetHandleByIndex", 0, default=None)
+        name = None if handle is None else nvml.query("nvmlDeviceGetName", handle, default=None)
+        gpu = name.decode() if isinstance(name, bytes) else name
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "freeride_lab": version("freeride-lab"),
+        "driver": nvml.driver_version(),
+        "gpu": gpu,
+        "nvml": nvml.unavailable_reason() or "ok",
+    }
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+        "host": platform.node(),
+    }
+
+
+def cost_model_dict(model: CostModel) -> dict[str, Any]:
+    return {
+        "reference_throughput_per_s": dict(model.reference_throughput_per_s),
+        "reference_gpu": model.reference_gpu,
+        "c_ref_usd_per_h": model.c_ref_usd_per_h,
+        "c_srv_usd_per_h": model.c_srv_usd_per_h,
+        "price_ratio": model.price_ratio,
+    }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [jsonable(r) for r in frame.to_dict(orient="records")]
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON: NaN and infinities become None, tuples lists, numpy scalars Python ones."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_results(result: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(jsonable(result), indent=1) + "\n")
+    os.replace(tmp, out)
+    out.with_suffix(".md").write_text(markdown(result))
+
+
+def default_out(device: str, gpu_name: str = "") -> Path:
+    """``benchmarks/results/<gpu-or-cpu>-<date>.json`` under the working directory.
+
+    ``gpu_name`` is the device's name ("NVIDIA H200"): its model ("h200") names the file, so
+    numbers from different GPUs never share one.
+    """
+    kind = "cpu" if device != "cuda" else gpu_model(gpu_name)
+    return Path("benchmarks") / "results" / f"{kind}-{datetime.now().date().isoformat()}.json"
+
+
+def gpu_model(name: str) -> str:
+    """A short file-name form of a GPU's name: "NVIDIA H100 80GB HBM3" → "h100"; "gpu" if none."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w != "nvidia"]
+    return words[0] if words else "gpu"

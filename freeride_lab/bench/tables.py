@@ -1,0 +1,385 @@
+"""The tables of ``freeride-lab bench``: per stage and per pipeline, every figure with its 95%
+interval over blocks. Pure functions over the blocks table ``bench/driver.py`` builds
+(``bench.stats.BLOCK_COLUMNS``); the per-block arithmetic is in ``bench.stats``, the
+intervals in ``core.intervals``.
+
+    summary = summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
+    pipeline = pipeline_summary(summary, blocks, stages=4, reference_keys=REFERENCE_KEYS)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
+from freeride_lab.bench.stats import (
+    BLOCK_COLUMNS,
+    MODES,
+    REFERENCE_MODE,
+    SegmentKey,
+    median,
+    overhead_interval,
+    paired_ratios,
+    percentile,
+    pipeline_cost,
+)
+from freeride_lab.core.accounting import CostModel, bubble_limit
+from freeride_lab.core.intervals import (
+    Interval,
+    bootstrap_percentile_interval,
+    quotient_interval,
+    ratio_interval,
+    sum_interval,
+)
+
+__all__ = ["PIPELINE_COLUMNS", "SUMMARY_COLUMNS", "pipeline_summary", "summarize_blocks"]
+
+
+def _with_interval(name: str, unit: str) -> tuple[str, ...]:
+    """``name_unit`` and its 95% bounds ``name_lo_unit``, ``name_hi_unit``."""
+    return (f"{name}_{unit}", f"{name}_lo_{unit}", f"{name}_hi_{unit}")
+
+
+#: Columns of ``summarize_blocks``, in order. Every ``x_lo_*`` / ``x_hi_*`` pair is the 95%
+#: interval of ``x_*`` over the mode's blocks (``core.intervals``); ``x_se_*`` and ``x_df`` are
+#: what a sum over stages needs.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "run",
+    "case",
+    "stage",
+    "task",
+    "mode",
+    "blocks",
+    "step_ms_median",
+    "ratio_vs_vanilla",  # 1 + overhead_frac
+    # the mean of the per-block paired differences (see [Note: paired ratios]), one stage
+    # harvesting at a time
+    *_with_interval("overhead", "frac"),
+    "overhead_se_frac",
+    "overhead_df",
+    "overhead_median_frac",  # median of the paired ratios - 1 (the estimate before intervals)
+    "overhead_min_frac",
+    "overhead_max_frac",
+    "progress",
+    "unit",
+    "throughput_per_s",  # progress ÷ wall time of the mode's blocks
+    "throughput_se_per_s",
+    "throughput_df",
+    "bubble_used_frac",  # side-task busy time inside bubbles ÷ bubble time
+    "idle_frac",  # the real rank's *measured* bubble time ÷ wall time in these blocks
+    # the same in the segment's vanilla blocks: the idle time training leaves, measured
+    "vanilla_idle_frac",
+    "vanilla_idle_se_frac",
+    "vanilla_idle_df",
+    "dedicated_per_s",  # this segment's own dedicated speed (its solo phases)
+    *_with_interval("harvest", "frac"),  # work at that speed ÷ wall time
+    "harvest_se_frac",
+    "harvest_df",
+    "bubble_limit_frac",  # theory: (S-1)/(M+S-1)
+    *_with_interval("harvest_of_theory_limit", "frac"),  # harvest ÷ bubble_limit_frac
+    *_with_interval("harvest_of_measured_idle", "frac"),  # harvest ÷ vanilla_idle_frac
+    "overruns",  # side-task steps that started in the blocks and overran (core.budget)
+    "side_steps",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "sm_clock_mhz",
+    "power_w",
+)
+
+#: Columns of ``pipeline_summary``, in order (intervals as in ``SUMMARY_COLUMNS``).
+PIPELINE_COLUMNS: tuple[str, ...] = (
+    "run",
+    "case",
+    "mode",
+    "stages_covered",
+    "tasks",  # "stage:task" pairs, comma-separated
+    "blocks_min",  # fewest blocks behind any stage's figures
+    # every stage harvesting at once, *estimated* from one-stage-at-a-time runs: the sum of
+    # the per-stage slowdowns (their variances add); the figure comparable to FreeRide's
+    *_with_interval("overhead_all_stages_estimate", "frac"),
+    # one stage harvesting at a time: the mean over stages (not comparable to FreeRide's)
+    *_with_interval("overhead_one_stage_mean", "frac"),
+    *_with_interval("overhead_one_stage_worst", "frac"),  # the stage with the highest estimate
+    "worst_stage",
+    "worst_task",
+    *_with_interval("harvest", "frac"),  # mean over the S stages (uncovered ones count 0)
+    "bubble_limit_frac",
+    *_with_interval("harvest_of_theory_limit", "frac"),
+    "idle_frac",  # measured in the vanilla blocks, mean over the covered stages
+    *_with_interval("harvest_of_measured_idle", "frac"),
+    "reference_gpus",  # FreeRide's x: RTX 3080s' worth of work
+    *_with_interval("saving_published", "frac"),
+    # published - overhead_all_stages_estimate_frac
+    *_with_interval("saving_corrected", "frac"),
+    *_with_interval("latency_p50", "ms"),  # pooled over blocks; block bootstrap interval
+    *_with_interval("latency_p99", "ms"),
+)
+
+
+def summarize_blocks(
+    blocks: pd.DataFrame,
+    *,
+    stages: int,
+    microbatches: int | Mapping[str, int],
+    dedicated_per_s: Mapping[SegmentKey, float],
+) -> pd.DataFrame:
+    """One row per (run, case, stage, task, mode): estimates and 95% intervals over its blocks.
+
+    Args:
+        blocks: rows with ``BLOCK_COLUMNS``.
+        stages: S; microbatches: M, or M per run name (for the bubble limit).
+        dedicated_per_s: the dedicated speed of each segment, keyed (run, case, stage, task):
+            the task alone on the device in *that* segment's solo phases. Never one speed
+            pooled over runs: the same task's solo speed differs from run to run.
+
+    Returns:
+        ``SUMMARY_COLUMNS``. The overhead is the mean of the paired differences within
+        (run, case, stage, task) with its t-interval ([Note: paired ratios]); throughput,
+        idle time and harvest are ratios of sums over the blocks (= ``accounting.harvest_frac``
+        over them) with the ratio estimator's t-interval. Harvest is NaN where the segment's
+        dedicated speed is unknown; it is divided both by the theory limit and by the idle
+        share of the segment's vanilla blocks (the measured limit; intervals by the delta
+        method, the two come from different blocks).
+    """
+    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns]
+    if missing:
+        raise ValueError(f"blocks lack column(s) {missing}; expected {', '.join(BLOCK_COLUMNS)}")
+    rows: list[dict[str, object]] = []
+    keys = ["run", "case", "stage", "task"]
+    for key, seg in blocks.groupby(keys, sort=False):
+        run, case, stage, task = str(key[0]), str(key[1]), int(key[2]), str(key[3])
+        m = microbatches if isinstance(microbatches, int) else microbatches[run]
+        limit = bubble_limit(stages, m)
+        theta = float(dedicated_per_s.get((run, case, stage, task), math.nan)) if task else math.nan
+        order, modes, step_ms = list(seg["order"]), list(seg["mode"]), list(seg["step_ms_median"])
+        ref = seg[seg["mode"] == REFERENCE_MODE]
+        vanilla_idle = ratio_interval(
+            ref["bubble_ms"].to_numpy(dtype=float) / 1e3, ref["wall_s"].to_numpy(dtype=float)
+        )
+        for mode in [x for x in MODES if x in set(seg["mode"])]:
+            b = seg[seg["mode"] == mode]
+            if mode == REFERENCE_MODE:
+                ratios = [1.0] * len(b)
+                over = Interval(0.0, 0.0, 0.0, 0.0, math.nan, len(b))
+            else:
+                ratios = paired_ratios(order, modes, step_ms, mode)
+                over = overhead_interval(order, modes, step_ms, mode)
+            wall = b["wall_s"].to_numpy(dtype=float)
+            done = b["progress"].to_numpy(dtype=float)
+            bubble_s = b["bubble_ms"].to_numpy(dtype=float) / 1e3
+            progress = float(done.sum())
+            throughput = ratio_interval(done, wall)
+            idle = ratio_interval(bubble_s, wall)  # of these blocks, for the tables
+            if task and theta > 0:
+                harvest = ratio_interval(done / theta, wall)
+            elif not task or progress == 0:
+                harvest = Interval(0.0, 0.0, 0.0, 0.0, math.nan, len(b))
+            else:
+                harvest = Interval.point(math.nan, len(b))
+            bubble_ms = float(b["bubble_ms"].sum())
+            latencies = [x for t in b["latency_ms"] for x in t]
+            rows.append(
+                {
+                    "run": run,
+                    "case": case,
+                    "stage": stage,
+                    "task": task,
+                    "mode": mode,
+                    "blocks": len(b),
+                    "step_ms_median": median(b["step_ms_median"]),
+                    "ratio_vs_vanilla": 1.0 + over.value,
+                    **_interval_columns("overhead", "frac", over, spread=True),
+                    "overhead_median_frac": median(ratios) - 1.0,
+                    "overhead_min_frac": min(ratios) - 1.0 if ratios else math.nan,
+                    "overhead_max_frac": max(ratios) - 1.0 if ratios else math.nan,
+                    "progress": progress,
+                    "unit": next((str(u) for u in seg["unit"] if u), ""),
+                    "throughput_per_s": throughput.value,
+                    "throughput_se_per_s": throughput.se,
+                    "throughput_df": throughput.df,
+                    "bubble_used_frac": (
+                        float(b["busy_in_bubble_ms"].sum()) / bubble_ms
+                        if bubble_ms > 0
+                        else math.nan
+                    ),
+                    "idle_frac": idle.value,
+                    "vanilla_idle_frac": vanilla_idle.value,
+                    "vanilla_idle_se_frac": vanilla_idle.se,
+                    "vanilla_idle_df": vanilla_idle.df,
+                    "dedicated_per_s": theta,
+                    **_interval_columns("harvest", "frac", harvest, spread=True),
+                    "bubble_limit_frac": limit,
+                    **_interval_columns(
+                        "harvest_of_theory_limit", "frac", _per_limit(harvest, limit)
+                    ),
+                    **_interval_columns(
+                        "harvest_of_measured_idle", "frac", quotient_interval(harvest, vanilla_idle)
+                    ),
+                    "overruns": int(b["overruns"].sum()),
+                    "side_steps": int(b["side_steps"].sum()),
+                    "latency_p50_ms": percentile(latencies, 50),
+                    "latency_p99_ms": percentile(latencies, 99),
+                    "sm_clock_mhz": median(b["sm_clock_mhz"]),
+                    "power_w": median(b["power_w"]),
+                }
+            )
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def pipeline_summary(
+    summary: pd.DataFrame,
+    blocks: pd.DataFrame,
+    *,
+    stages: int,
+    reference_keys: Mapping[str, str],
+    model: CostModel | None = None,
+) -> pd.DataFrame:
+    """One row per (run, case, mode) over the stages its case covered: FreeRide's table row.
+
+    Rows without a side task (timed-vs-plain instrumentation blocks) are left out. The
+    harness has one real stage at a time, so the overhead comes two ways, named apart:
+
+    - ``overhead_one_stage_mean`` / ``_worst``: one stage harvesting, the others not (what
+      was measured); their mean is *not* comparable to FreeRide's figures;
+    - ``overhead_all_stages_estimate``: every stage harvesting at once, as FreeRide measures,
+      estimated as the sum of the per-stage slowdowns (a delay on any stage delays the step);
+      the stages' runs are independent, so their variances add ([Note: sums of intervals]).
+
+    Harvest is the mean over the S stages (each stage is one GPU; stages not covered count
+    as not harvesting, ``stages_covered`` says how many were), divided both by the theory
+    limit and by the idle share measured in the same segments' vanilla blocks (what training
+    leaves idle here: more than theory, as the emulated step adds the optimizer and
+    hand-offs). Cost sums each stage's
+    side-task rate per FreeRide reference key; the corrected saving subtracts the all-stage
+    overhead estimate. Saving intervals add the rates' and the overhead's variances (the two
+    rise together, so that overstates the spread rather than understating it). Latency
+    percentiles pool the blocks' values; their interval resamples whole blocks.
+
+    Args:
+        summary: ``summarize_blocks`` output; blocks: its input (for pooled latencies).
+        reference_keys: task name → FreeRide reference key (``freeride_lab.tasks.REFERENCE_KEYS``).
+    """
+    model = model or CostModel()
+    rows: list[dict[str, object]] = []
+    work = summary[(summary["mode"] != REFERENCE_MODE) & (summary["task"] != "")]
+    for (run, case, mode), g in work.groupby(["run", "case", "mode"], sort=False):
+        over_rows = [r for _, r in g.iterrows() if math.isfinite(float(r["overhead_frac"]))]
+        overheads = [_interval_of(r, "overhead", "frac") for r in over_rows]
+        all_stages = sum_interval(overheads) if overheads else Interval.point(math.nan, 0)
+        one_mean = all_stages.scaled(1 / len(overheads)) if overheads else all_stages
+        worst_row = max(over_rows, key=lambda r: float(r["overhead_frac"]), default=None)
+        worst = (
+            _interval_of(worst_row, "overhead", "frac")
+            if worst_row is not None
+            else Interval.point(math.nan, 0)
+        )
+        harvests = [_interval_of(r, "harvest", "frac") for _, r in g.iterrows()]
+        if all(math.isfinite(h.value) for h in harvests):
+            harvest = sum_interval(harvests).scaled(1 / stages)
+        else:
+            harvest = Interval.point(math.nan, 0)
+        idles = [
+            Interval.of(float(r["vanilla_idle_frac"]), float(r["vanilla_idle_se_frac"]),
+                        float(r["vanilla_idle_df"]), int(r["blocks"]))
+            for _, r in g.iterrows()
+        ]  # fmt: skip
+        idle = sum_interval(idles).scaled(1 / len(idles))
+        limit = float(g["bubble_limit_frac"].iloc[0])
+        published, corrected, x = _cost_intervals(g, all_stages, reference_keys, model)
+        b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
+        groups = [list(t) for t in b["latency_ms"]]
+        rows.append(
+            {
+                "run": run,
+                "case": case,
+                "mode": mode,
+                "stages_covered": int(g["stage"].nunique()),
+                "tasks": ", ".join(f"{s}:{t}" for s, t in zip(g["stage"], g["task"], strict=True)),
+                "blocks_min": int(g["blocks"].min()),
+                **_interval_columns("overhead_all_stages_estimate", "frac", all_stages),
+                **_interval_columns("overhead_one_stage_mean", "frac", one_mean),
+                **_interval_columns("overhead_one_stage_worst", "frac", worst),
+                "worst_stage": int(worst_row["stage"]) if worst_row is not None else -1,
+                "worst_task": str(worst_row["task"]) if worst_row is not None else "",
+                **_interval_columns("harvest", "frac", harvest),
+                "bubble_limit_frac": limit,
+                **_interval_columns("harvest_of_theory_limit", "frac", _per_limit(harvest, limit)),
+                "idle_frac": idle.value,
+                **_interval_columns(
+                    "harvest_of_measured_idle", "frac", quotient_interval(harvest, idle)
+                ),
+                "reference_gpus": x,
+                **_interval_columns("saving_published", "frac", published),
+                **_interval_columns("saving_corrected", "frac", corrected),
+                **_interval_columns("latency_p50", "ms", bootstrap_percentile_interval(groups, 50)),
+                **_interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(PIPELINE_COLUMNS))
+
+
+def _cost_intervals(
+    g: pd.DataFrame,
+    overhead: Interval,
+    reference_keys: Mapping[str, str],
+    model: CostModel,
+) -> tuple[Interval, Interval, float]:
+    """Published and corrected saving of one pipeline row, and FreeRide's x (NaN if none)."""
+    none = Interval.point(math.nan, 0)
+    rates: dict[str, float] = {}
+    parts: list[tuple[str, Interval]] = []
+    for _, r in g.iterrows():
+        key = reference_keys.get(str(r["task"]), str(r["task"]))
+        rate = float(r["throughput_per_s"])
+        if math.isfinite(rate):
+            rates[key] = rates.get(key, 0.0) + rate
+            iv = Interval.of(rate, float(r["throughput_se_per_s"]), float(r["throughput_df"]),
+                             int(r["blocks"]))  # fmt: skip
+            parts.append((key, iv))
+    o = overhead.value
+    if not rates or not math.isfinite(o) or o <= -1:
+        return none, none, math.nan
+    try:
+        cost = pipeline_cost(rates, overhead_frac=o, model=model)
+        scale = {k: (1 + o) / (model.price_ratio * model.theta(k)) for k in rates}
+    except KeyError:
+        return none, none, math.nan  # a task without a reference throughput: no FreeRide cost
+    published = sum_interval([iv.scaled(scale[k]) for k, iv in parts])
+    published = published.shifted(cost.saving_published_frac - published.value)  # float noise
+    corrected = sum_interval([published, overhead.scaled(-1.0)])
+    return published, corrected, cost.reference_gpus
+
+
+def _per_limit(harvest: Interval, limit: float) -> Interval:
+    """Harvest as a share of the theory limit (NaN for a pipeline of one stage: no bubbles)."""
+    return harvest.scaled(1 / limit) if limit > 0 else Interval.point(math.nan, harvest.n)
+
+
+def _interval_columns(
+    name: str, unit: str, iv: Interval, *, spread: bool = False
+) -> dict[str, float]:
+    """``{name}_{unit}`` and its bounds (and, with ``spread``, ``_se_`` and ``_df``)."""
+    out = {f"{name}_{unit}": iv.value, f"{name}_lo_{unit}": iv.lo, f"{name}_hi_{unit}": iv.hi}
+    if spread:
+        out[f"{name}_se_{unit}"] = iv.se
+        out[f"{name}_df"] = iv.df
+    return out
+
+
+def _interval_of(row: Mapping[str, object] | pd.Series, name: str, unit: str) -> Interval:
+    """The ``Interval`` a summary row holds under ``name`` (see ``_interval_columns``)."""
+
+    def num(col: str) -> float:
+        v = row[col]
+        return math.nan if v is None else float(v)  # type: ignore[arg-type]
+
+    return Interval(
+        num(f"{name}_{unit}"),
+        num(f"{name}_lo_{unit}"),
+        num(f"{name}_hi_{unit}"),
+        num(f"{name}_se_{unit}"),
+        num(f"{name}_df"),
+        int(num("blocks")),
+    )

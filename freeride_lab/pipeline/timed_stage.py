@@ -1,0 +1,474 @@
+"""``TimedPipelineStage``: a ``PipelineStage`` that times every F, B, I and W it runs.
+
+Every schedule class of ``torch.distributed.pipelining`` computes through exactly three stage
+methods: ``forward_one_chunk`` (F), ``backward_one_chunk`` (B, or I when ``full_backward`` is
+false) and ``backward_weight_one_chunk`` (W). The subclass overrides those three, passes every
+argument through untouched and reports each call's start and end to an ``ActionRecorder``.
+A rank's stages (several for interleaved and V schedules) share one recorder, so the recorder
+sees the rank's whole timeline and knows when the rank is idle: from the end of one compute
+action to the start of the next. It can announce those bubbles live to an ``edges`` object.
+
+[Note: CUDA event timing]
+On CUDA the host returns from a stage call once the kernels are *launched*, so host clocks
+measure launches, not execution. The recorder records a timing-enabled CUDA event before and
+after each call (a few microseconds, never a wait) through the rank's ``StepClock``, which
+turns a step's events into run-clock times only once they have completed, after later work is
+queued: nothing on the training path waits for the device (one re-anchoring synchronisation
+every 30 s aside; ``pipeline.step_clock`` [Note: anchoring CUDA events to the host clock]).
+``finish_step`` therefore hands out the steps that are ready, usually the previous one.
+Live bubble edges on CUDA come from a watcher thread that waits for each event with
+``synchronize()`` on a blocking-sync event: the wait releases the GIL and sleeps, instead of
+polling ``query()`` with the GIL held. The edge is stamped with the host clock when the thread
+wakes (so it lags by the wake-up and by the main thread holding the GIL; the resolved spans are
+exact).
+
+[Note: bubble slots]
+Within one step, slot k of a rank is the k-th idle gap in time order: slot 0 runs from the
+window start (``begin_step``) to the rank's first action, slot k from the end of action k-1 to
+the start of action k, and the last slot from the last action's end to ``end_window``. A rank
+runs the same number of actions every step, so slot k means the same gap in every step, which
+is what the predictor needs.
+
+Between two steps the rank runs its optimizer and then usually waits: for the step-boundary
+collectives (the stop agreement, a loss all-reduce) and then for its first input. On the last
+stage of 1F1B that wait is most of the drain bubble ((S-1)·B) plus the fill bubble ((S-1)·F):
+one idle span that FreeRide treats as one bubble. ``carry_gap(step + 1)``, called after the
+optimizer, opens the next step's slot 0 at once, and ``begin_step`` keeps it open, so slot 0
+runs from the optimizer's end to the first action and a side task sees the whole span with
+one prediction instead of missing the part outside the schedule window. The bubbles table
+(``core.bubbles`` [Note: step boundary bubbles]) holds the same span as step s's "boundary"
+bubble up to step s+1's window start plus step s+1's leading bubble: nothing counted twice.
+
+[Note: loss in the forward]
+Torch computes the last stage's loss right after ``forward_one_chunk`` returns, as part of the
+same forward action (``_maybe_compute_loss`` in every schedule's F branch), outside the three
+stage methods. Timed naively, the loss would sit in the gap after F: compute recorded as idle
+time, and a bubble announced while the rank still computes. So the loss is folded into the
+forward, as torch does: the runner wraps its loss function with ``ActionRecorder.timed_loss``,
+the last stage's ``forward_one_chunk`` holds its F open (``stop(token, loss_follows=True)``),
+and the loss ends it; the bubble after F opens only then. A held F that no loss follows (no
+loss function, or the schedule skips it) ends at its own end when the next thing happens.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from freeride_lab.core.schedule import ActionKind
+from freeride_lab.pipeline.step_clock import StepClock
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ActionRecorder",
+    "ActionSpan",
+    "BubbleEdges",
+    "EdgeRecord",
+    "SlotPredictorLike",
+    "StepRecord",
+    "TimedPipelineStage",
+]
+
+
+class BubbleEdges(Protocol):
+    """Receiver of live bubble edges (the side-task worker's shared-memory channel)."""
+
+    def bubble_start(
+        self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None
+    ) -> None: ...
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None: ...
+
+
+class SlotPredictorLike(Protocol):
+    """Per-slot duration predictor (``freeride_lab.core.bubbles.SlotPredictor``)."""
+
+    def observe(self, slot: int, duration_ns: int) -> None: ...
+
+    def predict(self, slot: int) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpan:
+    """One timed compute action on the run clock (ns)."""
+
+    stage: int
+    kind: ActionKind
+    microbatch: int
+    start_ns: int
+    end_ns: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRecord:
+    """A bubble edge as it was announced: ``edge`` "start" (with prediction) or "end"."""
+
+    step: int
+    slot: int
+    edge: Literal["start", "end"]
+    t_ns: int
+    predicted_end_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What a rank recorded in one step: its actions in start order and named marks (ns).
+
+    Marks: ``window_start``, ``window_end`` and whatever the caller ``mark``-ed (the rank marks
+    ``optimizer_start`` and ``optimizer_end``).
+    """
+
+    step: int
+    spans: list[ActionSpan]
+    marks: dict[str, int]
+
+
+class _EdgeTracker:
+    """Opens and closes bubble slots: predicts, calls ``edges``, observes, keeps a record.
+
+    Used by one thread at a time (the main thread on CPU, the watcher thread on CUDA). Errors in
+    ``edges`` or the predictor are logged once and counted, never raised.
+    """
+
+    def __init__(self, edges: BubbleEdges, predictor: SlotPredictorLike | None) -> None:
+        self.edges = edges
+        self.predictor = predictor
+        self.records: collections.deque[EdgeRecord] = collections.deque(maxlen=100_000)
+        self.errors = 0
+        self._open: tuple[int, int, int] | None = None  # (step, slot, start_ns)
+
+    def open(self, step: int, slot: int, t_ns: int) -> None:
+        predicted_end: int | None = None
+        try:
+            if self.predictor is not None:
+                duration = self.predictor.predict(slot)
+                predicted_end = None if duration is None else t_ns + int(duration)
+            self.edges.bubble_start(step, slot, t_ns, predicted_end)
+        except Exception:
+            self._error("bubble_start")
+        self._open = (step, slot, t_ns)
+        self.records.append(EdgeRecord(step, slot, "start", t_ns, predicted_end))
+
+    def close(self, t_ns: int) -> None:
+        if self._open is None:
+            return
+        step, slot, start_ns = self._open
+        self._open = None
+        try:
+            self.edges.bubble_end(step, slot, t_ns)
+            if self.predictor is not None:
+                self.predictor.observe(slot, t_ns - start_ns)
+        except Exception:
+            self._error("bubble_end")
+        self.records.append(EdgeRecord(step, slot, "end", t_ns))
+
+    def _error(self, where: str) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            log.exception("bubble edge %s failed; further errors are only counted", where)
+
+
+class _CudaEdgeWatcher:
+    """Daemon thread that turns recorded CUDA events into live bubble edges as they complete.
+
+    It waits on each event with ``synchronize()``, which releases the GIL; with the recorder's
+    blocking-sync events the thread sleeps until the device reaches the event.
+    """
+
+    def __init__(self, tracker: _EdgeTracker, clock_offset_ns: int) -> None:
+        self._tracker = tracker
+        self._offset = clock_offset_ns
+        self._queue: collections.deque[tuple[str, int, int, Any]] = collections.deque()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="bubble-edge-watcher", daemon=True)
+        self._thread.start()
+
+    def push(self, edge: str, step: int, slot: int, event: Any) -> None:
+        """Queue an edge that happens when ``event`` completes (cheap; hot path)."""
+        self._queue.append((edge, step, slot, event))
+        self._wake.set()
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._closed:
+            if not self._queue:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                continue
+            edge, step, slot, event = self._queue.popleft()
+            event.synchronize()  # GIL released while waiting
+            t_ns = time.time_ns() + self._offset
+            if edge == "start":
+                self._tracker.open(step, slot, t_ns)
+            else:
+                self._tracker.close(t_ns)
+
+
+class ActionRecorder:
+    """Per-rank timeline of compute actions, shared by the rank's ``TimedPipelineStage``s.
+
+    Call ``begin_step`` before ``schedule.step``, ``end_window`` after it, ``mark`` around the
+    optimizer and ``finish_step`` to collect the ``StepRecord``; give the schedule
+    ``timed_loss(loss_fn)`` as its loss (see [Note: loss in the forward]). Times are on the
+    run clock: ``time.time_ns() + clock_offset_ns``.
+
+    Args:
+        device: the stages' device; CUDA turns on event timing (see [Note: CUDA event timing]).
+        edges: receives live bubble edges (see [Note: bubble slots]); None turns them off.
+        predictor: predicts each slot's length for ``bubble_start``; used only with ``edges``.
+        clock: the rank's ``StepClock`` (shared with its untimed steps); made here if None.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device | str = "cpu",
+        clock_offset_ns: int = 0,
+        edges: BubbleEdges | None = None,
+        predictor: SlotPredictorLike | None = None,
+        clock: StepClock | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.clock_offset_ns = clock_offset_ns
+        self.step = -1
+        self._tracker = _EdgeTracker(edges, predictor) if edges is not None else None
+        self._watcher = (
+            _CudaEdgeWatcher(self._tracker, clock_offset_ns)
+            if self._tracker is not None and self.is_cuda
+            else None
+        )
+        watched = self._watcher is not None  # the watcher may hold an event past its step
+        self.clock = clock or StepClock(
+            self.device, clock_offset_ns, blocking=watched, reuse_events=not watched
+        )
+        if watched:
+            self.clock.blocking, self.clock.reuse_events = True, False
+        self._slot = 0
+        self._gap_open = False
+        self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
+        self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
+        self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
+        self._marks: dict[str, Any] = {}
+        self._last: Any = None  # the latest stamp: once it completes, the step can be read
+
+    def __repr__(self) -> str:
+        return (
+            f"ActionRecorder(device={str(self.device)!r}, step={self.step}, "
+            f"edges={'on' if self._tracker else 'off'})"
+        )
+
+    @property
+    def edge_errors(self) -> int:
+        """Exceptions raised by ``edges`` or the predictor (swallowed)."""
+        return self._tracker.errors if self._tracker is not None else 0
+
+    def now_ns(self) -> int:
+        """The run clock now (host)."""
+        return time.time_ns() + self.clock_offset_ns
+
+    # -- step boundaries -------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        """Start step ``step``'s window (and open bubble slot 0)."""
+        self.step = step
+        self._spans = []
+        self._marks = {}
+        self._slot = 0
+        self._held = None
+        self._marks["window_start"] = self._last = self.clock.begin_step()
+        if not self._gap_open:  # else slot 0 was opened by ``carry_gap`` and goes on
+            self._open_gap(self._marks["window_start"])
+
+    def carry_gap(self, next_step: int) -> None:
+        """Open step ``next_step``'s slot 0 now, after this step's optimizer: the rank idles
+        until its next action (see [Note: bubble slots]). No-op without edges."""
+        if self._tracker is None or self._gap_open:
+            return
+        self._open_gap(self._stamp(), step=next_step, slot=0)
+
+    def close_gap(self) -> None:
+        """Close an open bubble now (the rank stops training with a carried gap open)."""
+        self._close_gap(self._stamp())
+
+    def end_window(self) -> None:
+        """End the schedule window (``schedule.step`` returned) and close the last bubble."""
+        self._release()
+        self.mark("window_end")
+        self._close_gap(self._marks["window_end"])
+
+    def mark(self, name: str) -> None:
+        """Stamp a named moment of this step (a CUDA event on CUDA)."""
+        self._marks[name] = self._stamp()
+
+    def finish_step(self) -> list[StepRecord]:
+        """End the step; returns the steps whose records are ready, oldest first.
+
+        On CPU that is this step. On CUDA it is the steps whose events have completed, usually
+        the previous one; nothing waits for the device (``flush`` at the end does).
+        """
+        step, spans, marks = self.step, self._spans, self._marks
+        self._spans, self._marks = [], {}
+
+        def build(resolve: Callable[[Any], int]) -> StepRecord:
+            return StepRecord(
+                step,
+                [
+                    ActionSpan(stage, kind, mb, resolve(start), resolve(end))
+                    for kind, stage, mb, start, end in spans
+                ],
+                {name: resolve(stamp) for name, stamp in marks.items()},
+            )
+
+        self.clock.defer(self._last, build)
+        return self.clock.ready()
+
+    def flush(self) -> list[StepRecord]:
+        """Every step not yet handed out (waits for the device on CUDA)."""
+        return self.clock.flush()
+
+    def drain_edges(self) -> list[EdgeRecord]:
+        """Bubble edges announced since the last drain (empty when edges are off)."""
+        if self._tracker is None:
+            return []
+        out: list[EdgeRecord] = []
+        records = self._tracker.records
+        while records:
+            out.append(records.popleft())
+        return out
+
+    def close(self) -> None:
+        """Stop the CUDA edge watcher, if any. Idempotent."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    # -- actions (hot path) ----------------------------------------------------------------
+
+    def start(
+        self, kind: ActionKind, stage: int, microbatch: int
+    ) -> tuple[ActionKind, int, int, Any]:
+        """A compute action begins; returns the token to pass to ``stop``."""
+        self._release()
+        stamp = self._stamp()
+        self._close_gap(stamp)
+        return (kind, stage, microbatch, stamp)
+
+    def stop(self, token: tuple[ActionKind, int, int, Any], *, loss_follows: bool = False) -> None:
+        """The action of ``token`` ended; the rank is idle until the next ``start``.
+
+        ``loss_follows``: the last stage's forward, whose loss torch computes next; with a
+        ``timed_loss`` installed the action stays open until that loss returns (see
+        [Note: loss in the forward]).
+        """
+        stamp = self._stamp()
+        if loss_follows and self._times_loss:
+            self._release()
+            self._held = (token, stamp)
+            return
+        self._end(token, stamp)
+
+    def timed_loss(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss_fn`` wrapped so that its time is part of the last stage's forward (pass the
+        wrapper as the schedule's ``loss_fn``; see [Note: loss in the forward])."""
+        self._times_loss = True
+
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return loss_fn(*args, **kwargs)
+            finally:
+                held, self._held = self._held, None
+                if held is not None:
+                    self._end(held[0], self._stamp())
+
+        return loss
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _end(self, token: tuple[ActionKind, int, int, Any], stamp: Any) -> None:
+        kind, stage, microbatch, start = token
+        self._spans.append((kind, stage, microbatch, start, stamp))
+        self._open_gap(stamp)
+
+    def _release(self) -> None:
+        """End a held forward at its own end: no loss followed it."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._end(*held)
+
+    def _stamp(self) -> Any:
+        self._last = stamp = self.clock.stamp()
+        return stamp
+
+    def _open_gap(self, stamp: Any, *, step: int | None = None, slot: int | None = None) -> None:
+        if self._tracker is None:
+            return
+        self._gap_open = True
+        step = self.step if step is None else step
+        slot = self._slot if slot is None else slot
+        if self._watcher is not None:
+            self._watcher.push("start", step, slot, stamp)
+        else:
+            self._tracker.open(step, slot, stamp)
+
+    def _close_gap(self, stamp: Any) -> None:
+        if self._tracker is None or not self._gap_open:
+            return
+        self._gap_open = False
+        self._slot += 1
+        if self._watcher is not None:
+            self._watcher.push("end", self.step, self._slot - 1, stamp)
+        else:
+            self._tracker.close(stamp)
+
+
+class TimedPipelineStage(PipelineStage):
+    """``PipelineStage`` that reports each F, B/I and W call to a shared ``ActionRecorder``.
+
+    Takes ``PipelineStage``'s arguments unchanged plus the keyword ``recorder``.
+    """
+
+    def __init__(self, *args: Any, recorder: ActionRecorder, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recorder = recorder
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        token = self.recorder.start(ActionKind.FORWARD, self.stage_index, fwd_chunk_id)
+        try:
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        finally:  # the last stage's loss comes next and is part of this F
+            self.recorder.stop(token, loss_follows=self.is_last)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        # signature: (bwd_chunk_id, loss=None, full_backward=True, last_backward=False)
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        kind = ActionKind.BACKWARD if full else ActionKind.BACKWARD_INPUT
+        token = self.recorder.start(kind, self.stage_index, bwd_chunk_id)
+        try:
+            return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        finally:
+            self.recorder.stop(token)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        token = self.recorder.start(ActionKind.BACKWARD_WEIGHT, self.stage_index, bwd_chunk_id)
+        try:
+            return super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        finally:
+            self.recorder.stop(token)

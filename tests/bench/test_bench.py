@@ -1,0 +1,183 @@
+"""``freeride-lab bench`` end to end on the CPU: emulated peers, one tiny side task.
+
+No speed is asserted (timings belong to benchmarks/); the test checks that one short run
+produces every mode's blocks and the ratios computed from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from freeride_lab.bench.driver import PROFILES, bench_profile
+from freeride_lab.cli.app import bench_profile_of, build_parser, main
+
+MODES = {"vanilla", "managed", "governed", "naive"}
+
+
+#: The tiny run takes about 35 s on a 2-core machine (five blocks per mode, two solo phases).
+slow = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("bench")
+    out = root / "tiny.json"
+    code = main(
+        [
+            "bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--real-stage", "1", "--out", str(out), "--run-root", str(root / "runs"),
+        ]
+    )  # fmt: skip
+    assert code == 0, (root / "runs").glob("*/logs/*")
+    data: dict[str, object] = json.loads(out.read_text())
+    data["_out"] = str(out)
+    return data
+
+
+@slow
+def test_tiny_bench_records_blocks_of_every_mode(tiny_result: dict[str, object]) -> None:
+    blocks = tiny_result["blocks"]
+    assert isinstance(blocks, list)
+    modes = {b["mode"] for b in blocks if b["case"] == "pagerank"}
+    assert modes == MODES
+    assert all(len(b["step_ms"]) == b["steps"] == 2 for b in blocks)
+
+
+@slow
+def test_tiny_bench_interleaves_modes_in_repeats_closed_by_vanilla(
+    tiny_result: dict[str, object],
+) -> None:
+    blocks = [b for b in tiny_result["blocks"] if b["case"] == "pagerank"]  # type: ignore[union-attr]
+    order = [b["mode"] for b in sorted(blocks, key=lambda b: b["order"])]
+    assert order == ["vanilla", "managed", "governed", "naive"] * 5 + ["vanilla"]
+
+
+@slow
+def test_tiny_bench_computes_ratios_against_vanilla(tiny_result: dict[str, object]) -> None:
+    rows = [r for r in tiny_result["summary"] if r["case"] == "pagerank"]  # type: ignore[union-attr]
+    by_mode = {r["mode"]: r for r in rows}
+    assert set(by_mode) == MODES
+    assert by_mode["vanilla"]["ratio_vs_vanilla"] == 1.0
+    for mode in ("managed", "governed", "naive"):
+        ratio = by_mode[mode]["ratio_vs_vanilla"]
+        assert ratio is not None and math.isfinite(ratio) and ratio > 0
+        assert by_mode[mode]["overhead_frac"] == pytest.approx(ratio - 1.0)
+
+
+@slow
+def test_tiny_bench_measures_the_side_tasks_dedicated_speed_and_harvest(
+    tiny_result: dict[str, object],
+) -> None:
+    (speed,) = tiny_result["dedicated"]  # type: ignore[misc]
+    assert speed["before_per_s"] > 0 and speed["after_per_s"] > 0
+    assert speed["dedicated_per_s"] == pytest.approx(
+        (speed["before_per_s"] + speed["after_per_s"]) / 2
+    )
+    assert speed["spread_frac"] is not None and isinstance(speed["unstable"], bool)
+    naive = next(
+        r
+        for r in tiny_result["summary"]  # type: ignore[union-attr]
+        if r["case"] == "pagerank" and r["mode"] == "naive"
+    )
+    assert naive["progress"] > 0 and naive["harvest_frac"] is not None
+
+
+@slow
+def test_tiny_bench_reports_cost_both_ways_per_mode(tiny_result: dict[str, object]) -> None:
+    rows = {r["mode"]: r for r in tiny_result["pipeline"]}  # type: ignore[union-attr]
+    assert set(rows) == MODES - {"vanilla"}
+    naive = rows["naive"]
+    assert naive["saving_corrected_frac"] == pytest.approx(
+        naive["saving_published_frac"] - naive["overhead_all_stages_estimate_frac"]
+    )
+
+
+@slow
+def test_tiny_bench_records_its_command_versions_and_calibration(
+    tiny_result: dict[str, object],
+) -> None:
+    assert "bench" in str(tiny_result["command"])
+    assert tiny_result["versions"]["torch"]  # type: ignore[index]
+    run = tiny_result["runs"][0]  # type: ignore[index]
+    assert [c["rank"] for c in run["calibration"]] == [0, 1]
+    assert run["errors"] == []
+
+
+@slow
+def test_tiny_bench_times_the_task_alone_before_and_after_its_blocks_for_2_s_and_20_steps(
+    tiny_result: dict[str, object],
+) -> None:
+    (segment,) = [s for s in tiny_result["runs"][0]["segments"] if s["task"]]  # type: ignore[index]
+    for phase in ("", "_after"):
+        assert segment[f"solo{phase}_s"] >= 2.0
+        assert segment[f"solo{phase}_steps"] >= 20
+
+
+@slow
+def test_tiny_bench_counts_a_tasks_overruns_as_its_host_logged_them(
+    tiny_result: dict[str, object],
+) -> None:
+    run = tiny_result["runs"][0]  # type: ignore[index]
+    (segment,) = [s for s in run["segments"] if s["task"]]
+    log = (Path(run["run_dir"]) / "logs" / f"task-{segment['task_id']}.log").read_text()
+    found = re.search(rf"task {segment['task_id']}: (\d+) of (\d+) steps overran", log)
+    assert found, log[-2000:]
+    assert (segment["task_overruns_total"], segment["task_steps_total"]) == (
+        int(found[1]),
+        int(found[2]),
+    )
+    blocks = [b for b in tiny_result["blocks"] if b["case"] == "pagerank"]  # type: ignore[union-attr]
+    assert sum(b["overruns"] for b in blocks) <= segment["task_overruns_total"]
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_measures_five_blocks_per_mode_and_long_solo_phases(name: str) -> None:
+    profile = bench_profile(name, "cpu")
+    assert profile.repeats >= 5 and profile.instrumentation_repeats >= 5
+    assert profile.solo_min_s >= 2.0 and profile.solo_steps >= 20
+
+
+@slow
+def test_tiny_bench_writes_a_markdown_table_beside_the_json(
+    tiny_result: dict[str, object],
+) -> None:
+    md = Path(str(tiny_result["_out"])).with_suffix(".md").read_text()
+    assert "| m4 | pagerank | naive |" in md
+
+
+def test_bench_refuses_to_run_without_emulated_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--profile", "tiny"]) == 2
+    assert "--emulate-peers" in capsys.readouterr().err
+
+
+def test_bench_names_the_valid_profiles_for_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--profile", "huge", "--emulate-peers", "--device", "cpu"]) == 2
+    assert "'huge'" in capsys.readouterr().err and all(p in PROFILES for p in ("quick", "tiny"))
+
+
+def test_quick_gpu_profile_runs_freerides_mix_at_m4_first() -> None:
+    profile = bench_profile("quick", "cuda")
+    first = profile.runs[0]
+    assert (first.microbatches, first.cases, first.instrumentation) == (4, ("mix",), True)
+    assert profile.stages == 4 and profile.dtype == "bfloat16"
+
+
+def bench_options(*words: str) -> object:
+    args = build_parser().parse_args(["bench", "--emulate-peers", *words])
+    return bench_profile_of(args, "cuda")
+
+
+def test_real_stage_all_rotates_through_every_stage_even_in_runs_that_name_one() -> None:
+    default = bench_options("--runs", "m4-mps")
+    assert [r.real_stages for r in default.runs] == [(1,)]
+    everything = bench_options("--runs", "m4-mps,m8-timeslice", "--real-stage", "all")
+    assert [r.real_stages for r in everything.runs] == [None, None]  # None: every stage
+    some = bench_options("--real-stage", "0,3", "--repeats", "3")
+    assert {r.real_stages for r in some.runs} == {(0, 3)} and some.repeats == 3

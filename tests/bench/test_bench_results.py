@@ -1,0 +1,260 @@
+"""Where bench results go: one file per GPU model and date."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freeride_lab.bench import markdown as bench_markdown
+from freeride_lab.bench import results as bench_results
+
+
+@pytest.mark.parametrize(
+    ("device", "name", "stem"),
+    [
+        ("cuda", "NVIDIA H200", "h200"),
+        ("cuda", "NVIDIA H100 80GB HBM3", "h100"),
+        ("cuda", "", "gpu"),
+        ("cpu", "NVIDIA H200", "cpu"),
+    ],
+)
+def test_results_files_are_named_after_the_gpu_that_made_them(
+    device: str, name: str, stem: str
+) -> None:
+    out = bench_results.default_out(device, name)
+    assert out.parent == Path("benchmarks") / "results"
+    assert out.name.startswith(f"{stem}-") and out.suffix == ".json"
+
+
+# -- dedicated speeds, intervals, goals -------------------------------------------------------
+
+
+def _block(run: str, order: int, mode: str, **kw: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "run": run, "case": "mix", "stage": 0, "task": "pagerank", "mode": mode,
+        "repeat": order // 2, "order": order, "first_step": 10 * order, "steps": 4,
+        "step_ms_median": 100.0, "wall_s": 0.4, "bubble_ms": 160.0, "progress": 0.0,
+        "unit": "iterations", "side_steps": 0, "busy_ms": 0.0, "busy_in_bubble_ms": 0.0,
+        "overruns": 0, "overrun_ms_total": 0.0, "latency_ms": [], "sm_clock_mhz": None,
+        "power_w": None, "step_ms": [100.0] * 4,
+    }  # fmt: skip
+    row.update(kw)
+    return row
+
+
+Run = tuple[dict[str, Any], list[dict[str, object]]]
+
+
+def _run(name: str, segment: Mapping[str, object], slow: tuple[float, ...]) -> Run:
+    """A run record with one pagerank segment and its vanilla/managed blocks."""
+    blocks = []
+    for i, factor in enumerate(slow):
+        blocks.append(_block(name, 2 * i, "vanilla"))
+        blocks.append(
+            _block(name, 2 * i + 1, "managed", step_ms_median=100.0 * factor, progress=400.0)
+        )
+    blocks.append(_block(name, 2 * len(slow), "vanilla"))
+    seg = {"case": "mix", "stage": 0, "task": "pagerank", "unit": "iterations", **segment}
+    return {"name": name, "microbatches": 4, "segments": [seg]}, blocks
+
+
+def _result(*runs: Run) -> dict[str, Any]:
+    from freeride_lab.bench.driver import GOALS
+
+    return {
+        "runs": [r for r, _ in runs],
+        "blocks": [b for _, bs in runs for b in bs],
+        "goals": GOALS,
+        "dedicated_per_s": {"pagerank": 5000.0},  # what older results carry: pooled, unused
+    }
+
+
+def _managed(result: dict[str, Any], run: str) -> dict[str, Any]:
+    return next(r for r in result["summary"] if r["run"] == run and r["mode"] == "managed")
+
+
+def test_each_run_values_its_side_work_at_its_own_solo_speed_not_one_pooled_over_runs() -> None:
+    # the same task measured alone at 4,000 and 6,000 units/s in two runs: pooled (median
+    # 5,000) the first run's harvest would read 8% and the second's 8% too
+    slow = (1.0, 1.0, 1.0, 1.0, 1.0)
+    result = _result(
+        _run("m4-timeslice", {"dedicated_per_s": 4000.0}, slow),
+        _run("m4-mps", {"dedicated_per_s": 6000.0}, slow),
+    )
+    bench_results.fill_tables(result, stages=4)
+    assert _managed(result, "m4-timeslice")["harvest_frac"] == pytest.approx(400 / 4000 / 0.4)
+    assert _managed(result, "m4-mps")["harvest_frac"] == pytest.approx(400 / 6000 / 0.4)
+    assert "dedicated_per_s" not in result  # no pooled speed is left to misread
+
+
+def test_a_segment_uses_the_mean_of_its_solo_speeds_before_and_after_its_blocks() -> None:
+    seg = {"dedicated_before_per_s": 4000.0, "dedicated_after_per_s": 5000.0}
+    result = _result(_run("m4", seg, (1.0,) * 5))
+    bench_results.fill_tables(result, stages=4)
+    (row,) = result["dedicated"]
+    assert (row["before_per_s"], row["after_per_s"], row["dedicated_per_s"]) == (
+        4000.0,
+        5000.0,
+        4500.0,
+    )
+    assert _managed(result, "m4")["harvest_frac"] == pytest.approx(400 / 4500 / 0.4)
+
+
+@pytest.mark.parametrize(("after", "flagged"), [(4300.0, False), (4500.0, True)])
+def test_a_segment_whose_solo_speed_moved_more_than_ten_percent_is_flagged(
+    after: float, flagged: bool
+) -> None:
+    seg = {"dedicated_before_per_s": 4000.0, "dedicated_after_per_s": after}
+    result = _result(_run("m4", seg, (1.0,) * 5))
+    bench_results.fill_tables(result, stages=4)
+    (row,) = result["dedicated"]
+    assert row["spread_frac"] == pytest.approx((after - 4000.0) / ((after + 4000.0) / 2))
+    assert row["unstable"] is flagged
+    assert ("| **yes** |" in bench_markdown.markdown(result)) is flagged
+
+
+def test_results_from_before_the_after_phase_say_it_was_not_measured() -> None:
+    result = _result(_run("m4", {"dedicated_per_s": 4000.0, "solo_s": 0.2}, (1.0,) * 5))
+    bench_results.fill_tables(result, stages=4)
+    (row,) = result["dedicated"]
+    assert (row["before_per_s"], row["after_per_s"], row["after_measured"]) == (4000.0, None, False)
+    assert bench_markdown.NOT_MEASURED in bench_markdown.markdown(result)
+
+
+def test_headline_names_the_all_stage_estimate_and_the_one_stage_figures_with_intervals() -> None:
+    result = _result(_run("m4", {"dedicated_per_s": 4000.0}, (1.01, 1.02, 1.00, 1.03, 1.01)))
+    bench_results.fill_tables(result, stages=4)
+    managed = result["headline"]["m4"]["managed"]
+    for name in ("overhead_all_stages_estimate_frac", "overhead_one_stage_mean_frac",
+                 "overhead_one_stage_worst_frac", "harvest_of_theory_limit_frac",
+                 "harvest_of_measured_idle_frac", "saving_corrected_frac"):  # fmt: skip
+        figure = managed[name]
+        assert figure["lo"] <= figure["value"] <= figure["hi"], name
+    assert managed["overhead_all_stages_estimate_frac"]["value"] == pytest.approx(0.014)
+    md = bench_markdown.markdown(result)
+    assert "all stages at once (estimate)" in md and "one stage: mean" in md
+
+
+def test_a_goal_is_met_only_when_its_interval_clears_it() -> None:
+    row: dict[str, Any] = {"run": "m4", "case": "mix", "mode": "managed"}
+    row |= {f"overhead_all_stages_estimate{s}_frac": v for s, v in
+            (("", 0.002), ("_lo", -0.001), ("_hi", 0.005))}  # fmt: skip
+    row |= {f"harvest_of_theory_limit{s}_frac": v for s, v in
+            (("", 0.95), ("_lo", 0.91), ("_hi", 0.99))}  # fmt: skip
+    goals = {"overhead_mean_frac_max": 0.003, "harvest_of_limit_frac_min": 0.9}
+    checks = {c["goal"]: c for c in bench_results.goal_checks([row], [], goals)}
+    overhead = checks["overhead, all stages at once (estimate)"]
+    assert overhead["value"] < 0.003 and overhead["met"] is False  # its upper bound is 0.5%
+    assert checks["harvest of the theory limit"]["met"] is True  # lower bound 91% > 90%
+
+
+def test_block_overruns_count_any_step_that_ended_after_its_bubble() -> None:
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    side = pd.DataFrame(
+        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms]
+         for ms in (0.0, 1e-6, 3.0, float("nan"))],
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )  # fmt: skip
+    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 0}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
+                                  [], [], 0)  # fmt: skip
+    assert row is not None and (row["side_steps"], row["overruns"]) == (4, 2)
+    assert row["overrun_ms_total"] == pytest.approx(3.0 + 1e-6)
+
+
+# -- one overrun count ------------------------------------------------------------------------
+
+
+def test_host_log_tables_task_board_report_and_bench_count_the_same_overruns(
+    tmp_path: Path,
+) -> None:
+    """A real task host steps through bubbles that end before their prediction, so the step in
+    flight at each end overruns; every place that counts overruns must give its count."""
+    import json
+    import re
+    import time
+
+    import pandas as pd
+
+    from freeride_lab.core.accounting import ledger
+    from freeride_lab.core.sidetask_state import SideTaskState
+    from freeride_lab.io.rundir import RunDir
+    from freeride_lab.lab.tables import side_task_steps_frame, steps_frame
+    from freeride_lab.lab.taskbook import TaskBook, TaskRecord
+    from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+    from freeride_lab.sidetasks.process import TaskProcess
+    from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
+    from freeride_lab.ui.report import overheads
+
+    counting = f"{Path(__file__).parents[1] / 'sidetasks' / 'tasks_for_tests.py'}:Counting"
+    run = RunDir(tmp_path / "run")
+    run.create()
+    spec = TaskSpec.from_dict(
+        {"task": counting, "task_id": "t1", "options": {"step_s": 0.02},
+         "limits": {"budget_s": 0.005}, "overrun_policy": "WARN"}
+    )  # fmt: skip
+    proc = TaskProcess(spec)
+    log_path = run.logs_dir / "task-t1.log"
+    writer = EdgeWriter.create(edge_path(run.path, 0))
+    try:
+        proc.start(HostSpec(task=spec, run_dir=str(run.path), rank=0, stage=0), log_path=log_path)
+
+        def wait_state(state: SideTaskState) -> None:
+            deadline = time.monotonic() + 60
+            while proc.state != state:
+                assert proc.conn is not None and time.monotonic() < deadline, proc.state
+                if proc.conn.poll(0.05):
+                    proc.receive()
+
+        wait_state(SideTaskState.CREATED)
+        assert proc.request({"cmd": "activate"})
+        wait_state(SideTaskState.PAUSED)
+        for step in range(6):  # predicted 10 s, really 50 ms: the step in flight overruns
+            start_ns = time.time_ns()
+            writer.bubble_start(step, 0, start_ns, start_ns + 10 * 10**9)
+            time.sleep(0.05)  # the bubble itself: the scenario, not a synchronisation
+            writer.bubble_end(step, 0, time.time_ns())
+            time.sleep(0.05)  # training computes
+        assert proc.request({"cmd": "stop", "reason": "test"})
+        proc.wait_exit(30)
+    finally:
+        if proc.alive:
+            proc.kill("test teardown")
+            proc.wait_exit(10)
+        proc.close_channel()
+        writer.close()
+
+    found = re.search(r"task t1: (\d+) of (\d+) steps overran", log_path.read_text())
+    assert found, log_path.read_text()[-2000:]
+    host = (int(found[1]), int(found[2]))
+    assert host[0] >= 1  # the scenario makes overruns; zero would prove nothing
+
+    events = [json.loads(x) for x in (run.events_dir / "task-t1.jsonl").read_text().splitlines()]
+    side = side_task_steps_frame(events)
+    table = ledger(side).iloc[0]
+    book = TaskBook(run, lambda start: events[start:])
+    board = book.view(TaskRecord(id="t1", task=counting, name="Counting", rank=0, stage=0))
+    report = overheads(steps_frame([]), side)
+    t0 = int(side_task_steps_frame(events)["start_ms"].min() * 0) or 0
+    first_ns = min(int(e["start_ns"]) for e in events if e.get("kind") == "side_task_step")
+    last_ns = max(int(e["end_ns"]) for e in events if e.get("kind") == "side_task_step")
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 0}  # fmt: skip
+    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    bench = bench_results.block_row(
+        block, "r", {(0, 0): first_ns, (0, 1): last_ns + 1}, bubbles,
+        side_task_steps_frame(events, first_ns), [], [], first_ns + t0,
+    )  # fmt: skip
+    assert bench is not None
+    assert (int(table["overruns"]), int(table["steps"])) == host
+    assert (board["overruns"], board["steps"]) == host
+    assert (int(report["side_task_overruns"]), int(report["side_task_steps"])) == host
+    assert (bench["overruns"], bench["side_steps"]) == host

@@ -1,0 +1,196 @@
+"""Single-GPU emulation pieces: control file, edge gate, emulated chunks (CPU; one GPU test).
+
+The whole harness runs end to end in ``tests/bench/test_bench.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from freeride_lab.core.config import RunConfig
+from freeride_lab.pipeline.emulate import (
+    ChunkCosts,
+    Control,
+    ControlFile,
+    EdgeGate,
+    EmulatedChunk,
+    EmulateSpec,
+    Gate,
+)
+from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
+
+B, T, W, D = 2, 8, 4, 16
+
+
+class _Edges:
+    """Records what the gate passes on."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
+        self.calls.append(("start", step, slot, t_ns, predicted_end_ns))
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
+        self.calls.append(("end", step, slot, t_ns))
+
+    def close(self) -> None:
+        self.calls.append(("close",))
+
+
+def _chunks(dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[EmulatedChunk]:
+    built = build_stage_chunks(GPTConfig(seq_len=T, layers=3, d_model=D, heads=2), 3)
+    out = []
+    for c in built:
+        assert isinstance(c, StageChunk)
+        out.append(
+            EmulatedChunk(c, d_model=D, wire_d_model=W, device=torch.device(device), dtype=dtype)
+        )
+    return out
+
+
+def _config(**emulate: Any) -> RunConfig:
+    extra = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, **emulate}}
+    return RunConfig(stages=2, microbatches=4, workload="text", d_model=16, heads=4, extra=extra)
+
+
+def test_control_round_trips_through_its_file(tmp_path: Path) -> None:
+    control = Control(seq=3, real_rank=2, gate=Gate.OPEN, hold=True, timed=False)
+    ControlFile(tmp_path).write(control)
+    assert ControlFile(tmp_path).read() == control
+
+
+def test_control_file_reads_none_before_anything_was_written(tmp_path: Path) -> None:
+    assert ControlFile(tmp_path).read() is None
+
+
+def test_control_file_keeps_the_last_good_control_when_the_file_is_garbled(
+    tmp_path: Path,
+) -> None:
+    cf = ControlFile(tmp_path)
+    cf.write(Control(seq=1, real_rank=1))
+    assert cf.read() == Control(seq=1, real_rank=1)
+    cf.path.write_text("{not json")
+    assert cf.read() == Control(seq=1, real_rank=1)
+
+
+def test_applied_log_lists_each_seq_with_its_first_step(tmp_path: Path) -> None:
+    cf = ControlFile(tmp_path)
+    cf.note_applied(1, 0, 10)
+    cf.note_applied(2, 7, 20)
+    assert cf.applied() == [
+        {"seq": 1, "step": 0, "t_ns": 10},
+        {"seq": 2, "step": 7, "t_ns": 20},
+    ]
+
+
+def test_control_travels_as_integers_for_the_all_reduce() -> None:
+    control = Control(seq=9, real_rank=3, gate=Gate.PASS, hold=False, timed=True)
+    assert Control.from_values(control.to_values()) == control
+
+
+def test_closed_gate_passes_no_edges() -> None:
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.bubble_start(1, 0, 100, 200)
+    gate.bubble_end(1, 0, 150)
+    assert inner.calls == []
+
+
+def test_passing_gate_forwards_real_edges_unchanged() -> None:
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.set_gate(Gate.PASS, step=1, t_ns=0)
+    gate.bubble_start(1, 2, 100, 200)
+    gate.bubble_end(1, 2, 150)
+    assert inner.calls == [("start", 1, 2, 100, 200), ("end", 1, 2, 150)]
+
+
+def test_open_gate_publishes_one_endless_bubble_and_ends_it_on_the_next_switch() -> None:
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.set_gate(Gate.OPEN, step=5, t_ns=1_000)
+    gate.bubble_start(5, 0, 2_000, 3_000)  # real edges are swallowed while open
+    gate.set_gate(Gate.CLOSED, step=6, t_ns=9_000)
+    (kind, step, slot, t_ns, end_ns), closing = inner.calls
+    assert (kind, step, t_ns) == ("start", 5, 1_000) and end_ns > 10**12
+    assert closing == ("end", 5, slot, 9_000)
+
+
+def test_a_switch_away_from_passing_ends_the_real_bubble_the_worker_saw_start() -> None:
+    # the bubble carried across the step boundary is open while the gate switches
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.set_gate(Gate.PASS, step=1, t_ns=0)
+    gate.bubble_start(2, 0, 100, 900)
+    gate.set_gate(Gate.CLOSED, step=2, t_ns=300)
+    gate.bubble_end(2, 0, 800)  # its real end comes later and is not passed on again
+    assert inner.calls == [("start", 2, 0, 100, 900), ("end", 2, 0, 300)]
+
+
+def test_a_passing_gate_drops_the_end_of_a_bubble_it_did_not_pass_the_start_of() -> None:
+    inner = _Edges()
+    gate = EdgeGate(inner)  # type: ignore[arg-type]
+    gate.bubble_start(3, 0, 100, 900)  # still closed
+    gate.set_gate(Gate.PASS, step=3, t_ns=200)
+    gate.bubble_end(3, 0, 800)
+    gate.bubble_start(3, 1, 850, 950)
+    assert inner.calls == [("start", 3, 1, 850, 950)]
+
+
+def test_emulated_chunk_keeps_its_device_and_dtype_when_the_rank_moves_modules() -> None:
+    chunk = _chunks(dtype=torch.bfloat16)[1]
+    chunk.to(device="cpu", dtype=torch.float32)  # what rank.setup does to every module
+    assert {p.dtype for p in chunk.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("real", [True, False], ids=["real", "sleeping"])
+def test_emulated_chunks_map_pipeline_tensors_of_the_right_shapes(real: bool) -> None:
+    first, middle, last = _chunks()
+    for c in (first, middle, last):
+        c.costs = ChunkCosts(forward_s=0.0, backward_s=0.0)
+        c.is_real = real
+    tokens = torch.randint(0, 256, (B, T))
+    h1 = first(tokens)
+    h2 = middle(h1)
+    logits = last(h2)
+    assert h1.shape == h2.shape == (B, T, W) and logits.shape == (B, T, 256)
+    assert logits.dtype == torch.float32 and logits.device.type == "cpu"
+
+
+@pytest.mark.parametrize("real", [True, False], ids=["real", "sleeping"])
+def test_gradients_flow_back_through_an_emulated_chunk(real: bool) -> None:
+    middle = _chunks()[1]
+    middle.costs = ChunkCosts(forward_s=0.0, backward_s=0.0)
+    middle.is_real = real
+    x = torch.randn(B, T, W, requires_grad=True)
+    middle(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == (B, T, W)
+
+
+def test_emulate_spec_names_the_valid_keys_for_an_unknown_one() -> None:
+    with pytest.raises(ValueError, match=r"\['width'\].*d_model"):
+        EmulateSpec.from_config(_config(width=3))
+
+
+def test_emulate_spec_needs_a_model_width_that_the_wire_divides() -> None:
+    with pytest.raises(ValueError, match="multiple of the wire width"):
+        EmulateSpec.from_config(_config(d_model=40, heads=4))
+
+
+def test_emulate_spec_is_none_without_the_extra_key() -> None:
+    assert EmulateSpec.from_config(RunConfig(stages=2, microbatches=4)) is None
+
+
+@pytest.mark.gpu
+def test_emulated_chunk_computes_on_cuda_and_hands_back_cpu_tensors() -> None:
+    first, middle, last = _chunks(dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(B, T, W, requires_grad=True)
+    logits = last(middle(first(torch.randint(0, 256, (B, T)))) + x)
+    logits.float().sum().backward()
+    assert logits.device.type == "cpu" and x.grad is not None
+    assert next(middle.parameters()).device.type == "cuda"

@@ -1,0 +1,335 @@
+"""Claims about action timing, live bubble edges and the sleep-timed synthetic stages.
+
+The in-process tests run real torch schedules on a one-rank gloo group: multi-stage schedules
+put both stage chunks on rank 0, which exercises F, B, I and W without extra processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from statistics import median
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.pipelining import schedules as torch_schedules
+
+from freeride_lab.core.schedule import ActionKind
+from freeride_lab.pipeline.synthetic import SleepStage, build_sleep_chunks
+from freeride_lab.pipeline.timed_stage import (
+    ActionRecorder,
+    StepRecord,
+    TimedPipelineStage,
+    _CudaEdgeWatcher,
+    _EdgeTracker,
+)
+
+
+class StandInPredictor:
+    """The ``SlotPredictor`` interface: last observed duration per slot."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}
+
+    def observe(self, slot: int, duration_ns: int) -> None:
+        self.seen[slot] = duration_ns
+
+    def predict(self, slot: int) -> int | None:
+        return self.seen.get(slot)
+
+
+class RecordingEdges:
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
+        self.calls.append(("start", step, slot, t_ns, predicted_end_ns))
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
+        self.calls.append(("end", step, slot, t_ns))
+
+
+class BrokenEdges:
+    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
+        raise OSError("shared memory gone")
+
+    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
+        raise OSError("shared memory gone")
+
+
+def run_fake_step(rec: ActionRecorder, step: int) -> StepRecord:
+    rec.begin_step(step)
+    for kind, mb in ((ActionKind.FORWARD, 0), (ActionKind.BACKWARD, 0)):
+        token = rec.start(kind, 1, mb)
+        rec.stop(token)
+    rec.end_window()
+    rec.mark("optimizer_start")
+    rec.mark("optimizer_end")
+    [record] = rec.finish_step()  # on CPU a step's record is ready at once
+    return record
+
+
+def test_recorder_keeps_actions_in_order_inside_the_window() -> None:
+    record = run_fake_step(ActionRecorder(clock_offset_ns=1_000), 3)
+    assert [str(s) for s in record.spans] == ["1F0", "1B0"]
+    assert record.step == 3
+    m = record.marks
+    assert m["window_start"] <= record.spans[0].start_ns <= record.spans[0].end_ns
+    assert record.spans[-1].end_ns <= m["window_end"] <= m["optimizer_start"] <= m["optimizer_end"]
+
+
+def test_recorder_applies_the_clock_offset() -> None:
+    before = time.time_ns()
+    record = run_fake_step(ActionRecorder(clock_offset_ns=10**12), 0)
+    assert record.marks["window_start"] >= before + 10**12
+
+
+def test_edges_open_and_close_every_gap_of_a_step_in_slot_order() -> None:
+    edges = RecordingEdges()
+    run_fake_step(ActionRecorder(edges=edges), 0)
+    assert [(c[0], c[2]) for c in edges.calls] == [
+        ("start", 0),
+        ("end", 0),
+        ("start", 1),
+        ("end", 1),
+        ("start", 2),
+        ("end", 2),
+    ]
+    times = [c[3] for c in edges.calls]
+    assert times == sorted(times)
+
+
+def test_bubble_start_predicts_from_the_same_slot_of_earlier_steps() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges, predictor=StandInPredictor())
+    run_fake_step(rec, 0)
+    assert all(c[4] is None for c in edges.calls if c[0] == "start")
+    first = {c[2]: c for c in edges.calls}
+    edges.calls.clear()
+    run_fake_step(rec, 1)
+    starts = [c for c in edges.calls if c[0] == "start"]
+    assert all(c[4] is not None and c[4] >= c[3] for c in starts)
+    assert {c[2] for c in starts} == set(first)
+    assert [(e.step, e.slot, e.edge) for e in rec.drain_edges()][:2] == [
+        (0, 0, "start"),
+        (0, 0, "end"),
+    ]
+
+
+def test_a_carried_gap_is_the_next_steps_slot_0_from_the_optimizer_to_its_first_action() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges, predictor=StandInPredictor())
+    first = run_fake_step(rec, 0)
+    rec.carry_gap(1)
+    time.sleep(0.02)  # the step-boundary wait: collectives, then the first input
+    second = run_fake_step(rec, 1)
+    rec.carry_gap(2)
+    run_fake_step(rec, 2)
+    rec.close_gap()  # nothing is open after a step's last slot: no edge
+    assert edges.calls[-1][:3] == ("end", 2, 2)
+    step1 = [c for c in edges.calls if c[1] == 1]
+    assert [(c[0], c[2]) for c in step1] == [(e, k) for k in range(3) for e in ("start", "end")]
+    start, end = step1[0][3], step1[1][3]
+    assert first.marks["optimizer_end"] <= start < second.marks["window_start"]
+    assert end == second.spans[0].start_ns and end - start >= 20_000_000
+    # step 2's slot 0 is predicted from step 1's whole boundary gap
+    step2_start = next(c for c in edges.calls if c[:3] == ("start", 2, 0))
+    assert step2_start[4] - step2_start[3] == end - start
+    rec.carry_gap(3)  # training stops with a carried gap open: close_gap ends it
+    rec.close_gap()
+    assert edges.calls[-2][:3] == ("start", 3, 0) and edges.calls[-1][:3] == ("end", 3, 0)
+
+
+def test_a_timed_loss_ends_the_held_forward_and_only_then_opens_the_bubble() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges)
+    loss = rec.timed_loss(lambda: time.sleep(0.02))
+    rec.begin_step(0)
+    token = rec.start(ActionKind.FORWARD, 1, 0)
+    rec.stop(token, loss_follows=True)  # the last stage's F: torch computes the loss next
+    assert [c[0] for c in edges.calls] == ["start", "end"]  # no bubble while the loss runs
+    loss()
+    rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+    rec.end_window()
+    forward = rec.finish_step()[0].spans[0]
+    assert forward.end_ns - forward.start_ns >= 20_000_000
+    assert edges.calls[2][:3] == ("start", 0, 1) and edges.calls[2][3] == forward.end_ns
+
+
+def test_a_held_forward_that_no_loss_follows_ends_at_its_own_end() -> None:
+    rec = ActionRecorder()
+    rec.timed_loss(lambda: None)
+    rec.begin_step(0)
+    token = rec.start(ActionKind.FORWARD, 1, 0)
+    rec.stop(token, loss_follows=True)
+    stopped = time.time_ns()
+    time.sleep(0.02)  # idle, not loss: the F must not grow
+    rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+    rec.end_window()
+    spans = rec.finish_step()[0].spans
+    assert [str(s) for s in spans] == ["1F0", "1B0"]
+    assert spans[0].end_ns <= stopped < spans[1].start_ns - 15_000_000
+
+
+def test_failing_edges_never_raise_into_training() -> None:
+    rec = ActionRecorder(edges=BrokenEdges())
+    record = run_fake_step(rec, 0)
+    assert len(record.spans) == 2
+    assert rec.edge_errors == 6
+
+
+class FakeEvent:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+    def synchronize(self) -> None:
+        self.done.wait()
+
+
+def test_cuda_edge_watcher_announces_an_edge_only_once_its_event_completes() -> None:
+    edges = RecordingEdges()
+    tracker = _EdgeTracker(edges, None)
+    watcher = _CudaEdgeWatcher(tracker, clock_offset_ns=0)
+    try:
+        start, end = FakeEvent(), FakeEvent()
+        watcher.push("start", 4, 0, start)
+        watcher.push("end", 4, 0, end)
+        time.sleep(0.05)
+        assert edges.calls == []
+        start.done.set()
+        deadline = time.monotonic() + 5
+        while len(edges.calls) < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [c[0] for c in edges.calls] == ["start"]
+        end.done.set()
+        while len(edges.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [(c[0], c[1], c[2]) for c in edges.calls] == [("start", 4, 0), ("end", 4, 0)]
+    finally:
+        watcher.close()
+
+
+def test_sleep_stage_rejects_negative_costs() -> None:
+    with pytest.raises(ValueError, match="input_grad_s=-1"):
+        SleepStage(4, forward_s=0, input_grad_s=-1, weight_grad_s=0)
+
+
+# -- real schedules on a one-rank group --------------------------------------------------
+
+T_F, T_I, T_W = 10.0, 20.0, 40.0  # ms per micro-batch per rank; 2 chunks → half each
+
+
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> Iterator[None]:
+    if TORCH < (2, 13):  # see rank.py [Note: adjacent stages on one rank]
+        pytest.skip(
+            f"torch {torch.__version__} < 2.13 cannot run two adjacent stages on one gloo rank"
+        )
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this test process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def run_schedule(
+    name: str, steps: int = 3, *, loss_s: float = 0.0, rec: ActionRecorder | None = None
+) -> list[StepRecord]:
+    rec = rec or ActionRecorder()
+    chunks = build_sleep_chunks(4, [(T_F / 2, T_I / 2, T_W / 2)] * 2)
+    example = torch.empty(2, 3, 4, requires_grad=True)  # (mb, T, D)
+    stages = [
+        TimedPipelineStage(
+            m,
+            i,
+            2,
+            torch.device("cpu"),
+            input_args=(example,),
+            output_args=(example,),
+            recorder=rec,
+        )
+        for i, m in enumerate(chunks)
+    ]
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        time.sleep(loss_s)
+        return F.mse_loss(output, target)
+
+    schedule = getattr(torch_schedules, name)(
+        stages, n_microbatches=2, loss_fn=rec.timed_loss(loss_fn)
+    )
+    records = []
+    for step in range(steps):
+        rec.begin_step(step)
+        schedule.step(torch.randn(4, 3, 4), target=torch.zeros(4, 3, 4))
+        rec.end_window()
+        records.extend(rec.finish_step())
+    return records
+
+
+def medians_ms(records: list[StepRecord], stage: int) -> dict[str, float]:
+    out: dict[str, list[float]] = {}
+    for r in records[1:]:
+        for s in r.spans:
+            if s.stage == stage:
+                out.setdefault(s.kind.value, []).append((s.end_ns - s.start_ns) / 1e6)
+    return {k: median(v) for k, v in out.items()}
+
+
+def test_zero_bubble_input_and_weight_halves_take_their_own_sleeps(one_rank_group: None) -> None:
+    got = medians_ms(run_schedule("ScheduleZBVZeroBubble"), stage=1)
+    assert set(got) == {"F", "I", "W"}
+    for kind, want in (("F", T_F / 2), ("I", T_I / 2), ("W", T_W / 2)):
+        assert want * 0.95 <= got[kind] <= want + 8, f"{kind}: {got[kind]:.1f} ms vs {want}"
+
+
+def test_first_stage_input_backward_is_empty_and_its_weight_backward_is_full(
+    one_rank_group: None,
+) -> None:
+    # torch skips I on the first stage and runs the full backward inside W
+    got = medians_ms(run_schedule("ScheduleZBVZeroBubble"), stage=0)
+    assert got["I"] < 2
+    want = (T_I + T_W) / 2
+    assert want * 0.95 <= got["W"] <= want + 8, f"W {got['W']:.1f} ms vs {want}"
+
+
+def test_full_backward_is_recorded_as_b_and_costs_both_halves(one_rank_group: None) -> None:
+    got = medians_ms(run_schedule("ScheduleInterleaved1F1B"), stage=0)
+    assert set(got) == {"F", "B"}
+    want = (T_I + T_W) / 2
+    assert want * 0.95 <= got["B"] <= want + 8, f"B {got['B']:.1f} ms vs {want}"
+
+
+LOSS_MS = 30.0
+
+
+@pytest.mark.parametrize("name", ["ScheduleInterleaved1F1B", "ScheduleZBVZeroBubble"])
+def test_the_last_stages_loss_is_timed_inside_its_forward_not_as_a_bubble(
+    one_rank_group: None, name: str
+) -> None:
+    edges = RecordingEdges()
+    records = run_schedule(name, 2, loss_s=LOSS_MS / 1e3, rec=ActionRecorder(edges=edges))
+    for record in records:
+        last = [s for s in record.spans if s.stage == 1 and s.kind is ActionKind.FORWARD]
+        first = [s for s in record.spans if s.stage == 0 and s.kind is ActionKind.FORWARD]
+        assert len(last) == 2 and len(first) == 2
+        for s in last:  # stage 1 is the last stage (2 stages): F costs T_F / 2, plus the loss
+            assert (s.end_ns - s.start_ns) / 1e6 >= T_F / 2 * 0.95 + LOSS_MS, str(s)
+        for s in first:
+            assert (s.end_ns - s.start_ns) / 1e6 < LOSS_MS, str(s)
+        spans = sorted(record.spans, key=lambda s: s.start_ns)
+        gaps = [(b.start_ns - a.end_ns) / 1e6 for a, b in itertools.pairwise(spans)]
+        assert max(gaps) < LOSS_MS / 2, gaps  # no gap holds the loss
+    # the live bubble after the last stage's F opens once its loss is done
+    starts = {c[3] for c in edges.calls if c[0] == "start"}
+    assert all(s.end_ns in starts for r in records for s in r.spans)

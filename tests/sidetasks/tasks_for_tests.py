@@ -1,0 +1,132 @@
+"""Toy side tasks for the runtime tests, loaded by file path ("…/tasks_for_tests.py:Counting").
+
+None of them imports torch, so their task processes start fast and checkpoint as JSON.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from pathlib import Path
+
+from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask
+
+HERE = Path(__file__).resolve()
+
+
+def ref(name: str) -> str:
+    """The file-path reference of a class defined here."""
+    return f"{HERE}:{name}"
+
+
+class Counting(IterativeSideTask):
+    """Sleeps ``step_s`` per step; finishes after ``limit`` steps (None: never)."""
+
+    unit = "iterations"
+
+    def __init__(self, step_s: float = 0.002, limit: int | None = None) -> None:
+        super().__init__(step_s=step_s, limit=limit)
+        self.step_s = step_s
+        self.limit = limit
+
+    def step(self) -> float:
+        time.sleep(self.step_s)
+        return 1.0
+
+    def is_finished(self) -> bool:
+        return self.limit is not None and self.progress >= self.limit
+
+
+class RaisingInSetup(IterativeSideTask):
+    def setup(self) -> None:
+        raise ValueError("boom in setup")
+
+    def step(self) -> float:
+        return 1.0
+
+
+class RaisingInStep(IterativeSideTask):
+    """Raises in its third step."""
+
+    def step(self) -> float:
+        if self.progress >= 2:
+            raise RuntimeError("boom in step")
+        return 1.0
+
+
+class HangingStep(IterativeSideTask):
+    """Its first step never ends (a stuck kernel, say)."""
+
+    def step(self) -> float:
+        time.sleep(3600)
+        return 1.0
+
+
+class MemoryHog(IterativeSideTask):
+    """Keeps ``chunk_bytes`` more memory per step."""
+
+    def __init__(self, chunk_bytes: int = 64 << 20) -> None:
+        super().__init__(chunk_bytes=chunk_bytes)
+        self.chunk_bytes = chunk_bytes
+        self.kept: list[bytearray] = []
+
+    def step(self) -> float:
+        self.kept.append(bytearray(self.chunk_bytes))
+        return 1.0
+
+
+class RaisingInTeardown(Counting):
+    """Counts ``limit`` steps (default 3), then raises while it is torn down."""
+
+    def __init__(self, step_s: float = 0.002, limit: int | None = 3) -> None:
+        super().__init__(step_s=step_s, limit=limit)
+
+    def teardown(self) -> None:
+        raise RuntimeError("boom in teardown")
+
+
+HTML = "<img src=x onerror=alert(1)>"
+
+
+class HtmlUnit(Counting):
+    """A user string with HTML in it (its unit) that reaches the tables and the report."""
+
+    unit = HTML
+
+
+class FreeCounter(ImperativeSideTask):
+    """Counts in a loop, publishing the count in ``counter_path`` (8 bytes, for the test to read).
+
+    With ``cooperative=False`` it never calls ``pause_point()``: only SIGSTOP can pause it.
+    """
+
+    unit = "iterations"
+
+    def __init__(self, counter_path: str, cooperative: bool = False) -> None:
+        super().__init__(counter_path=counter_path, cooperative=cooperative)
+        self.counter_path = counter_path
+        self.cooperative = cooperative
+
+    def run(self) -> None:
+        fd = os.open(self.counter_path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 8)
+        counter = mmap.mmap(fd, 8)
+        os.close(fd)
+        count = 0
+        while True:
+            if self.cooperative:
+                self.pause_point()
+            time.sleep(0.001)
+            count += 1
+            counter[:8] = count.to_bytes(8, "little")
+            if count % 10 == 0:
+                self.report(10)
+
+
+def read_counter(path: Path) -> int:
+    """The count a ``FreeCounter`` published (0 before it started)."""
+    try:
+        return int.from_bytes(path.read_bytes()[:8].ljust(8, b"\0"), "little")
+    except FileNotFoundError:
+        return 0

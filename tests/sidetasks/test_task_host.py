@@ -1,0 +1,341 @@
+"""The task process: steps only inside bubbles, checkpoints, failures that stay in the process.
+
+Each test drives a real ``task_host`` process with an ``EdgeWriter`` and talks to it over its
+control channel as the worker would (``TaskProcess``). Timing assertions only compare event
+times with the edges the test wrote, never with wall-clock budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tasks_for_tests import ref
+
+from freeride_lab.core import events as ev
+from freeride_lab.core.budget import OverrunPolicy
+from freeride_lab.core.sidetask_state import SideTaskState
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.loader import BUILTIN_TASKS, load_task_class, resolve_task_ref
+from freeride_lab.sidetasks.process import TaskProcess
+from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
+
+S = SideTaskState
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.create()
+    return run
+
+
+@pytest.fixture
+def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
+    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[TaskProcess]]:
+    started: list[TaskProcess] = []
+    yield started
+    for proc in started:
+        if proc.alive:
+            proc.kill("test teardown")
+            proc.wait_exit(10)
+        proc.close_channel()
+
+
+def start_host(
+    run_dir: RunDir, hosts: list[TaskProcess], task: str, task_id: str = "t1", **fields: Any
+) -> TaskProcess:
+    spec = TaskSpec.from_dict({"task": task, "task_id": task_id, **fields})
+    proc = TaskProcess(spec)
+    host = HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0)
+    proc.start(host, log_path=run_dir.logs_dir / f"task-{task_id}.log")
+    hosts.append(proc)
+    return proc
+
+
+def wait_state(proc: TaskProcess, *states: S, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while proc.state not in states:
+        if proc.conn is None or time.monotonic() > deadline:
+            raise AssertionError(f"task {proc.task_id} is {proc.state}, waited for {states}")
+        if proc.conn.poll(0.05):
+            proc.receive()
+
+
+def activate(proc: TaskProcess) -> None:
+    wait_state(proc, S.CREATED)
+    assert proc.request({"cmd": "activate"})
+    wait_state(proc, S.PAUSED)
+
+
+def stop(proc: TaskProcess) -> int:
+    assert proc.request({"cmd": "stop", "reason": "test"})
+    proc.wait_exit(30)
+    assert proc.proc is not None
+    return proc.proc.returncode
+
+
+def wait_exit(proc: TaskProcess, timeout_s: float = 60.0) -> int:
+    assert proc.proc is not None
+    return proc.proc.wait(timeout_s)
+
+
+def drive_bubbles(
+    edges: EdgeWriter,
+    count: int,
+    *,
+    length_s: float = 0.04,
+    predicted_s: float = 0.05,
+    gap_s: float = 0.05,
+    first_step: int = 0,
+) -> list[tuple[int, int]]:
+    """Announce ``count`` bubbles (each really ``length_s`` long); their (start, end) in ns."""
+    bubbles = []
+    for step in range(first_step, first_step + count):
+        start_ns = time.time_ns()
+        edges.bubble_start(step, 0, start_ns, start_ns + int(predicted_s * 1e9))
+        time.sleep(length_s)  # the bubble itself: the scenario, not a synchronisation
+        end_ns = time.time_ns()
+        edges.bubble_end(step, 0, end_ns)
+        bubbles.append((start_ns, end_ns))
+        time.sleep(gap_s)  # training computes
+    return bubbles
+
+
+def task_events(run_dir: RunDir, task_id: str) -> list[ev.Event]:
+    path = run_dir.events_dir / f"task-{task_id}.jsonl"
+    return [ev.from_json(line) for line in path.read_text().splitlines() if line]
+
+
+def steps_of(events: list[ev.Event]) -> list[ev.SideTaskStep]:
+    return [e for e in events if isinstance(e, ev.SideTaskStep)]
+
+
+def states_of(events: list[ev.Event]) -> list[ev.SideTaskStateChanged]:
+    return [e for e in events if isinstance(e, ev.SideTaskStateChanged)]
+
+
+def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[int, int]:
+    """The last bubble that started before the step did."""
+    started = [b for b in bubbles if b[0] <= step.start_ns]
+    assert started, f"step at {step.start_ns} began before any bubble"
+    return started[-1]
+
+
+def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(
+        run_dir, hosts, ref("Counting"), options={"step_s": 0.003}, limits={"budget_s": 0.005}
+    )
+    activate(proc)
+    bubbles = drive_bubbles(edges, 6)
+    assert stop(proc) == 0
+    steps = steps_of(task_events(run_dir, "t1"))
+    assert steps
+    for step in steps:
+        _, end_ns = bubble_of(step, bubbles)
+        if step.end_ns <= end_ns:
+            assert step.overrun_ns == 0
+        else:
+            assert step.overrun_ns == step.end_ns - end_ns
+
+
+def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
+    activate(proc)
+    bubbles = drive_bubbles(edges, 3, length_s=0.03, predicted_s=10.0, gap_s=0.2)
+    assert stop(proc) == 0
+    steps = steps_of(task_events(run_dir, "t1"))
+    assert steps
+    late = [s for s in steps if s.start_ns > bubble_of(s, bubbles)[1] and s.overrun_ns == 0]
+    assert late == []
+
+
+def test_stop_saves_a_checkpoint_that_a_new_host_restores(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    first = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    activate(first)
+    drive_bubbles(edges, 3)
+    assert stop(first) == 0
+    saved = json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"]
+    assert saved > 0
+
+    second = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    activate(second)
+    drive_bubbles(edges, 3, first_step=3)
+    assert stop(second) == 0
+    created = [s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED"]
+    assert f"restored progress {saved:g} iterations" in created[-1].reason
+    assert json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"] > saved
+
+
+def test_error_in_setup_fails_the_task_and_its_process_only(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(run_dir, hosts, ref("RaisingInSetup"))
+    assert wait_exit(proc) == 1
+    failed = states_of(task_events(run_dir, "t1"))[-1]
+    assert failed.state == "FAILED"
+    assert failed.reason == "setup raised ValueError: boom in setup"
+    assert "boom in setup" in failed.traceback
+
+
+def test_error_in_step_fails_the_task_with_its_reason(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
+    activate(proc)
+    drive_bubbles(edges, 2)
+    assert wait_exit(proc) == 1
+    failed = states_of(task_events(run_dir, "t1"))[-1]
+    assert (failed.state, failed.reason) == ("FAILED", "step raised RuntimeError: boom in step")
+
+
+def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(
+        run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
+    )
+    activate(proc)
+    drive_bubbles(edges, 3, length_s=0.2, predicted_s=0.25)
+    assert wait_exit(proc) == 1
+    states = states_of(task_events(run_dir, "t1"))
+    assert states[-1].state == "FAILED"
+    assert states[-1].reason.startswith("out of memory:")
+
+
+def test_cpu_task_reports_that_gpu_limits_do_not_apply(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
+    wait_state(proc, S.CREATED)
+    assert stop(proc) == 0
+    created = next(s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED")
+    assert "cpu: memory cap via RLIMIT_AS; SM share and priority do not apply" in created.reason
+
+
+def test_unknown_class_fails_with_the_classes_that_exist(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    proc = start_host(run_dir, hosts, ref("Nope"))
+    assert wait_exit(proc) == 1
+    failed = states_of(task_events(run_dir, "t1"))[-1]
+    assert "has no class 'Nope'" in failed.reason
+    assert "Counting" in failed.reason
+
+
+# --- loader and specs (no processes) ------------------------------------------------------
+
+
+def test_builtin_names_resolve_without_regard_to_case() -> None:
+    assert resolve_task_ref("ResNet18") == BUILTIN_TASKS["resnet18"]
+    assert resolve_task_ref("sgd-mf") == "freeride_lab.tasks.graph:SGDMFTask"
+
+
+def test_task_class_loads_from_a_file_path() -> None:
+    cls = load_task_class(ref("Counting"))
+    assert cls.__name__ == "Counting"
+
+
+def test_loading_rejects_a_class_that_is_not_a_side_task(tmp_path: Path) -> None:
+    source = tmp_path / "plain.py"
+    source.write_text("class Plain:\n    pass\n")
+    with pytest.raises(ValueError, match="Plain is not a subclass of IterativeSideTask"):
+        load_task_class(f"{source}:Plain")
+
+
+def test_loading_names_a_missing_file() -> None:
+    with pytest.raises(ValueError, match=r"'nowhere/tasks\.py' does not exist"):
+        load_task_class("nowhere/tasks.py:Task")
+
+
+def test_loading_names_an_unfindable_module() -> None:
+    with pytest.raises(ValueError, match=r"module 'no_such_pkg\.tasks' cannot be found"):
+        load_task_class("no_such_pkg.tasks:Task")
+
+
+def test_reference_without_a_class_lists_the_forms() -> None:
+    with pytest.raises(ValueError, match=r"'resnet19' is not a known name.*resnet18"):
+        resolve_task_ref("resnet19")
+
+
+def test_task_spec_round_trips_through_json() -> None:
+    spec = TaskSpec.from_dict({"task": "resnet18", "task_id": "r18", "limits": {"sm_pct": 50}})
+    assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_task_spec_names_unknown_keys_and_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"'budget'.*valid: task, task_id"):
+        TaskSpec.from_dict({"task": "resnet18", "budget": 1})
+
+
+def test_overrun_policy_is_matched_without_regard_to_case() -> None:
+    spec = TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "kill"})
+    assert spec.overrun_policy is OverrunPolicy.KILL
+    with pytest.raises(ValueError, match=r"overrun_policy='explode' is unknown; valid: WARN"):
+        TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "explode"})
+
+
+# -- a step ends when its GPU work does ---------------------------------------------------------
+
+
+class _RecordingCuda:
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+
+    def synchronize(self, device: str) -> None:
+        self.synced.append(device)
+
+
+@pytest.mark.parametrize(
+    ("device", "synced"), [("cuda:0", ["cuda:0"]), ("cuda", ["cuda"]), ("cpu", [])]
+)
+def test_a_cuda_step_waits_for_its_queued_kernels(
+    monkeypatch: pytest.MonkeyPatch, device: str, synced: list[str]
+) -> None:
+    import sys
+    import types
+
+    from freeride_lab.sidetasks import host as task_host
+    from freeride_lab.sidetasks.api import IterativeSideTask
+
+    cuda = _RecordingCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    task = IterativeSideTask()
+    task.device = device
+    task_host._wait_for_device(task)
+    assert cuda.synced == synced
+
+
+@pytest.mark.parametrize(
+    ("device", "override", "lead_s"),
+    [
+        ("cuda:0", None, 300e-6),
+        ("cpu", None, 0.0),
+        ("cuda:0", "0", 0.0),
+        ("cpu", "150", 150e-6),
+        ("cuda:0", "many", 300e-6),
+    ],
+)
+def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
+    device: str, override: str | None, lead_s: float
+) -> None:
+    from freeride_lab.sidetasks import host as task_host
+
+    assert task_host._spin_lead_s(device, override) == pytest.approx(lead_s)

@@ -1,0 +1,331 @@
+"""The side-task worker as a real process: commands and acks, one task at a time, overrun kills,
+SIGSTOP/SIGCONT of imperative tasks, restarts on tune, and clean exits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing import AuthenticationError
+from pathlib import Path
+
+import psutil
+import pytest
+from tasks_for_tests import read_counter, ref
+
+from freeride_lab.core import events as ev
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
+from freeride_lab.sidetasks.process import child_env
+from freeride_lab.sidetasks.spec import checkpoint_path
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.create()
+    return run
+
+
+@pytest.fixture
+def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
+    process = start_worker(run_dir.path, 0)
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(worker: WorkerProcess) -> WorkerClient:
+    return worker.client(timeout_s=60)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float = 60.0, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def read_events(path: Path) -> list[ev.Event]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line still being written
+                out.append(ev.from_json(line))
+    return out
+
+
+def events(run_dir: RunDir) -> list[ev.Event]:
+    """Worker and task events, in file order (worker first)."""
+    return [e for p in sorted(run_dir.events_dir.glob("*.jsonl")) for e in read_events(p)]
+
+
+def steps(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStep]:
+    found = read_events(run_dir.events_dir / f"task-{task_id}.jsonl")
+    return [e for e in found if isinstance(e, ev.SideTaskStep)]
+
+
+def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:
+    return [
+        e
+        for e in events(run_dir)
+        if isinstance(e, ev.SideTaskStateChanged) and e.task_id == task_id
+    ]
+
+
+def has_state(run_dir: RunDir, task_id: str, state: str) -> bool:
+    return any(s.state == state for s in states(run_dir, task_id))
+
+
+class Trainer:
+    """Plays the rank: announces bubbles through the worker's edges until a condition holds."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self.step = 0
+
+    def bubble(self, length_s: float = 0.04, predicted_s: float = 0.05) -> None:
+        start_ns = time.time_ns()
+        self.worker.bubble_start(self.step, 0, start_ns, start_ns + int(predicted_s * 1e9))
+        time.sleep(length_s)  # the bubble itself: the scenario, not a synchronisation
+        self.worker.bubble_end(self.step, 0, time.time_ns())
+        self.step += 1
+        time.sleep(0.03)  # training computes
+
+    def until(self, condition: Callable[[], bool], *, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s of bubbles waiting for {what}")
+            self.bubble()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    ack = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    assert (ack.ok, ack.payload["task_id"]) == (True, "c1")
+    Trainer(worker).until(lambda: len(steps(run_dir, "c1")) >= 3, what="3 steps of c1")
+    detached = client.detach("c1")
+    assert (detached.ok, detached.payload["state"]) == (True, "STOPPED")
+    assert checkpoint_path(run_dir.path, "c1").exists()
+    wait_until(
+        lambda: (
+            [a.command for a in events(run_dir) if isinstance(a, ev.ControlAck)]
+            == ["attach", "detach"]
+        ),
+        what="attach and detach acks in the worker's event file",
+    )
+
+
+def test_only_the_first_task_of_the_queue_takes_bubbles(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    client.attach(ref("Counting"), task_id="first", limits={"budget_s": 0.004})
+    client.attach(ref("Counting"), task_id="second", limits={"budget_s": 0.004})
+    trainer = Trainer(worker)
+    trainer.until(lambda: len(steps(run_dir, "first")) >= 5, what="5 steps of the first task")
+    assert steps(run_dir, "second") == []
+    client.detach("first")
+    trainer.until(lambda: len(steps(run_dir, "second")) >= 1, what="the second task to step")
+
+
+def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    client.attach(
+        ref("HangingStep"),
+        task_id="hang",
+        overrun_policy="KILL",
+        hang_after_s=0.2,
+        limits={"budget_s": 0.001},
+    )
+    trainer = Trainer(worker)
+    trainer.until(lambda: has_state(run_dir, "hang", "FAILED"), what="the hung task to fail")
+    failed = [s for s in states(run_dir, "hang") if s.state == "FAILED"][-1]
+    assert failed.reason.startswith("hung: step ")
+    assert "over 2 x budget + 0.2 s = 0.202 s" in failed.reason
+    client.attach(ref("Counting"), task_id="next", limits={"budget_s": 0.004})
+    trainer.until(lambda: len(steps(run_dir, "next")) >= 1, what="the next task to step")
+
+
+def test_failing_task_leaves_the_worker_and_the_next_task_running(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    client.attach(ref("RaisingInStep"), task_id="bad", limits={"budget_s": 0.001})
+    client.attach(ref("Counting"), task_id="good", limits={"budget_s": 0.004})
+    trainer = Trainer(worker)
+    trainer.until(lambda: len(steps(run_dir, "good")) >= 1, what="the good task to step")
+    failed = [s for s in states(run_dir, "bad") if s.state == "FAILED"]
+    assert failed[-1].reason == "step raised RuntimeError: boom in step"
+    entry = {"task_id": "bad", "state": "FAILED", "exit_code": 1}
+    wait_until(lambda: entry in client.status().payload["ended"], what="the failed task reaped")
+
+
+def test_imperative_task_makes_no_progress_while_sigstopped(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient, tmp_path: Path
+) -> None:
+    counter = tmp_path / "counter"
+    ack = client.attach(ref("FreeCounter"), task_id="free", options={"counter_path": str(counter)})
+    process = psutil.Process(ack.payload["pid"])
+    wait_until(lambda: has_state(run_dir, "free", "PAUSED"), what="the task to be PAUSED")
+    step_ns = time.time_ns()
+    worker.bubble_start(0, 0, step_ns, step_ns + 60_000_000_000)
+    wait_until(lambda: read_counter(counter) > 0, what="the counter to move in a bubble")
+    worker.bubble_end(0, 0, time.time_ns())
+    wait_until(lambda: process.status() == psutil.STATUS_STOPPED, what="SIGSTOP after the bubble")
+    frozen = read_counter(counter)
+    time.sleep(0.3)  # an observation window: it must not move while stopped
+    assert read_counter(counter) == frozen
+    step_ns = time.time_ns()
+    worker.bubble_start(1, 0, step_ns, step_ns + 60_000_000_000)
+    wait_until(lambda: read_counter(counter) > frozen, what="the counter to move again")
+    worker.bubble_end(1, 0, time.time_ns())
+    assert client.detach("free").ok
+
+
+def test_tune_of_memory_restarts_the_process_and_keeps_its_progress(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    attached = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    first_pid = attached.payload["pid"]
+    trainer = Trainer(worker)
+    trainer.until(lambda: len(steps(run_dir, "c1")) >= 3, what="3 steps before the tune")
+    ack = client.tune("c1", memory_bytes="1GiB")
+    assert (ack.ok, ack.payload["restarted"], ack.payload["fields"]) == (
+        True,
+        True,
+        ["memory_bytes"],
+    )
+    assert ack.payload["pid"] != first_pid
+    before = len(steps(run_dir, "c1"))
+    trainer.until(lambda: len(steps(run_dir, "c1")) > before, what="steps after the restart")
+    created = [s for s in states(run_dir, "c1") if s.state == "CREATED"]
+    assert "restored progress" in created[-1].reason
+    assert '"memory_bytes": 1073741824' in created[-1].reason
+
+
+def test_tune_of_the_budget_needs_no_restart(worker: WorkerProcess, client: WorkerClient) -> None:
+    client.attach(ref("Counting"), task_id="c1")
+    ack = client.tune("c1", budget_s=0.01)
+    assert (ack.ok, ack.payload["restarted"]) == (True, False)
+
+
+def test_commands_on_unknown_tasks_are_refused_with_the_attached_ones(
+    client: WorkerClient,
+) -> None:
+    client.attach(ref("Counting"), task_id="c1")
+    ack = client.detach("zz")
+    assert not ack.ok
+    assert ack.message == "no task 'zz' here; attached: c1"
+
+
+def test_tune_names_an_unknown_setting_and_the_valid_ones(client: WorkerClient) -> None:
+    client.attach(ref("Counting"), task_id="c1")
+    ack = client.tune("c1", memory="1GB")
+    assert not ack.ok
+    assert "unknown setting(s) memory; valid: memory_bytes, sm_pct" in ack.message
+
+
+def test_attach_of_a_missing_file_is_refused_with_its_name(client: WorkerClient) -> None:
+    ack = client.attach("missing/tasks.py:Task")
+    assert not ack.ok
+    assert "'missing/tasks.py' does not exist" in ack.message
+
+
+def test_a_client_without_the_secret_is_refused(worker: WorkerProcess) -> None:
+    address = worker.client().address
+    with pytest.raises(AuthenticationError, match="digest"):
+        WorkerClient(address, b"not the secret").status()
+
+
+def test_sigint_does_not_stop_the_worker(worker: WorkerProcess, client: WorkerClient) -> None:
+    assert worker.popen is not None
+    os.kill(worker.popen.pid, signal.SIGINT)
+    assert client.status().ok
+
+
+def test_closing_the_edges_stops_the_tasks_and_the_worker(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    pid = client.attach(ref("Counting"), task_id="c1").payload["pid"]
+    wait_until(lambda: has_state(run_dir, "c1", "PAUSED"), what="the task to be PAUSED")
+    worker.stop()
+    assert worker.popen is not None and worker.popen.returncode == 0
+    assert not _running(pid)
+    assert has_state(run_dir, "c1", "STOPPED")
+    assert checkpoint_path(run_dir.path, "c1").exists()
+
+
+def test_sigterms_of_a_stop_end_the_worker_cleanly_not_killed(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    """Stopping a run signals its whole tree, some processes more than once: the worker stops
+    its tasks on the first SIGTERM and a later one, while it exits, must not turn that clean
+    end into "killed by SIGTERM"."""
+    pid = client.attach(ref("Counting"), task_id="c1").payload["pid"]
+    wait_until(lambda: has_state(run_dir, "c1", "PAUSED"), what="the task to be PAUSED")
+    assert worker.popen is not None
+    deadline = time.monotonic() + 30
+    while worker.popen.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError):  # it may be gone between poll and kill
+            os.kill(worker.popen.pid, signal.SIGTERM)
+        time.sleep(0.002)
+    assert worker.popen.wait(30) == 0
+    assert not _running(pid)
+    assert has_state(run_dir, "c1", "STOPPED")
+
+
+def test_worker_exits_when_its_parent_dies(run_dir: RunDir) -> None:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import time
+                from freeride_lab.sidetasks.client import start_worker
+                worker = start_worker({str(run_dir.path)!r}, 0)
+                print(worker.popen.pid, flush=True)
+                time.sleep(3600)
+                """
+            ),
+        ],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    worker_pid = int(parent.stdout.readline())
+    WorkerClient.from_run_dir(run_dir.path, 0, timeout_s=60)  # it is up
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: not _running(worker_pid), what="the orphaned worker to exit")
+    info = run_dir.path / "workers" / "worker-0.json"
+    assert not info.exists(), json.loads(info.read_text())
+
+
+def test_a_stop_command_is_acknowledged_before_the_worker_exits(run_dir: RunDir) -> None:
+    """The ack must not be lost in the worker's exit (it once was, about one stop in two)."""
+    for rank in range(5):
+        process = start_worker(run_dir.path, rank)
+        try:
+            ack = process.client(timeout_s=60).stop()
+            assert (ack.command, ack.ok) == ("stop", True)
+            assert process.popen is not None and process.popen.wait(30) == 0
+        finally:
+            process.stop()
