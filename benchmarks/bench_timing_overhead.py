@@ -67,16 +67,20 @@ def case_config(case: str, args: argparse.Namespace) -> RunConfig:
         microbatches=args.microbatches,
         steps=args.steps,
         device=args.device,
-        extra={"timed": "alternate", "alternate_every": args.block},
+        extra={
+            "timed": "alternate",
+            "alternate_every": args.block,
+            **({} if args.announce_min_ms is None else {"announce_min_ms": args.announce_min_ms}),
+        },
     )
     if case == "text":
         return RunConfig(
             workload="text",
-            layers=max(2, args.stages),
+            layers=max(args.layers, args.stages),
             d_model=args.d_model,
             heads=4,
-            seq_len=64,
-            microbatch_size=4,
+            seq_len=args.seq_len,
+            microbatch_size=args.microbatch_size,
             **common,
         )
     return RunConfig(
@@ -196,12 +200,18 @@ class _LastPredictor:
         return self.seen.get(slot)
 
 
-def recorder_cost_ns(edges: bool, device: str, n: int = 2_000, repeats: int = 9) -> dict[str, int]:
-    """Cost of one recorder start+stop pair (ns) in this process: min and median of repeats."""
+def recorder_cost_ns(
+    edges: bool, device: str, n: int = 2_000, repeats: int = 9, announce_min_ns: int = 0
+) -> dict[str, int]:
+    """Cost of one recorder start+stop pair (ns) in this process: min and median of repeats.
+
+    With ``announce_min_ns`` above the back-to-back gaps' length every slot stays quiet (the
+    steady state of a real rank, whose gaps between actions are microseconds)."""
     rec = ActionRecorder(
         device=device,
         edges=_NullEdges() if edges else None,
         predictor=_LastPredictor() if edges else None,
+        announce_min_ns=announce_min_ns,
     )
     costs = []
     for r in range(repeats):
@@ -242,6 +252,15 @@ def main() -> None:
     p.add_argument("--block", type=int, default=4, help="steps per A or B block")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2, help="text case: layers (at least --stages)")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument(
+        "--announce-min-ms",
+        type=float,
+        default=None,
+        help="shortest predicted bubble announced live (default: the rank's, 1 ms; 0: every one)",
+    )
     p.add_argument("--case", choices=("text", "synthetic", "both"), default="both")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--out", type=Path, default=None)
@@ -256,6 +275,7 @@ def main() -> None:
         "recorder_ns_per_action": {
             "no_edges": recorder_cost_ns(False, args.device),
             "edges_and_predictor": recorder_cost_ns(True, args.device),
+            "edges_quiet_slots": recorder_cost_ns(True, args.device, announce_min_ns=10**9),
         },
         "cases": [],
     }
@@ -274,7 +294,8 @@ def main() -> None:
     print(
         f"recorder start+stop per action (min/median ns): {rc['no_edges']['min']}/"
         f"{rc['no_edges']['median']}; with edges and predictor "
-        f"{rc['edges_and_predictor']['min']}/{rc['edges_and_predictor']['median']}"
+        f"{rc['edges_and_predictor']['min']}/{rc['edges_and_predictor']['median']}; "
+        f"quiet slots {rc['edges_quiet_slots']['min']}/{rc['edges_quiet_slots']['median']}"
     )
     out = args.out or RESULTS / f"timing-overhead-{args.device}-{started.date().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

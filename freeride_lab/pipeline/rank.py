@@ -79,6 +79,7 @@ from freeride_lab.pipeline.step_clock import StepClock
 from freeride_lab.pipeline.stop import StopAgreement, StopControl
 from freeride_lab.pipeline.synthetic import build_sleep_chunks
 from freeride_lab.pipeline.timed_stage import (
+    ANNOUNCE_MIN_MS,
     ActionRecorder,
     BubbleEdges,
     SlotPredictorLike,
@@ -221,6 +222,7 @@ class RankRunner:
             edges=edges,
             predictor=self._make_predictor() if edges is not None else None,
             clock=self.step_clock,
+            announce_min_ns=_announce_min_ns(cfg.extra),
         )
         modules = self._build_modules()
         for m in modules:
@@ -606,6 +608,18 @@ class RankRunner:
                 dist.destroy_process_group()
             except Exception:  # training has ended and been recorded; exit regardless
                 log.warning("destroying the process group failed", exc_info=True)
+
+
+def _announce_min_ns(extra: dict[str, Any]) -> int:
+    """``extra["announce_min_ms"]`` (default 1 ms) in ns: the shortest predicted bubble that is
+    announced live (``timed_stage`` [Note: quiet slots]); 0 announces every one."""
+    value = extra.get("announce_min_ms", ANNOUNCE_MIN_MS)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise ValueError(
+            f"extra['announce_min_ms']={value!r} must be milliseconds in [0, 1e6): the shortest "
+            "predicted bubble announced to side tasks (0 announces every one)"
+        )
+    return round(value * 1e6)
 
 
 def _text_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,15 @@ the start of action k, and the last slot from the last action's end to ``end_win
 runs the same number of actions every step, so slot k means the same gap in every step, which
 is what the predictor needs.
 
+[Note: quiet slots]
+Most gaps between a rank's actions are far too short for a side task: microseconds between an
+F and the next B in the steady state. Announcing each one costs the training process a
+wake-up, and on CUDA a watcher thread that must take the GIL from the main thread per edge, so
+the recorder announces only the slots whose predicted length reaches ``announce_min_ns``; the
+others stay quiet (recorded, never announced). The predictor learns every slot's length from
+the step's resolved stamps, so a quiet slot that grows becomes announced one or two steps
+later; a slot never seen before has no prediction and stays quiet until it has one.
+
 Between two steps the rank runs its optimizer and then usually waits: for the step-boundary
 collectives (the stop agreement, a loss all-reduce) and then for its first input. On the last
 stage of 1F1B that wait is most of the drain bubble ((S-1)·B) plus the fill bubble ((S-1)·F):
@@ -68,7 +77,11 @@ from freeride_lab.pipeline.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
+ANNOUNCE_MIN_MS = 1.0
+"""A rank's default ``announce_min_ns`` in ms: shorter predicted bubbles stay quiet."""
+
 __all__ = [
+    "ANNOUNCE_MIN_MS",
     "ActionRecorder",
     "ActionSpan",
     "BubbleEdges",
@@ -136,45 +149,41 @@ class StepRecord:
 
 
 class _EdgeTracker:
-    """Opens and closes bubble slots: predicts, calls ``edges``, observes, keeps a record.
+    """Announces bubble slots to ``edges`` and keeps a record of what it announced.
 
-    Used by one thread at a time (the main thread on CPU, the watcher thread on CUDA). Errors in
-    ``edges`` or the predictor are logged once and counted, never raised.
+    Used by one thread at a time (the main thread on CPU, the watcher thread on CUDA); the
+    prediction comes with each ``open``, made on the main thread. Errors in ``edges`` are logged
+    once and counted, never raised.
     """
 
-    def __init__(self, edges: BubbleEdges, predictor: SlotPredictorLike | None) -> None:
+    def __init__(self, edges: BubbleEdges) -> None:
         self.edges = edges
-        self.predictor = predictor
         self.records: collections.deque[EdgeRecord] = collections.deque(maxlen=100_000)
         self.errors = 0
         self._open: tuple[int, int, int] | None = None  # (step, slot, start_ns)
 
-    def open(self, step: int, slot: int, t_ns: int) -> None:
-        predicted_end: int | None = None
+    def open(self, step: int, slot: int, t_ns: int, duration_ns: int | None) -> None:
+        predicted_end = None if duration_ns is None else t_ns + int(duration_ns)
         try:
-            if self.predictor is not None:
-                duration = self.predictor.predict(slot)
-                predicted_end = None if duration is None else t_ns + int(duration)
             self.edges.bubble_start(step, slot, t_ns, predicted_end)
         except Exception:
-            self._error("bubble_start")
+            self.error("bubble_start")
         self._open = (step, slot, t_ns)
         self.records.append(EdgeRecord(step, slot, "start", t_ns, predicted_end))
 
     def close(self, t_ns: int) -> None:
         if self._open is None:
             return
-        step, slot, start_ns = self._open
+        step, slot, _ = self._open
         self._open = None
         try:
             self.edges.bubble_end(step, slot, t_ns)
-            if self.predictor is not None:
-                self.predictor.observe(slot, t_ns - start_ns)
         except Exception:
-            self._error("bubble_end")
+            self.error("bubble_end")
         self.records.append(EdgeRecord(step, slot, "end", t_ns))
 
-    def _error(self, where: str) -> None:
+    def error(self, where: str) -> None:
+        """Count a failure of ``where``; log the first."""
         self.errors += 1
         if self.errors == 1:
             log.exception("bubble edge %s failed; further errors are only counted", where)
@@ -190,15 +199,18 @@ class _CudaEdgeWatcher:
     def __init__(self, tracker: _EdgeTracker, clock_offset_ns: int) -> None:
         self._tracker = tracker
         self._offset = clock_offset_ns
-        self._queue: collections.deque[tuple[str, int, int, Any]] = collections.deque()
+        self._queue: collections.deque[tuple[str, int, int, Any, int | None]] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="bubble-edge-watcher", daemon=True)
         self._thread.start()
 
-    def push(self, edge: str, step: int, slot: int, event: Any) -> None:
-        """Queue an edge that happens when ``event`` completes (cheap; hot path)."""
-        self._queue.append((edge, step, slot, event))
+    def push(
+        self, edge: str, step: int, slot: int, event: Any, duration_ns: int | None = None
+    ) -> None:
+        """Queue an edge that happens when ``event`` completes (cheap; hot path); a start
+        carries its predicted duration."""
+        self._queue.append((edge, step, slot, event, duration_ns))
         self._wake.set()
 
     def close(self, timeout_s: float = 1.0) -> None:
@@ -212,11 +224,11 @@ class _CudaEdgeWatcher:
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
-            edge, step, slot, event = self._queue.popleft()
+            edge, step, slot, event, duration_ns = self._queue.popleft()
             event.synchronize()  # GIL released while waiting
             t_ns = time.time_ns() + self._offset
             if edge == "start":
-                self._tracker.open(step, slot, t_ns)
+                self._tracker.open(step, slot, t_ns, duration_ns)
             else:
                 self._tracker.close(t_ns)
 
@@ -233,7 +245,11 @@ class ActionRecorder:
         device: the stages' device; CUDA turns on event timing (see [Note: CUDA event timing]).
         edges: receives live bubble edges (see [Note: bubble slots]); None turns them off.
         predictor: predicts each slot's length for ``bubble_start``; used only with ``edges``.
+            It learns each slot's length from the step's resolved stamps (exact on CUDA too),
+            on the calling thread.
         clock: the rank's ``StepClock`` (shared with its untimed steps); made here if None.
+        announce_min_ns: announce only the slots predicted to last at least this long (see
+            [Note: quiet slots]); 0 announces every slot, predicted or not.
     """
 
     def __init__(
@@ -244,12 +260,15 @@ class ActionRecorder:
         edges: BubbleEdges | None = None,
         predictor: SlotPredictorLike | None = None,
         clock: StepClock | None = None,
+        announce_min_ns: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
         self.clock_offset_ns = clock_offset_ns
+        self.announce_min_ns = announce_min_ns
         self.step = -1
-        self._tracker = _EdgeTracker(edges, predictor) if edges is not None else None
+        self._tracker = _EdgeTracker(edges) if edges is not None else None
+        self._predictor = predictor if edges is not None else None
         self._watcher = (
             _CudaEdgeWatcher(self._tracker, clock_offset_ns)
             if self._tracker is not None and self.is_cuda
@@ -263,6 +282,8 @@ class ActionRecorder:
             self.clock.blocking, self.clock.reuse_events = True, False
         self._slot = 0
         self._gap_open = False
+        self._gap: tuple[int, Any, bool] | None = None  # the open slot, its start, announced
+        self._gaps: list[tuple[int, Any, Any]] = []  # (slot, start, end) closed this step
         self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
         self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
         self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
@@ -324,10 +345,12 @@ class ActionRecorder:
         On CPU that is this step. On CUDA it is the steps whose events have completed, usually
         the previous one; nothing waits for the device (``flush`` at the end does).
         """
-        step, spans, marks = self.step, self._spans, self._marks
-        self._spans, self._marks = [], {}
+        step, spans, marks, gaps = self.step, self._spans, self._marks, self._gaps
+        self._spans, self._marks, self._gaps = [], {}, []
 
         def build(resolve: Callable[[Any], int]) -> StepRecord:
+            if gaps:
+                self._observe(gaps, resolve)
             return StepRecord(
                 step,
                 [
@@ -402,6 +425,26 @@ class ActionRecorder:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _observe(self, gaps: list[tuple[int, Any, Any]], resolve: Callable[[Any], int]) -> None:
+        """Teach the predictor the step's slot lengths, from resolved stamps."""
+        predictor, tracker = self._predictor, self._tracker
+        if predictor is None or tracker is None:
+            return
+        try:
+            for slot, start, end in gaps:
+                predictor.observe(slot, max(0, resolve(end) - resolve(start)))
+        except Exception:
+            tracker.error("predictor")
+
+    def _predict(self, slot: int) -> int | None:
+        if self._predictor is None or self._tracker is None:
+            return None
+        try:
+            return self._predictor.predict(slot)
+        except Exception:
+            self._tracker.error("predictor")
+            return None
+
     def _end(self, token: tuple[ActionKind, int, int, Any], stamp: Any) -> None:
         kind, stage, microbatch, start = token
         self._spans.append((kind, stage, microbatch, start, stamp))
@@ -423,18 +466,32 @@ class ActionRecorder:
         self._gap_open = True
         step = self.step if step is None else step
         slot = self._slot if slot is None else slot
+        duration = self._predict(slot)
+        announce = self.announce_min_ns <= 0 or (
+            duration is not None and duration >= self.announce_min_ns
+        )
+        self._gap = (slot, stamp, announce)
+        if not announce:
+            return
         if self._watcher is not None:
-            self._watcher.push("start", step, slot, stamp)
+            self._watcher.push("start", step, slot, stamp, duration)
         else:
-            self._tracker.open(step, slot, stamp)
+            self._tracker.open(step, slot, stamp, duration)
 
     def _close_gap(self, stamp: Any) -> None:
         if self._tracker is None or not self._gap_open:
             return
         self._gap_open = False
         self._slot += 1
+        gap, self._gap = self._gap, None
+        if gap is None:
+            return
+        slot, start, announced = gap
+        self._gaps.append((slot, start, stamp))
+        if not announced:
+            return
         if self._watcher is not None:
-            self._watcher.push("end", self.step, self._slot - 1, stamp)
+            self._watcher.push("end", self.step, slot, stamp)
         else:
             self._tracker.close(stamp)
 

@@ -144,6 +144,39 @@ def test_a_carried_gap_is_the_next_steps_slot_0_from_the_optimizer_to_its_first_
     assert edges.calls[-2][:3] == ("start", 3, 0) and edges.calls[-1][:3] == ("end", 3, 0)
 
 
+def run_step_with_one_long_gap(rec: ActionRecorder, step: int) -> None:
+    """F, 20 ms idle, B: slot 1 is long, slots 0 and 2 last microseconds."""
+    rec.begin_step(step)
+    rec.stop(rec.start(ActionKind.FORWARD, 1, 0))
+    time.sleep(0.02)
+    rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+    rec.end_window()
+    rec.finish_step()
+
+
+def test_only_slots_predicted_long_enough_are_announced_and_all_are_learned() -> None:
+    edges = RecordingEdges()
+    predictor = StandInPredictor()
+    rec = ActionRecorder(edges=edges, predictor=predictor, announce_min_ns=10_000_000)
+    run_step_with_one_long_gap(rec, 0)
+    assert edges.calls == []  # nothing predicted yet: every slot stays quiet
+    assert set(predictor.seen) == {0, 1, 2} and predictor.seen[1] >= 20_000_000
+    run_step_with_one_long_gap(rec, 1)
+    assert [(c[0], c[1], c[2]) for c in edges.calls] == [("start", 1, 1), ("end", 1, 1)]
+    start = edges.calls[0]
+    assert start[4] - start[3] >= 20_000_000  # predicted from step 0's slot 1
+    assert [(e.step, e.slot, e.edge) for e in rec.drain_edges()] == [(1, 1, "start"), (1, 1, "end")]
+
+
+def test_announce_min_0_announces_every_slot_even_unpredicted() -> None:
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges, predictor=StandInPredictor(), announce_min_ns=0)
+    run_step_with_one_long_gap(rec, 0)
+    assert [(c[0], c[2]) for c in edges.calls] == [
+        (e, k) for k in range(3) for e in ("start", "end")
+    ]
+
+
 def test_a_timed_loss_ends_the_held_forward_and_only_then_opens_the_bubble() -> None:
     edges = RecordingEdges()
     rec = ActionRecorder(edges=edges)
@@ -195,7 +228,7 @@ class FakeEvent:
 
 def test_cuda_edge_watcher_announces_an_edge_only_once_its_event_completes() -> None:
     edges = RecordingEdges()
-    tracker = _EdgeTracker(edges, None)
+    tracker = _EdgeTracker(edges)
     watcher = _CudaEdgeWatcher(tracker, clock_offset_ns=0)
     try:
         start, end = FakeEvent(), FakeEvent()
