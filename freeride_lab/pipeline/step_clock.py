@@ -71,8 +71,8 @@ class StepClock:
             synchronisation each; see [Note: anchoring CUDA events to the host clock]).
         blocking: create blocking-sync events, so that a thread waiting on one with
             ``synchronize()`` sleeps instead of spinning.
-        reuse_events: recycle a step's events once it is resolved (off while another thread,
-            such as a bubble-edge watcher, may still hold them).
+        reuse_events: recycle a step's events once it is resolved, except those another
+            thread (a bubble-edge watcher) holds (``hold``/``release``).
     """
 
     def __init__(
@@ -97,6 +97,7 @@ class StepClock:
         self._pending: collections.deque[_Pending[Any]] = collections.deque()
         self._events: list[Any] = []  # stamped since the last ``defer``
         self._free: list[Any] = []
+        self._held: set[int] = set()  # ids of events another thread still waits on
 
     def __repr__(self) -> str:
         return (
@@ -122,6 +123,16 @@ class StepClock:
         event.record()
         self._events.append(event)
         return event
+
+    def hold(self, stamp: Any) -> None:
+        """Keep ``stamp``'s event out of recycling until ``release``: another thread waits on
+        it. A held event whose step is resolved meanwhile is dropped, never reused."""
+        if self.is_cuda:
+            self._held.add(id(stamp))
+
+    def release(self, stamp: Any) -> None:
+        """The other thread is done with ``stamp`` (any thread may call this)."""
+        self._held.discard(id(stamp))
 
     def begin_step(self) -> Any:
         """The first stamp of a step. On CUDA, re-anchors first when ``resync_s`` has passed."""
@@ -160,7 +171,8 @@ class StepClock:
             self._pending.popleft()
             out.append(item.build(self._resolver(item.anchor)))
             if self.is_cuda and self.reuse_events:
-                self._free.extend(item.events)
+                held = self._held
+                self._free.extend(e for e in item.events if id(e) not in held)
         return out
 
     def _resolver(self, anchor: _Anchor | None) -> Resolve:

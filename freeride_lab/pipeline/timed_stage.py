@@ -196,9 +196,15 @@ class _CudaEdgeWatcher:
     blocking-sync events the thread sleeps until the device reaches the event.
     """
 
-    def __init__(self, tracker: _EdgeTracker, clock_offset_ns: int) -> None:
+    def __init__(
+        self,
+        tracker: _EdgeTracker,
+        clock_offset_ns: int,
+        release: Callable[[Any], None] = lambda event: None,
+    ) -> None:
         self._tracker = tracker
         self._offset = clock_offset_ns
+        self._release = release  # the event may be recycled once waited on
         self._queue: collections.deque[tuple[str, int, int, Any, int | None]] = collections.deque()
         self._wake = threading.Event()
         self._closed = False
@@ -227,6 +233,7 @@ class _CudaEdgeWatcher:
             edge, step, slot, event, duration_ns = self._queue.popleft()
             event.synchronize()  # GIL released while waiting
             t_ns = time.time_ns() + self._offset
+            self._release(event)
             if edge == "start":
                 self._tracker.open(step, slot, t_ns, duration_ns)
             else:
@@ -269,17 +276,15 @@ class ActionRecorder:
         self.step = -1
         self._tracker = _EdgeTracker(edges) if edges is not None else None
         self._predictor = predictor if edges is not None else None
+        watched = self._tracker is not None and self.is_cuda
+        self.clock = clock or StepClock(self.device, clock_offset_ns, blocking=watched)
+        if watched:  # the watcher sleeps on its events; they are held until it is done
+            self.clock.blocking = True
         self._watcher = (
-            _CudaEdgeWatcher(self._tracker, clock_offset_ns)
-            if self._tracker is not None and self.is_cuda
+            _CudaEdgeWatcher(self._tracker, clock_offset_ns, self.clock.release)
+            if self._tracker is not None and watched
             else None
         )
-        watched = self._watcher is not None  # the watcher may hold an event past its step
-        self.clock = clock or StepClock(
-            self.device, clock_offset_ns, blocking=watched, reuse_events=not watched
-        )
-        if watched:
-            self.clock.blocking, self.clock.reuse_events = True, False
         self._slot = 0
         self._gap_open = False
         self._gap: tuple[int, Any, bool] | None = None  # the open slot, its start, announced
@@ -326,8 +331,10 @@ class ActionRecorder:
         self._open_gap(self._stamp(), step=next_step, slot=0)
 
     def close_gap(self) -> None:
-        """Close an open bubble now (the rank stops training with a carried gap open)."""
-        self._close_gap(self._stamp())
+        """Close an open bubble now (the rank stops training, or runs an untimed step, with a
+        carried gap open). Such a gap is announced but not learned from: its stamps belong to
+        no timed step."""
+        self._close_gap(self._stamp(), learn=False)
 
     def end_window(self) -> None:
         """End the schedule window (``schedule.step`` returned) and close the last bubble."""
@@ -474,11 +481,12 @@ class ActionRecorder:
         if not announce:
             return
         if self._watcher is not None:
+            self.clock.hold(stamp)
             self._watcher.push("start", step, slot, stamp, duration)
         else:
             self._tracker.open(step, slot, stamp, duration)
 
-    def _close_gap(self, stamp: Any) -> None:
+    def _close_gap(self, stamp: Any, *, learn: bool = True) -> None:
         if self._tracker is None or not self._gap_open:
             return
         self._gap_open = False
@@ -487,10 +495,12 @@ class ActionRecorder:
         if gap is None:
             return
         slot, start, announced = gap
-        self._gaps.append((slot, start, stamp))
+        if learn:
+            self._gaps.append((slot, start, stamp))
         if not announced:
             return
         if self._watcher is not None:
+            self.clock.hold(stamp)
             self._watcher.push("end", self.step, slot, stamp)
         else:
             self._tracker.close(stamp)

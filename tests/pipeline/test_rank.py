@@ -564,6 +564,7 @@ def test_cuda_steps_are_read_without_waiting_yet_all_arrive_in_order(tmp_path: P
             "edges_factory": "tests.pipeline.test_rank:quiet_edges",
             "timed": "alternate",
             "alternate_every": 3,
+            "announce_min_ms": 0,  # every gap here is sub-millisecond: announce them anyway
         },
     )
     assert job.returncode == 0, log_tail(job.run_dir)

@@ -59,3 +59,21 @@ def test_cuda_stamps_land_on_the_host_clock_within_their_step() -> None:
     [(start_ns, end_ns)] = clock.flush()
     host_end = clock.now_ns()
     assert host_start - 200_000 <= start_ns < end_ns <= host_end + 200_000
+
+
+@pytest.mark.gpu
+@cuda
+def test_an_event_another_thread_holds_is_never_recycled_and_the_rest_are() -> None:
+    clock = StepClock("cuda")
+    clock.begin_step()
+    held = clock.stamp()
+    clock.hold(held)
+    last = clock.stamp()
+    clock.defer(last, lambda resolve: resolve(last))
+    clock.flush()
+    assert all(e is not held for e in clock._free) and any(e is last for e in clock._free)
+    clock.release(held)
+    clock.begin_step()
+    clock.defer(clock.stamp(), lambda resolve: None)
+    clock.flush()
+    assert all(e is not held for e in clock._free)  # dropped, not reused later
