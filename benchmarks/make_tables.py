@@ -55,6 +55,13 @@ H200_INSTRUMENT = "h200-2026-12-04-m4-timeslice-instrument.json"
 TIMING_OVERHEAD = tuple(
     f"timing-overhead-h200-2026-12-04-{code}-{i}.json" for i in (1, 2) for code in ("new", "old")
 )
+#: The same benchmark with quiet slots (only bubbles predicted >= 1 ms announced live), on a
+#: launch-bound and a compute-bound one-stage GPT, each with every slot announced beside it.
+TIMING_OVERHEAD_C = tuple(
+    f"timing-overhead-h200-2026-12-04c-{model}-announce{ms}.json"
+    for model in ("launch", "compute")
+    for ms in (1, 0)
+)
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -518,6 +525,32 @@ def timing_overhead() -> list[str]:
     )  # fmt: skip
 
 
+def timing_overhead_quiet() -> list[str]:
+    rows = []
+    for name in TIMING_OVERHEAD_C:
+        data = raw(name)
+        case, rc = data["cases"][0], data["recorder_ns_per_action"]
+        cfg = case["config"]
+        o, u = case["overhead_frac"], case["overhead_us_per_action"]
+        announce = cfg["extra"].get("announce_min_ms")
+        rows.append(
+            [f"d_model {cfg['d_model']}, seq {cfg['seq_len']}",
+             "every gap" if announce == 0 else f"≥ {announce:g} ms predicted",
+             f"{case['median_step_ms']['timed']:.1f} / {case['median_step_ms']['plain']:.1f}",
+             fmt_interval(o["value"], o["lo"], o["hi"], 2, signed=True),
+             fmt_interval(u["value"], u["lo"], u["hi"], 1, pct=False),
+             str(case["block_pairs"]),
+             f"{rc['no_edges']['median'] / 1e3:.1f} / {rc['edges_and_predictor']['median'] / 1e3:.1f}"
+             f" / {rc['edges_quiet_slots']['median'] / 1e3:.1f}"]
+        )  # fmt: skip
+    return _table(
+        ["model (one stage, 8 micro-batches)", "bubbles announced", "step ms timed / plain",
+         "overhead [95%]", "µs per action [95%]", "block pairs",
+         "recorder µs: no edges / edges / quiet"],
+        rows,
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-12-04b-overhead": lambda: h200_overhead(_instrument_rows()),
     "h200-12-04b-harvest": lambda: h200_harvest(_instrument_rows()),
@@ -525,6 +558,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-12-04b-goals": lambda: h200_goals([result(H200_INSTRUMENT)]),
     "h200-12-04b-old-vs-new": h200_instrument_old_vs_new,
     "timing-overhead-h200": timing_overhead,
+    "timing-overhead-h200-quiet": timing_overhead_quiet,
     "h200-12-04-overhead": lambda: h200_overhead(_split_rows()),
     "h200-12-04-harvest": lambda: h200_harvest(_split_rows()),
     "h200-12-04-per-stage": h200_split_per_stage,
