@@ -29,6 +29,7 @@ from freeride_lab.core.accounting import CostModel, bubble_limit
 from freeride_lab.core.intervals import (
     Interval,
     bootstrap_percentile_interval,
+    bootstrap_percentile_ratio_interval,
     quotient_interval,
     ratio_interval,
     sum_interval,
@@ -84,8 +85,14 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "side_steps",
     "latency_p50_ms",
     "latency_p99_ms",
+    # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
+    # bootstrap interval): the tail a training job feels, which a mean hides
+    *_with_interval("step_p99_inflation", "frac"),
     "sm_clock_mhz",
     "power_w",
+    # board energy above the vanilla blocks' per unit of side work: (median power - vanilla's
+    # median power) x wall time / progress; NaN without progress or power samples
+    "extra_energy_j_per_unit",
 )
 
 #: Columns of ``pipeline_summary``, in order (intervals as in ``SUMMARY_COLUMNS``).
@@ -155,6 +162,8 @@ def summarize_blocks(
         theta = float(dedicated_per_s.get((run, case, stage, task), math.nan)) if task else math.nan
         order, modes, step_ms = list(seg["order"]), list(seg["mode"]), list(seg["step_ms_median"])
         ref = seg[seg["mode"] == REFERENCE_MODE]
+        ref_steps = _step_groups(ref)
+        ref_power = median(ref["power_w"]) if len(ref) else math.nan
         vanilla_idle = ratio_interval(
             ref["bubble_ms"].to_numpy(dtype=float) / 1e3, ref["wall_s"].to_numpy(dtype=float)
         )
@@ -180,6 +189,8 @@ def summarize_blocks(
                 harvest = Interval.point(math.nan, len(b))
             bubble_ms = float(b["bubble_ms"].sum())
             latencies = [x for t in b["latency_ms"] for x in t]
+            power = median(b["power_w"])
+            extra_j = (power - ref_power) * float(wall.sum()) / progress if progress else math.nan
             rows.append(
                 {
                     "run": run,
@@ -221,8 +232,14 @@ def summarize_blocks(
                     "side_steps": int(b["side_steps"].sum()),
                     "latency_p50_ms": percentile(latencies, 50),
                     "latency_p99_ms": percentile(latencies, 99),
+                    **_interval_columns(
+                        "step_p99_inflation",
+                        "frac",
+                        bootstrap_percentile_ratio_interval(_step_groups(b), ref_steps, 99),
+                    ),
                     "sm_clock_mhz": median(b["sm_clock_mhz"]),
-                    "power_w": median(b["power_w"]),
+                    "power_w": power,
+                    "extra_energy_j_per_unit": extra_j,
                 }
             )
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
@@ -350,6 +367,13 @@ def _cost_intervals(
     published = published.shifted(cost.saving_published_frac - published.value)  # float noise
     corrected = sum_interval([published, overhead.scaled(-1.0)])
     return published, corrected, cost.reference_gpus
+
+
+def _step_groups(blocks: pd.DataFrame) -> list[list[float]]:
+    """Each block's raw step times (ms); none where the blocks carry only medians."""
+    if "step_ms" not in blocks.columns:
+        return []
+    return [list(v) for v in blocks["step_ms"] if isinstance(v, list | tuple) and len(v)]
 
 
 def _per_limit(harvest: Interval, limit: float) -> Interval:

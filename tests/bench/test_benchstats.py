@@ -188,6 +188,29 @@ def test_summary_harvest_values_work_at_the_dedicated_speed_against_the_bubble_l
     assert row["bubble_used_frac"] == pytest.approx(0.75)
 
 
+def test_summary_reports_the_p99_step_inflation_a_mean_hides_and_energy_per_unit() -> None:
+    """Managed blocks whose median step is vanilla's but whose slowest step in 20 is 10% slow:
+    the overhead of the medians is 0, the p99 inflation is not."""
+    vanilla = [100.0] * 20
+    managed = [100.0] * 19 + [110.0]
+    rows = []
+    for i in range(6):
+        rows.append(_block(order=2 * i, mode="vanilla", step_ms=vanilla, power_w=400.0,
+                           wall_s=2.0))  # fmt: skip
+        rows.append(_block(order=2 * i + 1, mode="managed", step_ms=managed, power_w=450.0,
+                           wall_s=2.0, progress=100.0))  # fmt: skip
+    out = bt.summarize_blocks(pd.DataFrame(rows), stages=4, microbatches=4, dedicated_per_s={})
+    row = out[out["mode"] == "managed"].iloc[0]
+    assert row["overhead_frac"] == pytest.approx(0.0)
+    assert row["step_p99_inflation_frac"] == pytest.approx(0.1)  # 6 slow steps in 120
+    assert row["step_p99_inflation_lo_frac"] <= row["step_p99_inflation_frac"]
+    assert row["step_p99_inflation_hi_frac"] == pytest.approx(0.1, abs=1e-9)
+    # 50 W above vanilla over 12 s of managed blocks, 600 units of work: 1 J per unit
+    assert row["extra_energy_j_per_unit"] == pytest.approx(1.0)
+    van = out[out["mode"] == "vanilla"].iloc[0]
+    assert van["step_p99_inflation_frac"] == pytest.approx(0.0)
+
+
 def test_summary_rejects_blocks_without_the_documented_columns() -> None:
     with pytest.raises(ValueError, match="lack column"):
         bt.summarize_blocks(
