@@ -101,3 +101,22 @@ def test_max_steps_finishes_the_task() -> None:
     assert not task.is_finished()
     task.step()
     assert task.is_finished()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_cached_decoding_matches_a_full_forward_and_bf16_runs() -> None:
+    task = InferenceTask(**SMALL)
+    task.setup()
+    task.to_device("cuda")
+    run_batch(task)
+    c = task.config
+    with torch.inference_mode():
+        logits = task.model(task.tokens[:, :-1], task.model.new_cache(c.batch_size, c.max_len), 0)
+    assert torch.equal(logits.argmax(dim=-1)[:, c.prompt_len - 1 :], task.tokens[:, c.prompt_len :])
+    half = InferenceTask(**{**SMALL, "dtype": "bfloat16"})
+    half.setup()
+    half.to_device("cuda")
+    assert sum(run_batch(half)) == 3 * (c.max_len - 1)
+    half.to_host()
+    assert half.tokens.device.type == "cpu"
