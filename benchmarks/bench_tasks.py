@@ -60,10 +60,10 @@ def bench_task(name: str, preset: str, device: str, warmup: int, steps: int) -> 
     for _ in range(warmup):
         task.step()
     _sync(device)
-    times = []
+    times, done = [], 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
-        task.step()
+        done += task.step()
         _sync(device)
         times.append(time.perf_counter() - t0)
     median_s = statistics.median(times)
@@ -79,7 +79,10 @@ def bench_task(name: str, preset: str, device: str, warmup: int, steps: int) -> 
         "step_min_ms": round(min(times) * 1e3, 2),
         "budget_ms": round(math.ceil(median_s * 100 - 1e-9) / 100 * 1.2 * 1e3, 1),
         "steps": steps,
-        "freeride_median_ms": FREERIDE_MEDIAN_S[name] * 1e3 if preset == "gpu" else None,
+        "units_per_s": round(done / sum(times), 1),
+        "freeride_median_ms": (
+            FREERIDE_MEDIAN_S[name] * 1e3 if preset == "gpu" and name in FREERIDE_MEDIAN_S else None
+        ),
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
     }
     task.teardown()

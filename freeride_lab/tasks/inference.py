@@ -58,14 +58,14 @@ class InferenceOptions:
     """Sizes of the inference side task; the defaults are the "cpu" preset's."""
 
     vocab_size: int = 512
-    d_model: int = 128
-    layers: int = 2
+    d_model: int = 256
+    layers: int = 4
     heads: int = 4
-    batch_size: int = 4  # sequences decoded together
-    prompt_len: int = 64  # prompt tokens per sequence
-    gen_len: int = 64  # new tokens per sequence
-    prefill_chunk: int = 64  # prompt positions per prefill step
-    decode_per_step: int = 4  # new tokens per sequence per decode step
+    batch_size: int = 8  # sequences decoded together
+    prompt_len: int = 128  # prompt tokens per sequence
+    gen_len: int = 128  # new tokens per sequence
+    prefill_chunk: int = 128  # prompt positions per prefill step
+    decode_per_step: int = 16  # new tokens per sequence per decode step
     dtype: str = "float32"
     seed: int = 0
     max_steps: int | None = None  # is_finished() after this many steps; None: never
