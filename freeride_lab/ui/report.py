@@ -148,6 +148,7 @@ def write_report(
     title: str = "freeride_lab run report",
     timeline_steps: int = 10,
     max_bars_per_rank: int = 400,
+    max_bars: int = 2000,
     min_bubble_ms: float = 0.05,
 ) -> Path:
     """Write ``path`` (HTML) and the run's data beside it; returns ``path``.
@@ -165,7 +166,8 @@ def write_report(
             the headline its overhead and interval).
         tasks: the side tasks (``Session.tasks``); failed ones are listed with their error.
         timeline_steps: how many of the newest steps the timeline draws at most.
-        max_bars_per_rank: fewer steps are drawn where they would need more bars on a rank.
+        max_bars_per_rank: fewer steps are drawn where they would need more bars on a rank
+            (``max_bars`` in all; a bar is about 80 bytes of the page).
         min_bubble_ms: gaps shorter than this are left out of the drawing.
         (All steps and spans are in the Parquet files and traces.)
     """
@@ -214,6 +216,7 @@ def write_report(
         side,
         last_steps=timeline_steps,
         max_bars_per_rank=max_bars_per_rank,
+        max_bars=max_bars,
         min_bubble_ms=min_bubble_ms,
     )
     figures = figure_fragments(

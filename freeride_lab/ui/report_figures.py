@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from markupsafe import Markup
@@ -67,32 +68,40 @@ def timeline_window(
     *,
     last_steps: int = 10,
     max_bars_per_rank: int = 400,
+    max_bars: int = 2000,
     min_bubble_ms: float = 0.05,
 ) -> TimelineWindow:
     """The newest ``last_steps`` steps (fewer where their bars would pass
-    ``max_bars_per_rank`` on some rank; at least one), bubbles under ``min_bubble_ms`` left out.
+    ``max_bars_per_rank`` on some rank or ``max_bars`` in all; at least one), bubbles under
+    ``min_bubble_ms`` left out. A bar costs about 80 bytes of the page.
 
     Raises:
-        ValueError: ``last_steps`` or ``max_bars_per_rank`` below 1, or ``min_bubble_ms`` < 0.
+        ValueError: ``last_steps``, ``max_bars_per_rank`` or ``max_bars`` below 1, or
+            ``min_bubble_ms`` < 0.
     """
-    if last_steps < 1 or max_bars_per_rank < 1:
-        raise ValueError(
-            f"last_steps={last_steps!r} and max_bars_per_rank={max_bars_per_rank!r} must be >= 1"
-        )
+    for name, value in (
+        ("last_steps", last_steps),
+        ("max_bars_per_rank", max_bars_per_rank),
+        ("max_bars", max_bars),
+    ):
+        if value < 1:
+            raise ValueError(f"{name}={value!r} must be >= 1")
     if not min_bubble_ms >= 0:
         raise ValueError(f"min_bubble_ms={min_bubble_ms!r} must be >= 0 (0 draws every gap)")
     kept = bubbles[bubbles["duration_ms"] >= min_bubble_ms]
     frames = [f[["step", "rank"]] for f in (actions, kept, side_task_steps) if len(f)]
     bars = pd.concat(frames) if frames else pd.DataFrame(columns=["step", "rank"])
     all_steps = sorted({int(s) for s in bars["step"].dropna()})
-    per_step = bars.groupby(["step", "rank"]).size().groupby("step").max()
+    per_rank = bars.groupby(["step", "rank"]).size()
+    busiest, in_step = per_rank.groupby("step").max(), per_rank.groupby("step").sum()
     shown: list[int] = []
-    total = 0
+    rank_total = total = 0
     for step in reversed(all_steps[-last_steps:]):
-        count = int(per_step.get(step, 0))
-        if shown and total + count > max_bars_per_rank:
+        rank_count, count = int(busiest.get(step, 0)), int(in_step.get(step, 0))
+        if shown and (rank_total + rank_count > max_bars_per_rank or total + count > max_bars):
             break
         shown.append(step)
+        rank_total += rank_count
         total += count
     shown.sort()
 
@@ -120,8 +129,10 @@ def window_figure(window: TimelineWindow) -> go.Figure | None:
     return fig
 
 
-def progress_figure(side_task_steps: pd.DataFrame) -> go.Figure:
-    """Cumulative progress of each side task over the run, in its own unit."""
+def progress_figure(side_task_steps: pd.DataFrame, *, max_points: int = 300) -> go.Figure:
+    """Cumulative progress of each side task over the run, in its own unit; a task with more
+    than ``max_points`` steps is drawn through evenly spaced ones (its last included), which
+    keeps the line's shape: cumulative progress only grows."""
     fig = go.Figure(
         layout={
             "height": 300,
@@ -134,9 +145,13 @@ def progress_figure(side_task_steps: pd.DataFrame) -> go.Figure:
     for task_id, rows in side_task_steps.sort_values("end_ms").groupby("task_id", sort=False):
         unit = str(rows["unit"].iloc[0]) if "unit" in rows else ""
         name = f"{rows['name'].iloc[0]} ({task_id}, stage {rows['stage'].iloc[0]})"
+        x, y = rows["end_ms"].to_numpy(float), rows["progress"].cumsum().to_numpy(float)
+        if len(x) > max_points:
+            keep = np.unique(np.linspace(0, len(x) - 1, max_points).round().astype(int))
+            x, y = x[keep], y[keep]
         fig.add_scatter(
-            x=rows["end_ms"].to_numpy(float),
-            y=rows["progress"].cumsum().to_numpy(float),
+            x=x,
+            y=y,
             mode="lines",
             name=safe_text(name),
             hovertemplate=f"%{{y:,.0f}} {safe_text(unit)} at %{{x:.0f}} ms<extra></extra>",

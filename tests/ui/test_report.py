@@ -318,3 +318,110 @@ def test_report_renders_offline_in_chromium(report):
             browser.close()
     assert (errors, remote) == ([], [])
     assert all(count > 0 for count in drawn.values()), drawn
+
+
+def test_headline_leads_and_config_comes_last(report):
+    _, html = report
+    order = [html.index(f'id="{i}"') for i in ("headline", "timeline", "bubble-table", "config")]
+    assert order == sorted(order)
+    first_screen = html[order[0] : order[1]]
+    assert "30% measured vs 33% theory" in first_screen  # mean over ranks
+    assert "7% overhead-corrected (8% as published)" in first_screen
+
+
+def test_numbers_are_written_for_people_with_units_in_headers(report):
+    _, html = report
+    bubbles = html[html.index('id="bubble-table"') :]
+    bubbles = bubbles[: bubbles.index("</table>")]
+    assert '<th scope="col">bubble per step (ms)</th>' in bubbles
+    assert '<th scope="col">measured (%)</th>' in bubbles
+    assert "<td>10</td>" in bubbles and "10.000" not in bubbles
+    config = html[html.index('id="config-table"') :]
+    assert "<td>stages</td><td>2</td>" in config
+
+
+def test_overhead_headline_shows_its_95_percent_interval(tmp_path):
+    from freeride_lab.ui.report import overheads
+
+    actions, bubbles, side, steps = fake_run(steps=8)
+    side = side[side["step"].isin([2, 4, 6])]
+    numbers = overheads(steps, side)
+    assert numbers["training_overhead_lo_frac"] < numbers["training_overhead_mean_frac"]
+    html = write_report(
+        tmp_path / "r.html",
+        config={"stages": 2},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=SUMMARY,
+        side_task_steps=side,
+        overheads=numbers,
+    ).read_text()
+    overhead = html[html.index('id="headline-overhead"') :]
+    assert "[95% interval " in overhead[: overhead.index("</div>")]
+
+
+def test_failed_side_tasks_are_listed_with_their_error(tmp_path):
+    actions, bubbles, side, steps = fake_run()
+    tasks = [
+        {"id": "t1", "name": "fine", "stage": 0, "state": "RUNNING", "error": ""},
+        {"id": "t2", "name": EVIL, "stage": 1, "state": "FAILED", "error": "boom <b>x</b>"},
+    ]
+    html = write_report(
+        tmp_path / "r.html",
+        config={},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=None,
+        side_task_steps=side,
+        tasks=tasks,
+    ).read_text()
+    failed = html[html.index('id="failed-side-tasks-table"') :]
+    failed = failed[: failed.index("</table>")]
+    assert "boom &lt;b&gt;x&lt;/b&gt;" in failed and "t2" in failed and "t1" not in failed
+    assert "1 side task failed" in html[: html.index('id="timeline"')]
+
+
+def test_a_long_run_draws_a_bounded_window_and_stays_small(tmp_path):
+    actions, bubbles, side, steps = fake_run(ranks=8, steps=600)
+    path = write_report(
+        tmp_path / "r.html",
+        config={"stages": 4},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=SUMMARY,
+        side_task_steps=side,
+        timeline_steps=5000,
+    )
+    assert path.stat().st_size <= 1_500_000
+    assert "of 600 drawn" in path.read_text()
+
+
+def test_timeline_window_caps_bars_per_rank_and_leaves_out_tiny_gaps():
+    from freeride_lab.ui.report_figures import timeline_window
+
+    actions, bubbles, side, _ = fake_run(ranks=2, steps=50)
+    bubbles.loc[bubbles["step"] == 49, "duration_ms"] = 0.01
+    window = timeline_window(
+        actions, bubbles, side, last_steps=20, max_bars_per_rank=12, min_bubble_ms=0.05
+    )
+    # F, B, bubble and side-task step: 4 bars per rank and step, 3 in step 49 (its bubble is
+    # too short to draw): 3 + 4 + 4 <= 12 < 3 + 4 + 4 + 4
+    assert window.steps == [47, 48, 49]
+    assert window.total_steps == 50 and window.hidden_bubbles == 2
+    assert (window.bubbles["duration_ms"] >= 0.05).all()
+    one = timeline_window(actions, bubbles, side, last_steps=20, max_bars_per_rank=1)
+    assert one.steps == [49]  # at least one step, whatever the cap
+
+
+def test_timeline_window_refuses_a_cap_below_one():
+    from freeride_lab.ui.report_figures import timeline_window
+
+    actions, bubbles, side, _ = fake_run()
+    with pytest.raises(ValueError, match=r"max_bars_per_rank=0 must be >= 1"):
+        timeline_window(actions, bubbles, side, max_bars_per_rank=0)
