@@ -120,6 +120,11 @@ def _write_tables(out: Path, tables: Mapping[str, pd.DataFrame]) -> list[str]:
     return names
 
 
+def _beyond(summary: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` without the columns the bubble table already shows (rank kept)."""
+    return summary[[c for c in summary.columns if c == "rank" or c not in shown.columns]]
+
+
 def _render(**context: Any) -> str:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES),
@@ -249,13 +254,13 @@ def write_report(
         window=window,
         bubbles=table(per_rank),
         labels=table(label_table(bubbles)),
-        summary=table(summary_frame)
+        summary=table(_beyond(summary_frame, per_rank))
         if summary_frame is not None
         else (pairs(summary) if isinstance(summary, Mapping) else None),
         steps=table(step_table(steps)),
         ledger=table(side_task_ledger) if side_task_ledger is not None else None,
         failed=table(failed) if len(failed) else None,
-        overheads=pairs(overheads)
+        overheads=pairs(overheads, named=True)
         if isinstance(overheads, Mapping)
         else (table(overhead_frame) if overhead_frame is not None else None),
         costs=table(cost_frame) if cost_frame is not None else None,

@@ -127,13 +127,20 @@ def table(frame: pd.DataFrame) -> Table:
     return Table([header(c) for c in columns], rows)
 
 
-def pairs(mapping: Mapping[str, Any]) -> Table:
-    """A mapping as a two-column (setting, value) table."""
+def pairs(mapping: Mapping[str, Any], *, named: bool = False) -> Table:
+    """A mapping as a two-column (setting, value) table: keys as written (names a user types,
+    like config fields) or, ``named``, as :func:`header` words; whole numbers without
+    thousands separators (ports, seeds), fractions as percentages."""
     rows = []
     for key, value in mapping.items():
         value = scalar(value)
-        shown = percent(value) if str(key).endswith("_frac") else cell("", value)
-        rows.append([str(key), shown])
+        if str(key).endswith("_frac"):
+            shown = percent(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            shown = str(value)
+        else:
+            shown = cell("", value)
+        rows.append([header(str(key)) if named else str(key), shown])
     return Table(["setting", "value"], rows)
 
 

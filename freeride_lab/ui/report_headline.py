@@ -114,9 +114,11 @@ def harvest_headline(
     return Headline("harvest", label, value, detail)
 
 
-def cost_headline(costs: Any, note: str | None = None) -> Headline:
+def cost_headline(costs: Any, note: str | None = None, *, side_tasks_ran: bool = True) -> Headline:
     """FreeRide's cost saving as published and overhead-corrected, or why it is missing."""
     label = "Cost saving"
+    if costs is None and not note and not side_tasks_ran:
+        return Headline("cost", label, "no side tasks ran", "nothing to count")
     if note:
         return Headline("cost", label, note.split(":")[0], note)
     if dataclasses.is_dataclass(costs) and not isinstance(costs, type):
@@ -152,5 +154,5 @@ def headlines(
         bubble_headline(summary),
         overhead_headline(overheads),
         harvest_headline(bubbles, side_task_steps, ledger),
-        cost_headline(costs, cost_note),
+        cost_headline(costs, cost_note, side_tasks_ran=not side_task_steps.empty),
     ]

@@ -303,7 +303,7 @@ def test_report_renders_offline_in_chromium(report):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": 1366, "height": 768})  # a laptop screen
             errors: list[str] = []
             remote: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -314,10 +314,16 @@ def test_report_renders_offline_in_chromium(report):
                 div: page.locator(f"#{div} .main-svg").count()
                 for div in ("timeline", "bubble-fractions", "side-task-progress", "cost-saving")
             }
+            page_width = page.evaluate("document.documentElement.scrollWidth")
+            headline = page.locator("#headline").bounding_box()
+            timeline = page.locator("#timeline").bounding_box()
         finally:
             browser.close()
     assert (errors, remote) == ([], [])
     assert all(count > 0 for count in drawn.values()), drawn
+    assert page_width <= 1366  # no horizontal scrolling
+    assert headline is not None and timeline is not None
+    assert headline["y"] + headline["height"] <= 768 and headline["y"] < timeline["y"]
 
 
 def test_headline_leads_and_config_comes_last(report):
