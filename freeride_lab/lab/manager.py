@@ -177,7 +177,7 @@ class SideTaskManager:
             if gating not in GATINGS:
                 raise ValueError(f"gating={gating!r} is unknown; valid: {', '.join(GATINGS)}")
             policy = str(parse_overrun_policy(policy))
-            ref, name, unit = _check_task(task)
+            ref, name, unit, theta = _check_task(task)
             limits = _limits(memory, sm_pct, priority, budget_ms)
             record = TaskRecord(
                 id=_new_id(name, set(records)),
@@ -191,6 +191,7 @@ class SideTaskManager:
                 gating=gating,
                 user_budget_s=limits.budget_s,
                 unit=unit,
+                reference_throughput=theta,
             )
             record.spec()  # validates options (JSON) and the rest before anything is sent
             rank, note = self._choose_rank(record, limits, stage)
@@ -668,8 +669,9 @@ def _process_alive(pid: int) -> bool:
         return False
 
 
-def _check_task(task: object) -> tuple[str, str, str]:
-    """(reference to send, display name, unit) of a task reference, or ValueError."""
+def _check_task(task: object) -> tuple[str, str, str, float | None]:
+    """(reference to send, display name, unit, declared reference throughput) of a task
+    reference, or ValueError."""
     if not isinstance(task, str) or not task.strip():
         raise ValueError(
             f"task={task!r} must be a built-in name ({', '.join(BUILTIN_TASKS)}), "
@@ -681,13 +683,29 @@ def _check_task(task: object) -> tuple[str, str, str]:
         from freeride_lab.core.accounting import FREERIDE_UNITS
         from freeride_lab.tasks import REFERENCE_KEYS
 
-        return key, key, FREERIDE_UNITS.get(REFERENCE_KEYS.get(key, key), "")
+        return key, key, FREERIDE_UNITS.get(REFERENCE_KEYS.get(key, key), ""), None
     ref = task.strip()
     where, _, cls_name = ref.rpartition(":")
     if where.endswith(".py"):
         ref = f"{Path(where).expanduser().resolve()}:{cls_name}"  # task processes run elsewhere
     cls = load_task_class(ref)  # ValueError names what is wrong
-    return ref, cls_name, str(getattr(cls, "unit", ""))
+    return ref, cls_name, str(getattr(cls, "unit", "")), _reference_throughput(cls)
+
+
+def _reference_throughput(cls: type) -> float | None:
+    """A task class's declared ``reference_throughput`` (None if it declares none), or
+    ValueError naming the class, the value and the rule."""
+    theta = getattr(cls, "reference_throughput", None)
+    if theta is None:
+        return None
+    number = isinstance(theta, int | float) and not isinstance(theta, bool)
+    if not (number and math.isfinite(theta) and theta > 0):
+        raise ValueError(
+            f"{cls.__name__}.reference_throughput={theta!r} must be a finite number > 0 "
+            f"(its {getattr(cls, 'unit', 'units')} per second on the reference GPU), or None "
+            "to leave the task out of cost accounting"
+        )
+    return float(theta)
 
 
 def _limits(

@@ -11,7 +11,7 @@ and [Note: upward hooks].
     s = Session.launch(RunConfig(workload="synthetic", stages=4, microbatches=4))
     t = s.attach("pagerank", options={"n_nodes": 2000})      # placed, profiled, then stepping
     s.tune(t["id"], budget_ms=20); s.move(t["id"], 2); s.detach(t["id"])
-    s.tasks; s.ledger(); s.cost_saving(); s.stage_info()
+    s.tasks; s.ledger(); s.cost_saving(); s.cost_model(); s.stage_info()
 """
 
 from __future__ import annotations
@@ -182,9 +182,26 @@ class SideTaskControls:
     ) -> CostSaving:
         """FreeRide's cost saving of this run, published and overhead-corrected
         (``lab.manager.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
-        had no side-task work)."""
+        had no side-task work; ``model`` None uses :meth:`cost_model`)."""
         return run_cost_saving(
-            self.steps, self.side_task_steps, vanilla_step_s=vanilla_step_s, model=model
+            self.steps,
+            self.side_task_steps,
+            vanilla_step_s=vanilla_step_s,
+            model=self.cost_model() if model is None else model,
+        )
+
+    def cost_model(self) -> CostModel:
+        """FreeRide's cost model plus the ``reference_throughput`` each custom task of this
+        run declared on its class (``sidetasks.api.SideTaskBase``), under its task name."""
+        from freeride_lab.core.accounting import FREERIDE_REFERENCE_THROUGHPUT_PER_S, CostModel
+
+        declared = {
+            record.name: record.reference_throughput
+            for record in self._side_tasks().book.records().values()
+            if record.reference_throughput is not None
+        }
+        return CostModel(
+            reference_throughput_per_s={**FREERIDE_REFERENCE_THROUGHPUT_PER_S, **declared}
         )
 
     def stage_info(self) -> list[dict[str, Any]]:

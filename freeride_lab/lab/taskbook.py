@@ -45,6 +45,9 @@ class TaskRecord:
         limits_ns: when limits or the host process last changed; a profile written before it
             is stale.
         placement: how the stage was chosen, in words.
+        reference_throughput: the task class's declared ``reference_throughput`` (units per
+            second on the cost model's reference GPU); None for built-ins and for custom
+            tasks that declare none.
     """
 
     id: str
@@ -58,6 +61,7 @@ class TaskRecord:
     gating: str = "bubbles"
     user_budget_s: float | None = None
     unit: str = ""
+    reference_throughput: float | None = None
     attached_ns: int = 0
     limits_ns: int = 0
     detached: bool = False

@@ -43,6 +43,12 @@ class SideTaskBase:
     #: Progress unit reported by ``step()``/``progress``: "samples", "iterations", "images", …
     unit: ClassVar[str] = "iterations"
 
+    #: Optional: this task's throughput on the cost model's reference GPU (FreeRide's is an
+    #: RTX 3080), in ``unit`` per second. A custom task that declares it gets FreeRide's cost
+    #: saving (``Session.cost_saving()`` and the report) like the built-ins do; None leaves
+    #: it out of cost accounting. Must be a finite number > 0.
+    reference_throughput: ClassVar[float | None] = None
+
     def __init__(self, **options: Any) -> None:
         self.options = options
         self.device: str = "cpu"

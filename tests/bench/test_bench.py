@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from freeride_lab.bench.driver import PROFILES, bench_profile
-from freeride_lab.cli.app import bench_profile_of, build_parser, main
+from freeride_lab.cli.app import build_parser, main
+from freeride_lab.cli.bench import bench_profile_of
 
 MODES = {"vanilla", "managed", "governed", "naive"}
 

@@ -13,6 +13,7 @@ for _ui_package in ("plotly",):
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
 from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report  # noqa: E402
+from freeride_lab.ui.report_format import percent  # noqa: E402
 
 EVIL = "<img src=x onerror=alert(1)>"
 EVIL_CONFIG = "</script><script>alert('config')</script>"
@@ -137,9 +138,12 @@ def test_report_returns_the_html_path(report):
     assert path.is_file()
 
 
+PLOTLY_BANNER = re.compile(r"\* plotly\.js (\([a-z -]+\) )?v\d")
+
+
 def test_plotly_js_is_embedded_exactly_once(report):
     _, html = report
-    assert html.count("* plotly.js v") == 1
+    assert len(PLOTLY_BANNER.findall(html)) == 1
 
 
 def test_report_loads_no_external_script(report):
@@ -180,7 +184,8 @@ def test_report_shows_both_cost_savings(report):
     _, html = report
     assert "as published" in html
     assert "overhead-corrected" in html
-    assert "8.00%" in html and "7.00%" in html
+    headline = html[html.index('id="headline-cost"') :]
+    assert "7% overhead-corrected (8% as published)" in headline
 
 
 def test_tables_are_written_as_parquet_beside_the_report(report):
@@ -218,7 +223,7 @@ def test_report_without_side_tasks_or_costs_still_renders(tmp_path):
         summary=None,
     )
     html = path.read_text()
-    assert html.count("* plotly.js v") == 1  # embedded in the first figure that exists
+    assert len(PLOTLY_BANNER.findall(html)) == 1
     assert 'id="side-task-progress"' not in html
     assert pd.read_parquet(tmp_path / "side_task_steps.parquet").empty
 
@@ -240,7 +245,7 @@ def test_report_accepts_a_cost_saving_dataclass(tmp_path):
     )
     html = path.read_text()
     assert 'id="cost-saving"' in html
-    assert f"{costs.saving_corrected_frac:.2%}" in html
+    assert percent(costs.saving_corrected_frac) in html
 
 
 def test_bubble_table_splits_the_bubble_time_per_step_beside_the_fractions():
@@ -298,7 +303,7 @@ def test_report_renders_offline_in_chromium(report):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
         try:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": 1366, "height": 768})  # a laptop screen
             errors: list[str] = []
             remote: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -309,7 +314,120 @@ def test_report_renders_offline_in_chromium(report):
                 div: page.locator(f"#{div} .main-svg").count()
                 for div in ("timeline", "bubble-fractions", "side-task-progress", "cost-saving")
             }
+            page_width = page.evaluate("document.documentElement.scrollWidth")
+            headline = page.locator("#headline").bounding_box()
+            timeline = page.locator("#timeline").bounding_box()
         finally:
             browser.close()
     assert (errors, remote) == ([], [])
     assert all(count > 0 for count in drawn.values()), drawn
+    assert page_width <= 1366  # no horizontal scrolling
+    assert headline is not None and timeline is not None
+    assert headline["y"] + headline["height"] <= 768 and headline["y"] < timeline["y"]
+
+
+def test_headline_leads_and_config_comes_last(report):
+    _, html = report
+    order = [html.index(f'id="{i}"') for i in ("headline", "timeline", "bubble-table", "config")]
+    assert order == sorted(order)
+    first_screen = html[order[0] : order[1]]
+    assert "30% measured vs 33% theory" in first_screen  # mean over ranks
+    assert "7% overhead-corrected (8% as published)" in first_screen
+
+
+def test_numbers_are_written_for_people_with_units_in_headers(report):
+    _, html = report
+    bubbles = html[html.index('id="bubble-table"') :]
+    bubbles = bubbles[: bubbles.index("</table>")]
+    assert '<th scope="col">bubble per step (ms)</th>' in bubbles
+    assert '<th scope="col">measured (%)</th>' in bubbles
+    assert "<td>10</td>" in bubbles and "10.000" not in bubbles
+    config = html[html.index('id="config-table"') :]
+    assert "<td>stages</td><td>2</td>" in config
+
+
+def test_overhead_headline_shows_its_95_percent_interval(tmp_path):
+    from freeride_lab.ui.report import overheads
+
+    actions, bubbles, side, steps = fake_run(steps=8)
+    side = side[side["step"].isin([2, 4, 6])]
+    numbers = overheads(steps, side)
+    assert numbers["training_overhead_lo_frac"] < numbers["training_overhead_mean_frac"]
+    html = write_report(
+        tmp_path / "r.html",
+        config={"stages": 2},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=SUMMARY,
+        side_task_steps=side,
+        overheads=numbers,
+    ).read_text()
+    overhead = html[html.index('id="headline-overhead"') :]
+    assert "[95% interval " in overhead[: overhead.index("</div>")]
+
+
+def test_failed_side_tasks_are_listed_with_their_error(tmp_path):
+    actions, bubbles, side, steps = fake_run()
+    tasks = [
+        {"id": "t1", "name": "fine", "stage": 0, "state": "RUNNING", "error": ""},
+        {"id": "t2", "name": EVIL, "stage": 1, "state": "FAILED", "error": "boom <b>x</b>"},
+    ]
+    html = write_report(
+        tmp_path / "r.html",
+        config={},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=None,
+        side_task_steps=side,
+        tasks=tasks,
+    ).read_text()
+    failed = html[html.index('id="failed-side-tasks-table"') :]
+    failed = failed[: failed.index("</table>")]
+    assert "boom &lt;b&gt;x&lt;/b&gt;" in failed and "t2" in failed and "t1" not in failed
+    assert "1 side task failed" in html[: html.index('id="timeline"')]
+
+
+def test_a_long_run_draws_a_bounded_window_and_stays_small(tmp_path):
+    actions, bubbles, side, steps = fake_run(ranks=8, steps=600)
+    path = write_report(
+        tmp_path / "r.html",
+        config={"stages": 4},
+        environment={},
+        actions=actions,
+        bubbles=bubbles,
+        steps=steps,
+        summary=SUMMARY,
+        side_task_steps=side,
+        timeline_steps=5000,
+    )
+    assert path.stat().st_size <= 1_500_000
+    assert "of 600 drawn" in path.read_text()
+
+
+def test_timeline_window_caps_bars_per_rank_and_leaves_out_tiny_gaps():
+    from freeride_lab.ui.report_figures import timeline_window
+
+    actions, bubbles, side, _ = fake_run(ranks=2, steps=50)
+    bubbles.loc[bubbles["step"] == 49, "duration_ms"] = 0.01
+    window = timeline_window(
+        actions, bubbles, side, last_steps=20, max_bars_per_rank=12, min_bubble_ms=0.05
+    )
+    # F, B, bubble and side-task step: 4 bars per rank and step, 3 in step 49 (its bubble is
+    # too short to draw): 3 + 4 + 4 <= 12 < 3 + 4 + 4 + 4
+    assert window.steps == [47, 48, 49]
+    assert window.total_steps == 50 and window.hidden_bubbles == 2
+    assert (window.bubbles["duration_ms"] >= 0.05).all()
+    one = timeline_window(actions, bubbles, side, last_steps=20, max_bars_per_rank=1)
+    assert one.steps == [49]  # at least one step, whatever the cap
+
+
+def test_timeline_window_refuses_a_cap_below_one():
+    from freeride_lab.ui.report_figures import timeline_window
+
+    actions, bubbles, side, _ = fake_run()
+    with pytest.raises(ValueError, match=r"max_bars_per_rank=0 must be >= 1"):
+        timeline_window(actions, bubbles, side, max_bars_per_rank=0)

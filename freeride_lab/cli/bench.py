@@ -1,0 +1,142 @@
+"""``freeride-lab bench``: vanilla, managed (with and without the overhead governor) and naive
+side tasks side by side on one GPU, with emulated peers (``freeride_lab.bench``; BENCHMARKS.md).
+
+    freeride-lab bench --emulate-peers --quick
+    freeride-lab bench --emulate-peers --profile tiny --device cpu --out /tmp/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from freeride_lab.cli.app import EXIT_FAILED, EXIT_OK, PROG, UsageError
+
+__all__ = ["add_bench", "bench_profile_of", "cmd_bench"]
+
+
+def add_bench(subparsers: Any) -> argparse.ArgumentParser:
+    """``bench``: vanilla / managed / governed / naive side tasks side by side on one GPU."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="benchmark side-task co-location against vanilla training (one GPU, emulated peers)",
+        description="In one process tree per run, interleave blocks of training steps with side "
+        "tasks parked (vanilla), gated by bubbles (managed, with and without the overhead "
+        "governor) and running continuously (naive); report medians and ratios: overhead, "
+        "harvest vs the bubble limit, FreeRide's cost saving, signal latency. See BENCHMARKS.md.",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", dest="profile", action="store_const", const="quick",
+                       help="the ~6-minute GPU plan (default)")  # fmt: skip
+    which.add_argument("--full", dest="profile", action="store_const", const="full",
+                       help="every task, M=4 and 8, with and without MPS (hours)")  # fmt: skip
+    which.add_argument("--profile", dest="profile", help="a profile by name (e.g. tiny)")
+    p.add_argument("--emulate-peers", action="store_true",
+                   help="one rank computes on the GPU, its peers replay calibrated costs "
+                   "(required: the single-GPU harness is the only one so far)")  # fmt: skip
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="where the real stage computes (default: cuda if present)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default benchmarks/results/<h200|cpu>-<date>.json); "
+                   "the markdown table goes beside it")  # fmt: skip
+    p.add_argument("--run-root", type=Path, default=None, help="where run directories go")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="skip what would not finish within this many seconds")  # fmt: skip
+    p.add_argument("--runs", default=None, help="only these runs of the profile (comma list)")
+    p.add_argument("--cases", default=None, help="side-task cases: mix and/or task names")
+    p.add_argument("--real-stage", default=None, help="'all' or a comma list of stages")
+    p.add_argument("--repeats", type=int, default=None, help="repeats of the mode sequence")
+    p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
+    return p
+
+
+def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
+    """The ``bench.driver.Profile`` that ``bench``'s options pick and narrow (ValueError if bad)."""
+    import dataclasses
+
+    from freeride_lab.bench import driver as bench
+
+    profile = bench.bench_profile(args.profile or "quick", device)
+    runs = profile.runs
+    if args.runs:
+        wanted = [x.strip() for x in args.runs.split(",") if x.strip()]
+        unknown = sorted(set(wanted) - {r.name for r in runs})
+        if unknown:
+            valid = ", ".join(r.name for r in runs)
+            raise ValueError(f"unknown run(s) {unknown} in profile {profile.name}; valid: {valid}")
+        runs = tuple(r for r in runs if r.name in wanted)
+    changes: dict[str, Any] = {}
+    if args.cases:
+        cases = tuple(x.strip() for x in args.cases.split(",") if x.strip())
+        runs = tuple(dataclasses.replace(r, cases=cases) for r in runs)
+    if args.real_stage:
+        stages: tuple[int, ...] | None = (
+            None if args.real_stage == "all" else tuple(int(x) for x in args.real_stage.split(","))
+        )
+        runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
+    for name in ("time_budget_s", "repeats", "block_steps"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    profile = profile.replace(runs=runs, **changes)
+    return profile
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark, print progress with time stamps, then the markdown tables."""
+    import time
+
+    from freeride_lab.bench import driver as bench
+    from freeride_lab.bench import markdown as bench_markdown
+    from freeride_lab.bench import results as bench_results
+
+    if not args.emulate_peers:
+        raise UsageError(
+            "bench needs --emulate-peers: the single-GPU harness (one real stage, emulated "
+            "peers) is the only one so far; a real multi-GPU run is a separate issue"
+        )
+    device = args.device or ("cuda" if _cuda_present() else "cpu")
+    try:
+        profile = bench_profile_of(args, device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.out is None and device == "cuda":
+        from freeride_lab.gpu import nvml
+
+        out = bench_results.default_out(device, nvml.device_name(0))
+    else:
+        out = args.out or bench_results.default_out(device)
+    t0 = time.monotonic()
+
+    def progress(line: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        print(f"[{stamp} +{time.monotonic() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
+
+    progress(f"bench {profile.name} on {device}: {len(profile.runs)} run(s), "
+             f"time budget {profile.time_budget_s:.0f} s, results -> {out}")  # fmt: skip
+    # Ctrl-C, and SIGTERM (e.g. from `timeout`), end the current run cleanly and keep what was
+    # measured; SIGINT may arrive ignored from a non-interactive parent shell, so restore it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
+                                 command=[PROG, *getattr(args, "argv", sys.argv[1:])])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+    print(bench_markdown.markdown(result))
+    progress(f"done in {result.get('elapsed_s')} s; wrote {out} and {out.with_suffix('.md')}")
+    return EXIT_OK if result.get("blocks") else EXIT_FAILED
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _cuda_present() -> bool:
+    """A CUDA device is visible (without initialising CUDA in this process)."""
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
