@@ -52,7 +52,7 @@ WRITERS = ("busy", "sleep", "pipeline")
 PIPELINE_IDLE_MS = (2.0, 1.0, 1.5, 3.0)  # bubble lengths of one step, by slot
 PIPELINE_BUSY_MS = (1.0, 2.5, 1.2, 2.0)  # compute after each bubble
 PIPELINE_JITTER_MS = 0.02
-SPIN_LEAD_S = 300e-6  # as sidetasks/host.py
+SPIN_LEAD_S = 300e-6  # as sidetasks/host/task_host.py
 RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
 
 

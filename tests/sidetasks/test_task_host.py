@@ -312,14 +312,14 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
     import sys
     import types
 
-    from freeride_lab.sidetasks import host as task_host
     from freeride_lab.sidetasks.api import IterativeSideTask
+    from freeride_lab.sidetasks.host import iterative
 
     cuda = _RecordingCuda()
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     task = IterativeSideTask()
     task.device = device
-    task_host._wait_for_device(task)
+    iterative._wait_for_device(task)
     assert cuda.synced == synced
 
 
@@ -336,6 +336,6 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
 def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
     device: str, override: str | None, lead_s: float
 ) -> None:
-    from freeride_lab.sidetasks import host as task_host
+    from freeride_lab.sidetasks.host import task_host
 
     assert task_host._spin_lead_s(device, override) == pytest.approx(lead_s)
