@@ -213,7 +213,11 @@ def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
         run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
     )
     activate(proc)
-    drive_bubbles(edges, 3, length_s=0.2, predicted_s=0.25)
+    assert proc.proc is not None
+    deadline, step = time.monotonic() + 60.0, 0
+    while proc.proc.poll() is None and time.monotonic() < deadline:  # steps until it runs out
+        drive_bubbles(edges, 1, length_s=0.2, predicted_s=0.25, first_step=step)
+        step += 1
     assert wait_exit(proc) == 1
     states = states_of(task_events(run_dir, "t1"))
     assert states[-1].state == "FAILED"
