@@ -340,6 +340,6 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
 def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
     device: str, override: str | None, lead_s: float
 ) -> None:
-    from freeride_lab.sidetasks.host import task_host
+    from freeride_lab.sidetasks.host import base
 
-    assert task_host._spin_lead_s(device, override) == pytest.approx(lead_s)
+    assert base._spin_lead_s(device, override) == pytest.approx(lead_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.budget import Profile
+from freeride_lab.core.edge_timing import NextBubbleClock
 from freeride_lab.core.sidetask_state import (
     Rejected,
     SideTaskEvent,
@@ -34,9 +36,12 @@ from freeride_lab.sidetasks.spec import HostSpec
 
 log = logging.getLogger("freeride_lab.sidetasks.host")
 
-__all__ = ["OVERRUN_WINDOW", "HostBase", "failure_reason"]
+__all__ = ["OVERRUN_WINDOW", "SPIN_LEAD_ENV", "HostBase", "failure_reason"]
 
 OVERRUN_WINDOW = 100  # steps the overrun policy looks at
+_SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
+#: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
+SPIN_LEAD_ENV = "FREERIDE_SPIN_LEAD_US"
 
 
 class HostBase:
@@ -85,6 +90,8 @@ class HostBase:
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
         self._last_report_ns = 0
+        self._clock = NextBubbleClock()  # predicts bubble starts from the edges seen
+        self._spin_lead_s = _spin_lead_s(spec.device, os.environ.get(SPIN_LEAD_ENV))
 
     # -- outside world --
 
@@ -226,3 +233,14 @@ def failure_reason(exc: BaseException, where: str) -> str:
         return f"out of memory: {type(exc).__name__}: {message} (in {where})"
     what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return f"{where} raised {what}"
+
+
+def _spin_lead_s(device: str, override_us: str | None) -> float:
+    """How long before a predicted bubble start the host spins: GPU runs only, unless the
+    environment says otherwise (a CPU run's cores belong to training)."""
+    if override_us:
+        try:
+            return max(0.0, float(override_us)) / 1e6
+        except ValueError:
+            log.warning("%s=%r is not a number of µs; ignored", SPIN_LEAD_ENV, override_us)
+    return _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0

@@ -43,50 +43,29 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import threading
 import traceback
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from typing import Any
 
-from freeride_lab.core.edge_timing import NextBubbleClock
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
-from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.api import ImperativeSideTask
 from freeride_lab.sidetasks.edges import Edge, Phase
-from freeride_lab.sidetasks.heartbeat import TaskBeacon
 from freeride_lab.sidetasks.host.accounting import training_busy_ns
-from freeride_lab.sidetasks.host.base import log
 from freeride_lab.sidetasks.host.imperative import ImperativeDriver
 from freeride_lab.sidetasks.host.iterative import IterativeSteps
 from freeride_lab.sidetasks.limits import apply_in_process, support_summary
 from freeride_lab.sidetasks.loader import load_task_class
-from freeride_lab.sidetasks.spec import HostSpec, checkpoint_path, parse_overrun_policy
+from freeride_lab.sidetasks.spec import checkpoint_path, parse_overrun_policy
 
-__all__ = ["SPIN_LEAD_ENV", "TaskHost"]
+__all__ = ["TaskHost"]
 
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
-_SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
-#: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
-SPIN_LEAD_ENV = "FREERIDE_SPIN_LEAD_US"
 
 
 class TaskHost(IterativeSteps):
     """Runs one side task: its state machine, its steps in bubbles, its checkpoints."""
-
-    def __init__(
-        self,
-        spec: HostSpec,
-        *,
-        conn: Connection | None,
-        sink: EventSink,
-        beacon: TaskBeacon | None = None,
-    ) -> None:
-        super().__init__(spec, conn=conn, sink=sink, beacon=beacon)
-        self._clock = NextBubbleClock()
-        self._spin_lead_s = _spin_lead_s(spec.device, os.environ.get(SPIN_LEAD_ENV))
 
     def run(self) -> int:
         """Run until the task ends (or is restarted); the process exit code."""
@@ -116,6 +95,8 @@ class TaskHost(IterativeSteps):
             self._fail(exc, traceback.format_exc())
         finally:
             self._done.set()
+            if self._reader is not None:
+                self._reader.close()  # its wake-up pipe goes with it
         state = self.machine.state
         return 1 if state is SideTaskState.FAILED else 0
 
@@ -323,14 +304,3 @@ class TaskHost(IterativeSteps):
         start_ns = max(self._last_report_ns, bubble.start_ns)
         self._last_report_ns = now_ns
         self._emit_step(bubble.step, start_ns, now_ns, float(progress), overrun_ns)
-
-
-def _spin_lead_s(device: str, override_us: str | None) -> float:
-    """How long before a predicted bubble start the host spins: GPU runs only, unless the
-    environment says otherwise (a CPU run's cores belong to training)."""
-    if override_us:
-        try:
-            return max(0.0, float(override_us)) / 1e6
-        except ValueError:
-            log.warning("%s=%r is not a number of µs; ignored", SPIN_LEAD_ENV, override_us)
-    return _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0
