@@ -41,11 +41,6 @@ class BackgroundThread:
         """True while the loop's thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
-    @property
-    def stopping(self) -> bool:
-        """True once ``stop()`` was called (until the next ``start()``)."""
-        return self._stop.is_set()
-
     def start(self) -> BackgroundThread:
         """Start the loop unless it runs; returns at once."""
         if not self.running:
