@@ -3,10 +3,10 @@
 The writer (this process) publishes alternating bubble start/end edges at random 1-3 ms gaps,
 each stamped with ``time.time_ns()``; a reader process records when it sees each one. Readers:
 
-- ``futex``: ``EdgeReader.wait`` (sleeps on the edge file's futex, see sidetasks/edges.py);
-- ``futex+spin``: what a GPU run's side-task host does: it predicts the next edge (a bubble's
+- ``wait``: ``EdgeReader.wait`` (sleeps until the writer wakes it, see sidetasks/edge_wake.py);
+- ``wait+spin``: what a GPU run's side-task host does: it predicts the next edge (a bubble's
   end from the rank's prediction, the next start from ``core.edge_timing.NextBubbleClock``),
-  sleeps on the futex until 300 µs before it, then spins across it (``wait(spin_s=)``);
+  sleeps until 300 µs before it, then spins across it (``wait(spin_s=)``);
 - ``poll-1ms``: a naive reader that checks ``EdgeReader.latest()`` and sleeps 1 ms;
 - ``poll-10ms``: the same at 10 ms, the tick of FreeRide's reference manager (paper notes §5).
 
@@ -24,6 +24,7 @@ idle gaps of the run (cold caches, a reader to wake) and back to back (warm, nob
 
     python benchmarks/bench_edge_latency.py                  # 2000 edges per reader
     python benchmarks/bench_edge_latency.py --edges 500 --out /tmp/edge.json
+    python benchmarks/bench_edge_latency.py --readers wait --writers busy sleep pipeline
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ from typing import Any
 import numpy as np
 
 from freeride_lab.core.edge_timing import NextBubbleClock
-from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter, Phase, futex_available
+from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter, Phase
 
-MODES = ("futex", "futex+spin", "poll-1ms", "poll-10ms")
+MODES = ("wait", "wait+spin", "poll-1ms", "poll-10ms")
 WRITERS = ("busy", "sleep", "pipeline")
 PIPELINE_IDLE_MS = (2.0, 1.0, 1.5, 3.0)  # bubble lengths of one step, by slot
 PIPELINE_BUSY_MS = (1.0, 2.5, 1.2, 2.0)  # compute after each bubble
 PIPELINE_JITTER_MS = 0.02
-SPIN_LEAD_S = 300e-6  # as sidetasks/host.py
+SPIN_LEAD_S = 300e-6  # as sidetasks/host/task_host.py
 RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
 
 
@@ -67,7 +68,7 @@ def run_reader(path: Path, mode: str, out: Path) -> None:
     clock = NextBubbleClock()
     edge: Edge | None = last
     while True:
-        if mode == "futex+spin":
+        if mode == "wait+spin":
             edge = _anticipate(reader, clock, edge, last_seq)
         elif poll_s is None:
             edge = reader.wait(timeout_s=30, after_seq=last_seq)
@@ -193,8 +194,8 @@ sys.stdout.write(json.dumps(seen))
 def measure_pipe_floor(edges: int, seed: int) -> dict[str, Any]:
     """The wake-up floor of this machine: a busy writer writes a byte, a reader blocks in read.
 
-    No shared memory and no record, just the kernel waking a sleeping Python process (the path
-    an eventfd or pipe design would take); the futex runs above it by the record's own work.
+    No shared memory and no record, just the kernel waking a sleeping Python process; an edge's
+    wake-up (a byte in the reader's FIFO) runs above it by the record's own work.
     """
     proc = subprocess.Popen(
         [sys.executable, "-c", _PIPE_READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -258,7 +259,6 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
-        "futex_wake_up": futex_available(),
     }
 
 
@@ -280,6 +280,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--note", default="", help="what to say about the machine in the results")
+    ap.add_argument("--readers", nargs="+", choices=MODES, default=list(MODES), help="readers")
+    ap.add_argument("--writers", nargs="+", choices=WRITERS, default=list(WRITERS), help="writers")
     ap.add_argument("--reader", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--reader-out", type=Path, help=argparse.SUPPRESS)
@@ -291,23 +293,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         runs = {
             f"{writer}/{mode}": measure(mode, writer, args.edges, Path(tmp), args.seed)
-            for writer in WRITERS
-            for mode in MODES
+            for writer in args.writers
+            for mode in args.readers
         }
         hot = writer_cost_hot(Path(tmp))
         floor = measure_pipe_floor(args.edges, args.seed)
     ratios = {
         f"{writer}/{mode}": {
-            f"{q}_vs_futex": round(
-                runs[f"{writer}/{mode}"]["latency_us"][q]
-                / runs[f"{writer}/futex"]["latency_us"][q],
+            f"{q}_vs_wait": round(
+                runs[f"{writer}/{mode}"]["latency_us"][q] / runs[f"{writer}/wait"]["latency_us"][q],
                 1,
             )
             for q in ("p50", "p99")
         }
-        for writer in WRITERS
-        for mode in MODES
-        if mode != "futex"
+        for writer in args.writers
+        for mode in args.readers
+        if mode != "wait" and "wait" in args.readers
     }
     result = {
         "benchmark": "edge_latency",
@@ -315,7 +316,7 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "note": args.note or _default_note(info),
-        "goal": "futex p50 <= 50 us, p99 <= 200 us; FreeRide's reference needs 5-15 ms "
+        "goal": "wait p50 <= 50 us, p99 <= 200 us; FreeRide's reference needs 5-15 ms "
         "(5 ms runner poll, 10 ms manager tick, synchronous gRPC)",
         "writers": {
             "busy": "the writer spins between edges, like a rank that computes (warm CPU)",
@@ -342,7 +343,7 @@ def main() -> None:
             f"{run['edges_superseded']:>11} {run['writer_call_us']['p50']:>13}"
         )
     for name, r in ratios.items():
-        print(f"{name} / futex: p50 x{r['p50_vs_futex']}, p99 x{r['p99_vs_futex']}")
+        print(f"{name} / wait: p50 x{r['p50_vs_wait']}, p99 x{r['p99_vs_wait']}")
     print(f"writer call back to back (warm, no waiter): p50 {hot['p50']} us, p99 {hot['p99']} us")
     fl = floor["latency_us"]
     print(f"wake-up floor (pipe byte, blocking read): p50 {fl['p50']} us, p99 {fl['p99']} us")

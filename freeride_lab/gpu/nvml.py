@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from freeride_lab.io.background import BackgroundThread
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -350,8 +352,7 @@ class NvmlSampler:
         self._ring: collections.deque[GpuSample] = collections.deque(maxlen=capacity)
         self._latest: dict[int, GpuSample] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="freeride-nvml-sampler")
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -369,23 +370,17 @@ class NvmlSampler:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
     def start(self) -> NvmlSampler:
         """Start the sampling thread (no-op when running or when nothing can be sampled)."""
-        if self.running or not self.available:
-            return self
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="freeride-nvml-sampler", daemon=True)
-        self._thread.start()
+        if self.available:
+            self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread and wait up to ``timeout_s`` for it. Idempotent."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        self._thread.stop(timeout_s)
 
     def __enter__(self) -> NvmlSampler:
         return self.start()
@@ -414,8 +409,7 @@ class NvmlSampler:
         with self._lock:
             return dict(self._latest)
 
-    def _run(self) -> None:
-        stop = self._stop
+    def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 self.tick()

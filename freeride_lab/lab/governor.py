@@ -32,6 +32,7 @@ import pandas as pd
 
 from freeride_lab.core.governor import GovernorDecision, OverheadGovernor, StepObservation
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
+from freeride_lab.io.background import BackgroundThread
 from freeride_lab.io.rundir import open_append
 from freeride_lab.lab.manager import SideTaskManager
 
@@ -110,8 +111,7 @@ class GovernorLoop:
         self._live = live
         self._governed: set[str] = set()
         self._last_step = -1
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="freeride-governor")
         self.errors = 0
 
     def __repr__(self) -> str:
@@ -123,25 +123,19 @@ class GovernorLoop:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
     def start(self) -> GovernorLoop:
         """Start the daemon thread (returns at once)."""
-        if not self.running:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="freeride-governor", daemon=True)
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread; idempotent."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-        self._thread = None
+        self._thread.stop(timeout_s)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
             if not self._live():
                 log.info("governor: the run ended; stopping")
                 return

@@ -51,6 +51,7 @@ from typing import Any
 
 import psutil
 
+from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir, open_append
 
 log = logging.getLogger(__name__)
@@ -513,8 +514,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     # [Note: fast exit] in pipeline.rank: the final status is written and every child reaped; the
     # launcher has imported torchrun (its option list), whose teardown would delay the stop.
-    code = main()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())

@@ -11,11 +11,11 @@ code, or 1 after printing the traceback). See [Note: fast exit] in ``pipeline.ra
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
+
+from freeride_lab.io.fast_exit import exit_now
 
 __all__ = ["main"]
 
@@ -45,8 +45,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())

@@ -9,7 +9,7 @@
     client.tune(ack.payload["task_id"], sm_pct=50)        # -> ControlAck
 
 rank.py uses ``open_edges`` as its ``edges_factory``. The control protocol is described in
-``worker`` ([Note: worker control]).
+``worker_control`` ([Note: worker control]).
 """
 
 from __future__ import annotations

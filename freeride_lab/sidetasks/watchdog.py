@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from freeride_lab.core.hangs import hung_step_reason, silence_reason
+from freeride_lab.io.background import BackgroundThread
 from freeride_lab.sidetasks.heartbeat import (
     BeaconPhase,
     BeaconReading,
@@ -127,25 +128,19 @@ class TaskWatchdog:
         self.first_step_slack_ns = int(first_step_slack_s * 1e9)
         self.poll_s = poll_s
         self.killed = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="worker-watchdog")
 
     def start(self) -> TaskWatchdog:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="worker-watchdog", daemon=True)
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop judging and beating; idempotent."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        self._thread.stop(timeout_s)
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         next_beat_ns = 0
-        while not self._stop.is_set():
+        while not stop.is_set():
             now_ns = time.monotonic_ns()
             if self.heartbeat is not None and now_ns >= next_beat_ns:
                 self.heartbeat.beat()
@@ -154,7 +149,7 @@ class TaskWatchdog:
                 self.check(now_ns)
             except Exception:  # a watchdog must outlive what it watches; say why, go on
                 log.exception("worker watchdog: checking the task processes failed")
-            self._stop.wait(self.poll_s)
+            stop.wait(self.poll_s)
 
     def check(self, now_ns: int) -> list[TaskProcess]:
         """One look at every task process; the ones it killed."""
@@ -182,7 +177,7 @@ class TaskWatchdog:
         return killed
 
     def __repr__(self) -> str:
-        state = "running" if self._thread is not None and not self._stop.is_set() else "idle"
+        state = "running" if self._thread.running else "idle"
         return f"<TaskWatchdog({state}, killed={self.killed})>"
 
 

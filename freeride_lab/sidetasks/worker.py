@@ -7,25 +7,12 @@ or started by the rank itself (``worker_client.open_edges``, rank.py's ``edges_f
 The worker holds an ``EdgeReader`` on its rank's edge file, starts one task process per
 attached task (``TaskProcess``: ``task_host`` with the limits in its environment), activates
 the first live task of its FIFO (only that one takes bubbles), stops and continues imperative
-tasks with SIGSTOP/SIGCONT at bubble edges, and acknowledges every command in its event file
-(``events/worker-<r>.jsonl``) with a ``ControlAck``. Tasks write their own states and steps to
-``events/task-<id>.jsonl``. Its watchdog thread (``sidetasks.watchdog``) kills task processes that
-hang (a step past ``2 x budget + hang_after_s``, a wait long overdue), whatever their overrun
-policy, and beats ``workers/worker-<r>.heartbeat`` for the session's watchdog.
-
-# [Note: worker control]
-A ``multiprocessing.connection`` listener on 127.0.0.1 (a free port), authenticated with the
-run's secret (HMAC challenge both ways, run in the connection's own thread so a silent peer
-stalls nobody), JSON bytes only (``send_bytes``/``recv_bytes``; nothing is unpickled). Its
-address is in ``<run_dir>/workers/worker-<r>.json`` once it listens (``WorkerClient`` reads it).
-Each request ``{"cmd": ...}`` gets exactly one reply, a ``ControlAck`` as JSON:
-
-- ``attach {"spec": TaskSpec.to_dict()}``: queue a task (payload: task_id, position, pid);
-- ``tune {"task_id", <GpuLimits fields>, "overrun_policy"}``: a budget or policy change reaches
-  the running process; a memory, SM-share or priority change (read only when CUDA starts)
-  checkpoints the task and restarts its process transparently (payload: restarted, fields);
-- ``detach {"task_id"}``: checkpoint, STOPPED, removed; ``resume {"task_id"}``: after an overrun
-  PAUSE; ``status``: tasks and their states; ``stop``: detach every task, then exit.
+tasks with SIGSTOP/SIGCONT at bubble edges (``worker_edges``), and acknowledges every command
+(``worker_control`` [Note: worker control]) in its event file (``events/worker-<r>.jsonl``)
+with a ``ControlAck``. Tasks write their own states and steps to ``events/task-<id>.jsonl``.
+Its watchdog thread (``sidetasks.watchdog``) kills task processes that hang (a step past
+``2 x budget + hang_after_s``, a wait long overdue), whatever their overrun policy, and beats
+``workers/worker-<r>.heartbeat`` for the session's watchdog.
 
 The worker exits when its rank closes the edge file (training over), when its parent dies, on
 SIGTERM or on ``stop``; every path checkpoints and stops its tasks first, all at once, killing
@@ -46,31 +33,25 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
-from multiprocessing.connection import Connection, Listener
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
-from freeride_lab.io.handshake import authenticate
+from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.client import worker_address_file
-from freeride_lab.sidetasks.edges import EdgeReader, Phase, edge_path
+from freeride_lab.sidetasks.edges import edge_path
 from freeride_lab.sidetasks.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.sidetasks.limits import GpuLimits, env_for, restart_fields
 from freeride_lab.sidetasks.loader import check_task_ref
-from freeride_lab.sidetasks.messages import (
-    MAX_FRAME_BYTES,
-    MessageError,
-    command_dict,
-    decode_command,
-)
 from freeride_lab.sidetasks.process import STOP_GRACE_S, TaskProcess, stop_all
 from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
 from freeride_lab.sidetasks.watchdog import (
@@ -78,20 +59,17 @@ from freeride_lab.sidetasks.watchdog import (
     WORKER_HEARTBEAT_S,
     TaskWatchdog,
 )
+from freeride_lab.sidetasks.worker_control import ControlServer, Reply
+from freeride_lab.sidetasks.worker_edges import watch_edges
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Worker", "main"]
 
 _TICK_S = 0.2  # main-loop wake-up without any message (reaping, parent check)
-_HANDSHAKE_TIMEOUT_S = 5.0
-_REPLY_TIMEOUT_S = 120.0
 _REPLY_FLUSH_S = 2.0  # at exit, how long the acks already given may take to be sent
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLimits))
 _COMMANDS = "attach, tune, detach, resume, status, stop"
-_ON_DEVICE = (SideTaskState.PAUSED, SideTaskState.RUNNING)
-
-Reply = queue.Queue[ev.ControlAck]
 
 
 class Worker:
@@ -135,9 +113,9 @@ class Worker:
         self._stopping = False
         self._stop_reason = ""
         self._crash = ""  # why the loop died, if it did: its tasks' FAILED reason
-        self._replying = threading.Condition()
-        self._replies_owed = 0  # commands taken from clients whose ack is not sent yet
-        self._listener: Listener | None = None
+        self._control = ControlServer(
+            self._secret, submit=self._submit, ack=self._ack, stopping=lambda: self._stopping
+        )
         self._clock_offset_ns = 0
         self._sink = EventSink.for_rank(self.run_dir, rank, worker=True)
         self._initial_ppid = os.getppid()
@@ -150,10 +128,8 @@ class Worker:
 
     def serve(self) -> int:
         """Run until stopped; the exit code (0)."""
-        self._listener = Listener(("127.0.0.1", 0))
-        threading.Thread(target=self._accept_loop, name="worker-accept", daemon=True).start()
+        host, port = self._control.start()
         threading.Thread(target=self._watch_edges, name="worker-edges", daemon=True).start()
-        host, port = self._listener.address
         info = {"address": [host, port], "pid": os.getpid(), "rank": self.rank}
         info |= {"stage": self.stage, "device": self.device, "mps_active": self.mps_active}
         path = worker_address_file(self.run_dir.path, self.rank)
@@ -176,6 +152,11 @@ class Worker:
         """Ask the main loop to stop every task and exit (thread- and signal-safe)."""
         self._stop_reason = self._stop_reason or reason
         self._stopping = True
+        self._poke()
+
+    def _submit(self, message: dict[str, Any], reply: Reply) -> None:
+        """A client's request, for the main loop (from the control channel's threads)."""
+        self._commands.put((message, reply))
         self._poke()
 
     def _poke(self) -> None:
@@ -228,15 +209,12 @@ class Worker:
                 task.state = SideTaskState.FAILED  # checkpointed, but not a normal end
                 self._emit_state(task, str(SideTaskEvent.FAIL), self._crash)
         self._run_commands()  # answer what came in meanwhile (the tasks are gone now)
-        with self._replying:  # let the clients' threads send those answers (a stop's ack)
-            self._replying.wait_for(lambda: self._replies_owed == 0, timeout=_REPLY_FLUSH_S)
+        self._control.flush(_REPLY_FLUSH_S)  # let the clients' threads send those (a stop's ack)
         if self._watchdog is not None:
             self._watchdog.stop()
             if self._watchdog.heartbeat is not None:
                 self._watchdog.heartbeat.close(remove=True)
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.close()
+        self._control.close()
         with contextlib.suppress(OSError):
             worker_address_file(self.run_dir.path, self.rank).unlink()
         self._sink.close()
@@ -245,61 +223,10 @@ class Worker:
     def _check_parent(self) -> None:
         if self.parent_pid is None:
             return
-        if os.getppid() != self._initial_ppid or not _pid_alive(self.parent_pid):
+        if os.getppid() != self._initial_ppid or not psutil.pid_exists(self.parent_pid):
             self.request_stop(f"parent process {self.parent_pid} exited")
 
     # -- control channel --
-
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self._stopping:
-            try:
-                conn = listener.accept()
-            except OSError:
-                return
-            threading.Thread(
-                target=self._serve_client, args=(conn,), name="worker-client", daemon=True
-            ).start()
-
-    def _serve_client(self, conn: Connection) -> None:
-        try:
-            refusal = authenticate(conn, self._secret, timeout_s=_HANDSHAKE_TIMEOUT_S)
-            if refusal is not None:
-                log.warning("worker: refused a control connection: %s", refusal)
-                return
-            while True:
-                try:
-                    raw = conn.recv_bytes(MAX_FRAME_BYTES)
-                except EOFError:
-                    return
-                except OSError as exc:  # a frame over the cap is not read: the stream is lost
-                    log.warning("worker: closed a control connection: %s", exc)
-                    return
-                try:
-                    message = command_dict(decode_command(raw))
-                except MessageError as exc:
-                    log.warning("worker: refused a command: %s", exc)
-                    conn.send_bytes(ev.to_json(self._ack("?", False, str(exc))).encode())
-                    continue
-                reply: Reply = queue.Queue(maxsize=1)
-                with self._replying:
-                    self._replies_owed += 1
-                try:
-                    self._commands.put((message, reply))
-                    self._poke()
-                    try:
-                        ack = reply.get(timeout=_REPLY_TIMEOUT_S)
-                    except queue.Empty:
-                        text = "worker busy: no reply in time"
-                        ack = self._ack(str(message.get("cmd")), False, text)
-                    conn.send_bytes(ev.to_json(ack).encode())
-                finally:
-                    with self._replying:
-                        self._replies_owed -= 1
-                        self._replying.notify_all()
-        finally:
-            conn.close()
 
     def _ack(
         self, command: str, ok: bool, message: str = "", payload: dict[str, Any] | None = None
@@ -493,36 +420,20 @@ class Worker:
 
     def _watch_edges(self) -> None:
         """SIGSTOP/SIGCONT of the active task at bubble edges; stop when training closes."""
-        path = edge_path(self.run_dir.path, self.rank)
-        reader: EdgeReader | None = None
-        while reader is None and not self._stopping:
-            with contextlib.suppress(FileNotFoundError):
-                reader = EdgeReader.open(path, timeout_s=1.0)
-        if reader is None:
-            return
-        while not self._stopping:
-            edge = reader.wait(timeout_s=0.25)
-            self._clock_offset_ns = reader.clock_offset_ns
-            if edge is None:
-                continue
-            if edge.phase is Phase.CLOSED:
-                if self.exit_on_close:
-                    self.request_stop("training finished (edge file closed)")
-                continue
-            task = self._active
-            if task is None or task.busy or not task.alive:
-                continue
-            if edge.in_bubble:
-                task.paused.clear()
-                if task.sigstopped:
-                    task.signal(signal.SIGCONT)
-            elif task.mode == "imperative" and task.state in _ON_DEVICE:
-                if task.spec.gating == "none":
-                    continue  # naive co-location: it runs through training's compute
-                task.paused.wait(task.spec.pause_grace_s)  # the cooperative pause first
-                if not task.busy and self._active is task:
-                    task.signal(signal.SIGSTOP)
-        reader.close()
+        watch_edges(
+            edge_path(self.run_dir.path, self.rank),
+            stopping=lambda: self._stopping,
+            active=lambda: self._active,
+            on_clock_offset=self._set_clock_offset,
+            on_closed=self._on_edges_closed,
+        )
+
+    def _set_clock_offset(self, offset_ns: int) -> None:
+        self._clock_offset_ns = offset_ns
+
+    def _on_edges_closed(self) -> None:
+        if self.exit_on_close:
+            self.request_stop("training finished (edge file closed)")
 
     def _emit_state(self, task: TaskProcess, event: str, reason: str) -> None:
         self._sink.emit(
@@ -545,16 +456,6 @@ def _one_line(exc: BaseException) -> str:
     """``Type: first line of the message`` (at most 300 characters of it)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -595,8 +496,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # [Note: fast exit] as the ranks do: nothing is left to clean up once ``main`` returns, and
     # skipping the interpreter's teardown of torch's modules ends the worker at once
-    exit_code = main()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)
+    exit_now(main())

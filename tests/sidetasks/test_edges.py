@@ -115,16 +115,14 @@ def _write_later(writer: EdgeWriter, delay_s: float) -> threading.Thread:
     return thread
 
 
-def test_a_spinning_wait_sees_an_edge_without_sleeping_on_the_futex(
+def test_a_spinning_wait_sees_an_edge_without_sleeping(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from freeride_lab.sidetasks import edges as sig
-
     writer = EdgeWriter.create(path)
     reader = EdgeReader.open(path)
     slept: list[float] = []
-    real_wait = sig._futex.wait
-    monkeypatch.setattr(sig._futex, "wait", lambda *a: (slept.append(a[-1]), real_wait(*a))[1])
+    real_sleep = reader._wake.sleep
+    monkeypatch.setattr(reader._wake, "sleep", lambda s: (slept.append(s), real_sleep(s))[1])
     thread = _write_later(writer, 0.02)
     edge = reader.wait(timeout_s=5, spin_s=2.0)  # the edge comes well inside the spin
     thread.join()
@@ -132,7 +130,7 @@ def test_a_spinning_wait_sees_an_edge_without_sleeping_on_the_futex(
     assert slept == []
 
 
-def test_a_wait_whose_spin_sees_nothing_sleeps_on_the_futex_until_the_edge(path: Path) -> None:
+def test_a_wait_whose_spin_sees_nothing_sleeps_until_the_edge(path: Path) -> None:
     writer = EdgeWriter.create(path)
     reader = EdgeReader.open(path)
     thread = _write_later(writer, 0.2)

@@ -213,7 +213,11 @@ def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
         run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
     )
     activate(proc)
-    drive_bubbles(edges, 3, length_s=0.2, predicted_s=0.25)
+    assert proc.proc is not None
+    deadline, step = time.monotonic() + 60.0, 0
+    while proc.proc.poll() is None and time.monotonic() < deadline:  # steps until it runs out
+        drive_bubbles(edges, 1, length_s=0.2, predicted_s=0.25, first_step=step)
+        step += 1
     assert wait_exit(proc) == 1
     states = states_of(task_events(run_dir, "t1"))
     assert states[-1].state == "FAILED"
@@ -312,14 +316,14 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
     import sys
     import types
 
-    from freeride_lab.sidetasks import host as task_host
     from freeride_lab.sidetasks.api import IterativeSideTask
+    from freeride_lab.sidetasks.host import iterative
 
     cuda = _RecordingCuda()
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     task = IterativeSideTask()
     task.device = device
-    task_host._wait_for_device(task)
+    iterative._wait_for_device(task)
     assert cuda.synced == synced
 
 
@@ -336,6 +340,6 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
 def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
     device: str, override: str | None, lead_s: float
 ) -> None:
-    from freeride_lab.sidetasks import host as task_host
+    from freeride_lab.sidetasks.host import base
 
-    assert task_host._spin_lead_s(device, override) == pytest.approx(lead_s)
+    assert base._spin_lead_s(device, override) == pytest.approx(lead_s)

@@ -1,0 +1,246 @@
+"""``HostBase``: a task host's links to the outside world and its state machine.
+
+It holds what every part of the host shares: the spec, the rank's edge reader, the control
+channel to the worker (see ``host.task_host`` [Note: host protocol]), the event sink, the
+watchdog's beacon, and the task's ``SideTaskMachine`` with the hooks each transition runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from freeride_lab.core import events as ev
+from freeride_lab.core.budget import Profile
+from freeride_lab.core.edge_timing import NextBubbleClock
+from freeride_lab.core.sidetask_state import (
+    Rejected,
+    SideTaskEvent,
+    SideTaskMachine,
+    transition,
+)
+from freeride_lab.io.sink import EventSink
+from freeride_lab.sidetasks.api import SideTaskBase
+from freeride_lab.sidetasks.edges import Edge, EdgeReader
+from freeride_lab.sidetasks.heartbeat import TaskBeacon
+from freeride_lab.sidetasks.host.imperative import ImperativeDriver
+from freeride_lab.sidetasks.spec import HostSpec
+
+log = logging.getLogger("freeride_lab.sidetasks.host")
+
+__all__ = ["OVERRUN_WINDOW", "SPIN_LEAD_ENV", "HostBase", "failure_reason"]
+
+OVERRUN_WINDOW = 100  # steps the overrun policy looks at
+_SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
+#: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
+SPIN_LEAD_ENV = "FREERIDE_SPIN_LEAD_US"
+
+
+class HostBase:
+    """The state a task host's parts share, its outside world and its state machine."""
+
+    def __init__(
+        self,
+        spec: HostSpec,
+        *,
+        conn: Connection | None,
+        sink: EventSink,
+        beacon: TaskBeacon | None = None,
+    ) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.sink = sink
+        self.beacon = beacon  # marks for the worker's watchdog; written by this thread only
+        self._reader: EdgeReader | None = None  # opened once the rank's edge file exists
+        self.machine = SideTaskMachine()
+        self.task: SideTaskBase | None = None
+        self.mode = "iterative"
+        self.steps = 0
+        self.overruns = 0  # counted by core.budget.overran, as every table counts them
+        self.overrun_ns_total = 0
+        self._steps_started = 0  # by this process (its first step initialises lazily)
+        self._cmds: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # put() is signal-safe
+        self._send_lock = threading.Lock()
+        self._done = threading.Event()
+        self._exit = False  # leave without a terminal state (restart)
+        self._where = "loading the task"
+        self._policy = spec.task.overrun_policy
+        self._budget_fixed_ns: int | None = (
+            None if spec.task.limits.budget_s is None else int(spec.task.limits.budget_s * 1e9)
+        )
+        self._profile_ns: list[int] = []  # step durations measured for the profile
+        self.profile: Profile | None = None
+        self._slot_predicted_ns: dict[int, int] = {}  # slot -> its latest predicted length
+        self._first_step_seen: int | None = None
+        self._window: collections.deque[int] = collections.deque(maxlen=OVERRUN_WINDOW)
+        self._policy_paused = False
+        self._warned_at_step = -(10**9)
+        # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
+        self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+        self._bubble: Edge | None = None
+        self._last_checkpoint_s = time.monotonic()
+        self._saved_progress: float | None = None
+        self._driver: ImperativeDriver | None = None  # imperative tasks only
+        self._last_report_ns = 0
+        self._clock = NextBubbleClock()  # predicts bubble starts from the edges seen
+        self._spin_lead_s = _spin_lead_s(spec.device, os.environ.get(SPIN_LEAD_ENV))
+
+    # -- outside world --
+
+    @property
+    def reader(self) -> EdgeReader:
+        """The rank's edges (only used once ``_open_reader`` succeeded)."""
+        if self._reader is None:
+            raise RuntimeError("the edge file is not open yet")
+        return self._reader
+
+    def _now_ns(self) -> int:
+        return self._reader.now_ns() if self._reader is not None else time.time_ns()
+
+    def _wake(self) -> None:
+        """Cut the main loop's wait short (a command came in, run() ended)."""
+        if self._reader is not None:
+            self._reader.interrupt()
+
+    def _open_reader(self) -> bool:
+        if self._reader is not None:
+            return True
+        try:
+            self._reader = EdgeReader.open(self.spec.edges)
+        except FileNotFoundError:
+            return False  # the rank has not created it yet
+        return True
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the main loop to stop the task (thread- and signal-safe)."""
+        self._cmds.put({"cmd": "stop", "reason": reason})
+        self._wake()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.conn is None:
+            return
+        try:
+            with self._send_lock:
+                self.conn.send_bytes(json.dumps(message).encode())
+        except OSError:
+            pass  # the worker is gone; the control thread turns that into a stop
+
+    def _emit_state(self, event: str, accepted: bool, reason: str = "", tb: str = "") -> None:
+        state = str(self.machine.state)
+        self.sink.emit(
+            ev.SideTaskStateChanged(
+                task_id=self.spec.task.task_id,
+                name=self.spec.task.display_name,
+                stage=self.spec.stage,
+                state=state,
+                t_ns=self._now_ns(),
+                event=event,
+                accepted=accepted,
+                reason=reason,
+                traceback=tb,
+            )
+        )
+        self._send(
+            {
+                "type": "state",
+                "state": state,
+                "event": event,
+                "accepted": accepted,
+                "reason": reason,
+                "mode": self.mode,
+            }
+        )
+
+    def _control_loop(self) -> None:
+        assert self.conn is not None
+        while not self._done.is_set():
+            try:
+                message = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                if not self._done.is_set():
+                    self.request_stop("worker exited")
+                return
+            except ValueError as exc:
+                log.warning("ignoring a control message that is not JSON: %s", exc)
+                continue
+            self._cmds.put(message)
+            self._wake()
+
+    # -- state machine --
+
+    def _apply(self, event: SideTaskEvent, reason: str | Callable[[], str] = "") -> bool:
+        outcome = transition(self.machine.state, event)
+        if isinstance(outcome, Rejected):
+            self.machine.apply(event, t_ns=self._now_ns())
+            log.info("task %s: %s", self.spec.task.task_id, outcome.reason)
+            self._emit_state(str(event), False, outcome.reason)
+            return False
+        for hook in outcome.hooks:
+            self._hook(hook)
+        text = reason() if callable(reason) else reason
+        self.machine.apply(event, t_ns=self._now_ns())
+        self._emit_state(str(event), True, text)
+        return True
+
+    def _hook(self, name: str) -> None:
+        task = self.task
+        if task is None:
+            return
+        self._where = name
+        if name == "to_device":
+            task.to_device(self.spec.device)
+        else:
+            getattr(task, name)()
+
+    def _fail(self, exc: BaseException, tb: str) -> None:
+        reason = failure_reason(exc, self._where)
+        log.error("task %s failed: %s", self.spec.task.task_id, reason)
+        outcome = transition(self.machine.state, SideTaskEvent.FAIL)
+        if isinstance(outcome, Rejected):
+            return
+        for hook in outcome.hooks:
+            try:
+                self._hook(hook)
+            except BaseException:  # sys.exit() in teardown must not skip the FAILED event
+                log.exception("task %s: %s failed while failing", self.spec.task.task_id, hook)
+        self.machine.apply(SideTaskEvent.FAIL, t_ns=self._now_ns())
+        self._emit_state(str(SideTaskEvent.FAIL), True, reason, tb)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return (
+        "out of memory" in text
+        or "can't allocate memory" in text
+        or "cannot allocate memory" in text
+    )
+
+
+def failure_reason(exc: BaseException, where: str) -> str:
+    lines = str(exc).strip().splitlines()
+    message = lines[0][:300] if lines else ""
+    if _is_oom(exc):
+        return f"out of memory: {type(exc).__name__}: {message} (in {where})"
+    what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return f"{where} raised {what}"
+
+
+def _spin_lead_s(device: str, override_us: str | None) -> float:
+    """How long before a predicted bubble start the host spins: GPU runs only, unless the
+    environment says otherwise (a CPU run's cores belong to training)."""
+    if override_us:
+        try:
+            return max(0.0, float(override_us)) / 1e6
+        except ValueError:
+            log.warning("%s=%r is not a number of µs; ignored", SPIN_LEAD_ENV, override_us)
+    return _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0
