@@ -27,7 +27,7 @@ import pytest
 from gated_runs import GatedFarm, GatedResult, GatedRun
 
 from freeride_lab.core.bubbles import bubble_fraction
-from freeride_lab.core.planner import Costs, compare_with_run, simulate
+from freeride_lab.core.plan import Costs, compare_with_run, simulate
 from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
