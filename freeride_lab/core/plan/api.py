@@ -89,11 +89,12 @@ def simulate_summary(
 
     The window runs from the step's earliest action start to its latest action end on any rank;
     ``idle_ms = window_ms - busy_ms``. Every simulated step is identical. GPipe and 1F1B without
-    a ``plan`` take the closed-form level path; the rest run the generic engine.
+    a ``plan`` and without ``costs.rendezvous`` take the closed-form level path; the rest run
+    the generic engine.
     """
     costs = Costs() if costs is None else costs
     spec = Schedule.from_name(schedule) if isinstance(schedule, str) else schedule
-    if plan is None and spec.name in ("GPipe", "1F1B"):
+    if plan is None and spec.name in ("GPipe", "1F1B") and not costs.rendezvous:
         S, M, _ = sizes(spec, stages, microbatches, chunks)
         return levels_summary(spec.name, S, M, costs)
     pa = resolve_plan(spec, stages, microbatches, chunks, plan)
@@ -127,7 +128,9 @@ def compare_with_run(
 
     df = actions_measured[actions_measured["step"] >= actions_measured["step"].min() + skip_steps]
     spec = Schedule.from_name(schedule) if isinstance(schedule, str) else schedule
-    costs = Costs.from_actions(df, stages=stages * spec.resolve_chunks(chunks))
+    costs = Costs.from_actions(
+        df, stages=stages * spec.resolve_chunks(chunks), statistic="mean", rendezvous=True
+    )
     sim = simulate_summary(spec, stages, microbatches, chunks, costs=costs)
     frac = bubble_fraction(df).groupby("rank")["idle_frac"].mean()
     measured = frac.reindex(range(stages)).to_numpy(dtype=float)

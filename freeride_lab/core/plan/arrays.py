@@ -16,7 +16,9 @@ import numpy as np
 from freeride_lab.core.plan.costs import _B, _F, _I, _LETTERS, _W, KIND_CODES, PlanLike
 from freeride_lab.core.schedule import Action, ActionKind, Schedule, torch_plan_with_held_sends
 
-__all__ = ["PlanArrays", "plan_arrays"]
+__all__ = ["SEND_AFTER_NEXT", "SEND_AT_END", "SEND_WITH_NEXT", "PlanArrays", "plan_arrays"]
+
+SEND_AT_END, SEND_WITH_NEXT, SEND_AFTER_NEXT = 0, 1, 2  # PlanArrays.send_wait codes
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +38,12 @@ class PlanArrays:
     # (ranks, width) bool: the action's result reaches other ranks only when the rank's next
     # action ends (torch's held sends, [Note: held sends] in core/schedule.py); None: never
     held: np.ndarray | None = None
+    # (ranks, width) int8: when the rank waits for the action's sends to complete (a gloo send
+    # completes only once the receiver has posted its receive; [Note: rendezvous] in
+    # core/plan/simulate.py): SEND_AT_END (0) at the end of the step, SEND_WITH_NEXT (1) together
+    # with the next action's receive, SEND_AFTER_NEXT (2) once the next action has ended. None:
+    # all at the end of the step.
+    send_wait: np.ndarray | None = None
 
     @property
     def ranks(self) -> int:
@@ -97,7 +105,8 @@ def plan_arrays(
         )
     if spec.name == "1F1B":
         kind, j = _one_f_one_b(np.minimum(M, S - r), M, backward_first=True)
-        return _arrays(kind, np.broadcast_to(r, kind.shape), j, S, M)
+        arrays = _arrays(kind, np.broadcast_to(r, kind.shape), j, S, M)
+        return dataclasses.replace(arrays, send_wait=_one_f_one_b_send_wait(arrays.kind))
     if spec.name == "Interleaved1F1B":
         rounds = max(1, M // S)
         per_round = M // rounds
@@ -150,6 +159,17 @@ def _one_f_one_b(warmup: np.ndarray, n: int, *, backward_first: bool) -> tuple[n
     f_index = np.where(p < warmup, p, warmup + k // 2)
     b_index = np.where(k < steady, k // 2, k - (n - warmup))
     return np.where(is_f, _F, _B), np.where(is_f, f_index, b_index)
+
+
+def _one_f_one_b_send_wait(kind: np.ndarray) -> np.ndarray:
+    """``send_wait`` of torch's ``Schedule1F1B``: a warm-up forward's send is waited after the
+    next forward, the last warm-up forward's and every steady-state send together with the next
+    action's receive (torch fuses them into one batch), a cool-down backward's send after the next
+    backward, and the last one at the end of the step."""
+    wait = np.full(kind.shape, SEND_AT_END, np.int8)
+    here, after = kind[:, :-1], kind[:, 1:]
+    wait[:, :-1] = np.where(here == after, SEND_AFTER_NEXT, SEND_WITH_NEXT)
+    return wait
 
 
 def _arrays(kind: Any, stage: Any, mb: Any, stages: int, microbatches: int) -> PlanArrays:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -62,6 +62,9 @@ class Costs:
         comm_ms: added to every dependency produced on another rank.
         dispatch_ms: time a rank spends before each action (overlaps waiting for data).
         optimizer_ms: gap between one step's last action and the next step's start.
+        rendezvous: model gloo's point-to-point ([Note: rendezvous] in ``core/plan/simulate.py``):
+            a message passes ``comm_ms`` after both its send and its receive are posted, and a
+            rank that waits on its send blocks until then.
     """
 
     forward_ms: PerStage = 1.0
@@ -71,12 +74,15 @@ class Costs:
     comm_ms: float = 0.0
     dispatch_ms: float = 0.0
     optimizer_ms: float = 0.0
+    rendezvous: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rendezvous, bool):
+            raise TypeError(f"rendezvous={self.rendezvous!r} must be True or False")
         lengths = set()
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name == "rendezvous":
                 continue
             if f.name in ("comm_ms", "dispatch_ms", "optimizer_ms") or np.ndim(value) == 0:
                 if isinstance(value, bool) or not isinstance(value, int | float | np.number):
@@ -169,16 +175,26 @@ class Costs:
         comm_ms: float | None = None,
         dispatch_ms: float | None = None,
         optimizer_ms: float = 0.0,
+        statistic: Literal["median", "mean"] = "median",
+        rendezvous: bool = False,
     ) -> Costs:
-        """Per-stage median durations of a measured actions table (schema ``ACTION_COLUMNS``).
+        """Per-stage durations of a measured actions table (schema ``ACTION_COLUMNS``).
 
         A missing B becomes I + W; missing I and W become half of B each.
 
         Args:
             stages: global stage count; None takes the largest stage in the table plus one.
             skip_steps: leading steps to leave out (warm-up).
-            comm_ms, dispatch_ms: None estimates them from the table (see ``_estimate_overheads``).
+            comm_ms, dispatch_ms: None estimates them from the table (``_estimate_overheads``,
+                or with ``rendezvous`` ``_estimate_rendezvous``).
+            statistic: each (stage, kind)'s median duration (what a stage costs, robust to a
+                busy box) or mean (what predicts a step: a step is a sum of durations along its
+                critical path, and the expected sum is the sum of the means).
+            rendezvous: costs for the rendezvous model of [Note: rendezvous]
+                (``core/plan/simulate.py``), as a real gloo run communicates.
         """
+        if statistic not in ("median", "mean"):
+            raise ValueError(f"statistic={statistic!r} must be 'median' or 'mean'")
         missing = [c for c in ACTION_COLUMNS if c not in actions.columns]
         if missing:
             raise ValueError(f"actions table lacks columns {missing}; expected {ACTION_COLUMNS}")
@@ -189,7 +205,7 @@ class Costs:
                 f"(table has steps {sorted(actions['step'].unique().tolist())}); lower skip_steps"
             )
         n = int(df["stage"].max()) + 1 if stages is None else stages
-        med = df.groupby(["stage", "action"])["duration_ms"].median()
+        med = df.groupby(["stage", "action"])["duration_ms"].agg(statistic)
         table = np.full((n, 4), np.nan)
         for (stage, letter), value in med.items():
             if int(stage) >= n:
@@ -207,7 +223,8 @@ class Costs:
                     "or pass stages= matching the run"
                 )
         if comm_ms is None or dispatch_ms is None:
-            est_comm, est_dispatch = _estimate_overheads(df)
+            estimate = _estimate_rendezvous if rendezvous else _estimate_overheads
+            est_comm, est_dispatch = estimate(df)
             comm_ms = est_comm if comm_ms is None else comm_ms
             dispatch_ms = est_dispatch if dispatch_ms is None else dispatch_ms
         return cls(
@@ -218,6 +235,7 @@ class Costs:
             comm_ms=comm_ms,
             dispatch_ms=dispatch_ms,
             optimizer_ms=optimizer_ms,
+            rendezvous=rendezvous,
         )
 
 
@@ -255,3 +273,57 @@ def _estimate_overheads(actions: pd.DataFrame) -> tuple[float, float]:
     lags = lag[bound & (lag >= 0)]
     comm = float(lags.median()) if len(lags) else 0.0
     return comm, dispatch
+
+
+def _estimate_rendezvous(actions: pd.DataFrame) -> tuple[float, float]:
+    """(comm_ms, dispatch_ms) of a measured actions table for the rendezvous model; 0 where
+    nothing shows them.
+
+    An action's wait is its start less the later of the rank's previous end and, for an input
+    from another rank, that input's end. comm_ms: the mean wait of actions with such an input
+    (post the receive, meet the send, move the data); dispatch_ms: the mean wait of the others.
+    Means, not medians: the simulator adds them to every action, and real waits are skewed.
+    Actions whose rank also waited on a send of its last two actions to a receiver that posted
+    later are left out: the model adds that wait itself.
+    """
+    df = actions.sort_values(["step", "rank", "start_ns"]).reset_index(drop=True)
+    by_rank = df.groupby(["step", "rank"])
+    df = df.assign(prev_end=by_rank["end_ms"].shift(1))
+    n_last = int(df["stage"].max())
+    is_f, is_back = df["action"] == "F", df["action"].isin(["B", "I"])
+    slot = np.where(is_f, "F", np.where(is_back, "back", "W"))
+    dep = np.where(is_f, df["stage"] - 1, np.where(is_back, df["stage"] + 1, -1))
+    to = np.where(is_f, df["stage"] + 1, np.where(is_back, df["stage"] - 1, -1))
+    df = df.assign(
+        slot=slot,
+        dep_stage=np.where((dep < 0) | (dep > n_last), -1, dep),
+        to_stage=np.where((to < 0) | (to > n_last), -1, to),
+    )
+    key = ["step", "stage", "slot", "microbatch"]
+    produced = df[[*key, "rank", "end_ms", "prev_end"]]
+    inputs = produced.rename(
+        columns={"stage": "dep_stage", "rank": "dep_rank", "end_ms": "dep_end", "prev_end": "_"}
+    ).drop(columns="_")
+    df = df.merge(inputs, on=["step", "dep_stage", "slot", "microbatch"], how="left")
+    # when the receiver of each action's result posted its receive (its previous end)
+    posted = produced.rename(
+        columns={"stage": "to_stage", "rank": "to_rank", "prev_end": "posted", "end_ms": "_"}
+    ).drop(columns="_")
+    df = df.merge(posted, on=["step", "to_stage", "slot", "microbatch"], how="left")
+    df = df.sort_values(["step", "rank", "start_ns"]).reset_index(drop=True)
+    remote = df["dep_rank"].notna() & (df["dep_rank"] != df["rank"])
+    free = df["prev_end"].fillna(-np.inf)
+    ready = np.fmax(free, df["dep_end"].where(remote))
+    late = pd.Series(False, index=df.index)
+    sends_out = df["to_rank"].notna() & (df["to_rank"] != df["rank"])
+    by_rank = df.assign(posted=df["posted"].where(sends_out))
+    for back in (1, 2):
+        posted_then = by_rank.groupby(["step", "rank"])["posted"].shift(back)
+        late |= posted_then > ready
+    wait = (df["start_ms"] - ready)[np.isfinite(ready) & ~late].clip(lower=0.0)
+    comm = wait[remote]
+    local = wait[~remote]
+    return (
+        float(comm.mean()) if len(comm) else 0.0,
+        float(local.mean()) if len(local) else 0.0,
+    )

@@ -10,6 +10,22 @@ sends and receives, Python dispatch), which overlaps with waiting for data:
 Costs depend on (stage, kind) only, so every step is identical; step k+1 starts
 ``optimizer_ms`` after step k's last action ends anywhere.
 
+[Note: rendezvous]
+gloo passes a point-to-point message only once both sides have posted it: a send completes, and
+the matching receive returns, after the receiver has posted its receive. With
+``Costs.rendezvous`` the engine models that: a rank posts the receive of an action's remote
+input when it is free for the action (its previous action ended and the sends it waits on
+there completed), and the input arrives ``comm_ms`` after the later of that post and the send;
+a send completes ``comm_ms`` after the later of its own post and the receiver's. A rank waits on
+its sends where ``PlanArrays.send_wait`` says (torch's ``Schedule1F1B``: a warm-up forward's send
+after the next forward, steady-state sends together with the next action's receive, a cool-down
+backward's after the next backward); other plans wait on theirs at the end of the step. So a
+fast stage in warm-up runs at most about one micro-batch ahead of a slower neighbour. Because
+torch fuses each steady-state send with the receive its rank waits on next, that block rarely
+lengthens a 1F1B step; the receive side does: every action fed by another rank pays
+``comm_ms`` after its rank is free. The closed-form levels model no rendezvous, so such costs
+take the generic engine.
+
 [Note: vectorised rounds]
 The generic engine keeps one pointer per rank. Each round gathers, for all ranks at once, the
 end times of the next action's dependencies from a (stage, F|backward-input, micro-batch) table;
@@ -28,7 +44,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from freeride_lab.core.plan.arrays import PlanArrays, check_plan, deadlock_message
+from freeride_lab.core.plan.arrays import (
+    SEND_AFTER_NEXT,
+    SEND_AT_END,
+    SEND_WITH_NEXT,
+    PlanArrays,
+    check_plan,
+    deadlock_message,
+)
 from freeride_lab.core.plan.costs import _B, _F, _I, _W, SUMMARY_COLUMNS, Costs
 
 __all__ = ["levels_summary", "run_plan", "summary_frame"]
@@ -39,7 +62,10 @@ __all__ = ["levels_summary", "run_plan", "summary_frame"]
 
 
 def run_plan(pa: PlanArrays, costs: Costs) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end ms of every action of one step, as ``(ranks, width)`` arrays (NaN pads)."""
+    """Start and end ms of every action of one step, as ``(ranks, width)`` arrays (NaN pads).
+
+    See [Note: planner semantics] and, with ``costs.rendezvous``, [Note: rendezvous].
+    """
     stage_rank = check_plan(pa)
     N, M = pa.stages, pa.microbatches
     table = costs.table(N)
@@ -61,7 +87,6 @@ def run_plan(pa: PlanArrays, costs: Costs) -> tuple[np.ndarray, np.ndarray]:
     dep_a = np.where(has_dep, (dep_stage * 2 + is_back) * M + mb, none_i)
     dep_a[kind < 0] = inf_i
     remote = has_dep & (stage_rank[np.clip(dep_stage, 0, N - 1)] != rank)
-    comm_a = np.where(remote, costs.comm_ms, 0.0)
     dep_b = np.where(is_back, stage * 2 * M + mb, np.where(is_w, (stage * 2 + 1) * M + mb, none_i))
     write = np.where(is_f | is_back, (stage * 2 + is_back) * M + mb, dummy_i)
     dur = np.where(kind >= 0, table[stage, np.maximum(kind, 0)], 0.0)
@@ -71,16 +96,21 @@ def run_plan(pa: PlanArrays, costs: Costs) -> tuple[np.ndarray, np.ndarray]:
     if pa.held is not None:
         held.reshape(R, width)[:, :L] = pa.held
     sent = done.copy()  # when it reaches other ranks ([Note: held sends] in core/schedule.py)
-    remote = has_dep & (stage_rank[np.clip(dep_stage, 0, N - 1)] != rank)
+    meet = _Rendezvous(pa, costs, stage, mb, write, dep_a, remote, stage_rank, width)
     start, end = np.full(R * width, np.nan), np.full(R * width, np.nan)
-    base, ptr, free = np.arange(R) * width, np.zeros(R, np.int64), np.zeros(R)
+    base, ptr = np.arange(R) * width, np.zeros(R, np.int64)
     remaining = int(pa.length.sum())
-    while remaining:
+    while remaining or meet.pending(base, ptr):
         idx = base + ptr
-        dep_a_end = np.where(remote[idx], sent[dep_a[idx]], done[dep_a[idx]])
-        dep = np.maximum(dep_a_end + comm_a[idx], done[dep_b[idx]])
-        rr = np.flatnonzero(dep < np.inf)
+        progress = meet.settle(idx, ptr, end)
+        free = meet.free(idx, ptr)
+        dep_a_end = np.where(remote[idx], meet.arrival(idx, free, sent), done[dep_a[idx]])
+        dep = np.maximum(dep_a_end + meet.comm[idx], done[dep_b[idx]])
+        dep = np.maximum(dep, meet.send_done(idx, ptr))
+        rr = np.flatnonzero((dep < np.inf) & (free < np.inf) & (kind[idx] >= 0))
         if rr.size == 0:
+            if progress:
+                continue
             raise ValueError(deadlock_message(pa, ptr, dep_a_end == np.inf))
         ri = idx[rr]
         st = np.maximum(free[rr] + costs.dispatch_ms, dep[rr])
@@ -90,11 +120,115 @@ def run_plan(pa: PlanArrays, costs: Costs) -> tuple[np.ndarray, np.ndarray]:
         sent[write[ri[now]]] = en[now]
         after = (ptr[rr] > 0) & held[ri - 1]  # the previous action's held result leaves now
         sent[write[ri[after] - 1]] = en[after]
-        free[rr] = en
         start[ri], end[ri] = st, en
+        meet.ran(ri, en)
         ptr[rr] += 1
         remaining -= rr.size
     return start.reshape(R, width)[:, :L], end.reshape(R, width)[:, :L]
+
+
+class _Rendezvous:
+    """The waits of [Note: rendezvous], per flat action index; without ``costs.rendezvous`` a
+    rank is free when its previous action ends and inputs arrive ``comm_ms`` after they leave.
+    """
+
+    def __init__(
+        self,
+        pa: PlanArrays,
+        costs: Costs,
+        stage: np.ndarray,
+        mb: np.ndarray,
+        write: np.ndarray,
+        dep_a: np.ndarray,
+        remote: np.ndarray,
+        stage_rank: np.ndarray,
+        width: int,
+    ) -> None:
+        R, L = pa.kind.shape
+        n = R * width
+        self.on = costs.rendezvous
+        self.c = costs.comm_ms
+        self.comm = np.where(remote, costs.comm_ms, 0.0)
+        if self.on:
+            self.comm[:] = 0.0  # arrival() adds it from the later of send and receive
+        self.ready = np.full(n + 1, np.inf)  # rank free after the action (its send waits done)
+        self.ready[n] = 0.0  # a rank's first action: free at the step's start
+        pos = np.arange(n) % width
+        self.prev = np.where(pos > 0, np.arange(n) - 1, n)
+        self.wait = np.zeros(n, np.int64)
+        self.by_key = np.full(write.max() + 1, n, np.int64)  # result key -> its action
+        results = write < write.max()  # the last key collects W and pads (no result)
+        self.by_key[write[results]] = np.flatnonzero(results)
+        # the action that receives this action's result on another rank, else -1
+        N, M = pa.stages, pa.microbatches
+        kind = np.full((R, width), -1, np.int64)
+        kind[:, :L] = np.where(np.arange(L)[None, :] < pa.length[:, None], pa.kind, -1)
+        kind = kind.ravel()
+        is_f, is_back = kind == _F, (kind == _B) | (kind == _I)
+        to = np.where(is_f, stage + 1, stage - 1)
+        ok = (is_f | is_back) & (to >= 0) & (to < N)
+        key = np.where(ok, (np.clip(to, 0, N - 1) * 2 + is_back) * M + mb, 0)
+        cons = np.where(ok, self.by_key[key], n)
+        rank = np.repeat(np.arange(R), width)
+        ok &= cons < n
+        ok &= stage_rank[np.clip(to, 0, N - 1)] != rank
+        self.consumer = np.where(ok, cons, -1)
+        if self.on and pa.send_wait is not None:
+            self.wait.reshape(R, width)[:, :L] = pa.send_wait
+            self.wait[self.consumer < 0] = SEND_AT_END
+        self.dep_a = dep_a
+
+    def _done(self, a: np.ndarray) -> np.ndarray:
+        """When the send of actions ``a`` completes (inf: not yet known)."""
+        post = self.ready[self.prev[self.consumer[a]]]
+        return np.maximum(self.ready[a], post) + self.c
+
+    def pending(self, base: np.ndarray, ptr: np.ndarray) -> bool:
+        """Whether a finished rank's last action still waits on its sends."""
+        last = base + ptr - 1
+        return bool(self.on and np.any((ptr > 0) & np.isinf(self.ready[last])))
+
+    def settle(self, idx: np.ndarray, ptr: np.ndarray, end: np.ndarray) -> bool:
+        """Free each rank after its previous action where its sends allow; any newly free."""
+        p = idx - 1
+        todo = np.flatnonzero((ptr > 0) & np.isinf(self.ready[p]))
+        if todo.size == 0:
+            return False
+        a = p[todo]
+        when = end[a]
+        two = (ptr[todo] > 1) & (self.wait[np.maximum(a - 1, 0)] == SEND_AFTER_NEXT)
+        if two.any():
+            w = a[two] - 1
+            when[two] = np.maximum(when[two], self._done(w))
+        known = np.isfinite(when)
+        self.ready[a[known]] = when[known]
+        return bool(known.any())
+
+    def free(self, idx: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+        """When each rank is free for its next action (inf: its sends still wait)."""
+        return np.where(ptr > 0, self.ready[self.prev[idx]], 0.0)
+
+    def arrival(self, idx: np.ndarray, free: np.ndarray, sent: np.ndarray) -> np.ndarray:
+        """When each rank's remote input has arrived, less ``comm`` (used where it is remote)."""
+        key = self.dep_a[idx]
+        if not self.on:
+            return sent[key]
+        leaves = np.maximum(sent[key], self.ready[self.by_key[key]])
+        return np.maximum(leaves, free) + self.c
+
+    def send_done(self, idx: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+        """The previous action's send, where the rank waits on it with this action's receive."""
+        out = np.full(idx.size, -np.inf)
+        if not self.on:
+            return out
+        p = idx - 1
+        w = np.flatnonzero((ptr > 0) & (self.wait[np.maximum(p, 0)] == SEND_WITH_NEXT))
+        out[w] = self._done(p[w])
+        return out
+
+    def ran(self, ri: np.ndarray, en: np.ndarray) -> None:
+        if not self.on:
+            self.ready[ri] = en
 
 
 # --------------------------------------------------------------------------------------------
