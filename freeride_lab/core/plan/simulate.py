@@ -161,9 +161,9 @@ class _Rendezvous:
         self.by_key[write[results]] = np.flatnonzero(results)
         # the action that receives this action's result on another rank, else -1
         N, M = pa.stages, pa.microbatches
-        kind = np.full((R, width), -1, np.int64)
-        kind[:, :L] = np.where(np.arange(L)[None, :] < pa.length[:, None], pa.kind, -1)
-        kind = kind.ravel()
+        grid = np.full((R, width), -1, np.int64)
+        grid[:, :L] = np.where(np.arange(L)[None, :] < pa.length[:, None], pa.kind, -1)
+        kind = grid.ravel()
         is_f, is_back = kind == _F, (kind == _B) | (kind == _I)
         to = np.where(is_f, stage + 1, stage - 1)
         ok = (is_f | is_back) & (to >= 0) & (to < N)
@@ -181,7 +181,8 @@ class _Rendezvous:
     def _done(self, a: np.ndarray) -> np.ndarray:
         """When the send of actions ``a`` completes (inf: not yet known)."""
         post = self.ready[self.prev[self.consumer[a]]]
-        return np.maximum(self.ready[a], post) + self.c
+        done: np.ndarray = np.maximum(self.ready[a], post) + self.c
+        return done
 
     def pending(self, base: np.ndarray, ptr: np.ndarray) -> bool:
         """Whether a finished rank's last action still waits on its sends."""
@@ -212,9 +213,11 @@ class _Rendezvous:
         """When each rank's remote input has arrived, less ``comm`` (used where it is remote)."""
         key = self.dep_a[idx]
         if not self.on:
-            return sent[key]
+            left: np.ndarray = sent[key]
+            return left
         leaves = np.maximum(sent[key], self.ready[self.by_key[key]])
-        return np.maximum(leaves, free) + self.c
+        arrived: np.ndarray = np.maximum(leaves, free) + self.c
+        return arrived
 
     def send_done(self, idx: np.ndarray, ptr: np.ndarray) -> np.ndarray:
         """The previous action's send, where the rank waits on it with this action's receive."""
