@@ -116,9 +116,10 @@ def compare_with_run(
     """Measured vs simulated idle fraction per rank: ``rank, measured_idle_frac,
     simulated_idle_frac, rel_diff``.
 
-    The simulation uses ``Costs.from_actions`` of the same table (medians per stage and kind,
-    estimated comm and dispatch). Measured fractions are ``bubbles.bubble_fraction`` (each
-    step's global window), averaged over the steps kept. ``rel_diff = (simulated - measured) /
+    The simulation uses ``Costs.from_actions(statistic="mean", rendezvous=True)`` of the same
+    table (mean durations per stage and kind, comm and dispatch estimated for gloo's rendezvous,
+    [Note: rendezvous] in ``core.plan.simulate``). Measured fractions are
+    ``bubbles.bubble_fraction`` (each step's global window), averaged over the steps kept. ``rel_diff = (simulated - measured) /
     measured`` (0 when both are 0, NaN when only measured is).
 
     Args:
