@@ -119,8 +119,9 @@ def compare_with_run(
     The simulation uses ``Costs.from_actions(statistic="mean", rendezvous=True)`` of the same
     table (mean durations per stage and kind, comm and dispatch estimated for gloo's rendezvous,
     [Note: rendezvous] in ``core.plan.simulate``). Measured fractions are
-    ``bubbles.bubble_fraction`` (each step's global window), averaged over the steps kept. ``rel_diff = (simulated - measured) /
-    measured`` (0 when both are 0, NaN when only measured is).
+    ``bubbles.bubble_fraction`` (each step's global window), averaged over the steps kept.
+    ``rel_diff = (simulated - measured) / measured`` (0 when both are 0, NaN when only measured
+    is).
 
     Args:
         skip_steps: leading steps to leave out of both (warm-up); real runs want at least 1.
