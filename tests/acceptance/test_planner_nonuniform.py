@@ -132,9 +132,7 @@ def test_planner_predicts_each_ranks_idle_share_within_10pct_for_drawn_costs(
 
 
 @pytest.mark.parametrize("run", GATED_RUNS, ids=str)
-def test_planner_predicts_the_median_step(
-    runs: dict[GatedRun, GatedResult], run: GatedRun
-) -> None:
+def test_planner_predicts_the_median_step(runs: dict[GatedRun, GatedResult], run: GatedRun) -> None:
     result = finished(runs, run)
     measured = result.measured
     windows = measured.groupby("step").agg(lo=("start_ms", "min"), hi=("end_ms", "max"))
