@@ -7,7 +7,7 @@ Two phases, each in a fresh Jupyter kernel (jupyter_client, this interpreter) th
 real ``Session`` and displays it, so the dashboard and its pump run exactly as in a notebook:
 
 - ``replay``: the ranks (torchrun, one process per stage) are this file in ``--replay-rank``
-  mode. Each replays a planner-made 1F1B timeline (``core.planner.simulate``) in real time at
+  mode. Each replays a planner-made 1F1B timeline (``core.plan.simulate``) in real time at
   ``--events-per-s / stages`` events a second: ``RankStarted``, then per step its ``ActionTimed``
   events, ``StepTimed`` and ``MemoryReport``, then ``RankFinished``, through the same
   ``EventSink`` (event file + authenticated bus) a training rank uses. A synthetic run with
@@ -63,7 +63,7 @@ def replay_rank(run_dir: str) -> int:
         RankStarted,
         StepTimed,
     )
-    from freeride_lab.core.planner import Costs, simulate
+    from freeride_lab.core.plan import Costs, simulate
     from freeride_lab.io.rundir import RunDir
     from freeride_lab.io.sink import EventSink
 

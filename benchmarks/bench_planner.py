@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from freeride_lab.core.planner import Costs, PlanArrays, plan_arrays, simulate, simulate_summary
+from freeride_lab.core.plan import Costs, PlanArrays, plan_arrays, simulate, simulate_summary
 from freeride_lab.core.schedule import SCHEDULES, Schedule, torch_plan
 
 RESULTS = Path(__file__).parent / "results"

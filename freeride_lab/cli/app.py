@@ -344,7 +344,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import math
 
     from freeride_lab.core.config import COST_FIELDS, RunConfig
-    from freeride_lab.core.planner import Costs, simulate_summary
+    from freeride_lab.core.plan import Costs, simulate_summary
     from freeride_lab.core.schedule import Schedule
     from freeride_lab.core.theory import NO_FORMULA, theory_bubble_fraction
 

@@ -54,12 +54,13 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
-    """The ``bench.driver.Profile`` that ``bench``'s options pick and narrow (ValueError if bad)."""
+    """The ``bench.profiles.BenchProfile`` that ``bench``'s options pick and narrow (ValueError
+    if bad)."""
     import dataclasses
 
-    from freeride_lab.bench import driver as bench
+    from freeride_lab.bench.profiles import bench_profile
 
-    profile = bench.bench_profile(args.profile or "quick", device)
+    profile = bench_profile(args.profile or "quick", device)
     runs = profile.runs
     if args.runs:
         wanted = [x.strip() for x in args.runs.split(",") if x.strip()]

@@ -4,7 +4,7 @@ Every idle instant of a rank is one of three things, and ``attribute_bubbles`` s
 bubble of the ``extract_bubbles`` table into them; the parts are >= 0 and sum to the bubble:
 
 - ``schedule_ms``: idle that the schedule itself leaves on the rank, given the run's own
-  measured action costs (the planner simulates the plan with them; ``core.planner``);
+  measured action costs (the planner simulates the plan with them; ``core.plan``);
 - ``peer_ms``: the rank was ready but an input from another rank was missing, beyond what
   the schedule implies, plus the input's transfer time;
 - ``host_ms``: the rank's own overhead between actions when nothing it needed was missing
@@ -39,7 +39,7 @@ idle the schedule implies for it (its ``budget``):
   maximum of that over ranks);
 - the data dependency of ``next`` if it ran on another rank, ``N_data``: the end of F of
   the same micro-batch on stage s-1 for an F on stage s, of B or I on stage s+1 for a B or
-  I (``core.planner`` [Note: planner semantics]; a W, or a dependency on the rank itself
+  I (``core.plan`` [Note: planner semantics]; a W, or a dependency on the rank itself
   as in V schedules, needs nothing from a peer). Budget: the simulated gap before ``next``
   on its rank (to the window start for a step's first action).
 
@@ -83,7 +83,7 @@ from freeride_lab.core.bubbles import (  # one table toolkit for core
     _typed,
     extract_bubbles,
 )
-from freeride_lab.core.planner import Costs, simulate
+from freeride_lab.core.plan import Costs, simulate
 from freeride_lab.core.schedule import Schedule
 from freeride_lab.core.theory import NO_FORMULA, theory_bubble_fraction
 

@@ -70,7 +70,7 @@ class RunConfig:
 
     Args:
         schedule: torch's schedule name (case-insensitive), e.g. "1F1B", "Interleaved1F1B".
-        stages: pipeline ranks S (processes; one GPU each on CUDA); stages × chunks is at
+        stages: pipeline ranks S (processes; one GPU each on CUDA); stages x chunks is at
             most ``MAX_STAGE_CHUNKS``.
         microbatches: micro-batches M per step, at most ``MAX_MICROBATCHES``.
         chunks: model chunks v per rank; None picks the schedule's default.
@@ -132,7 +132,7 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     check_plan: InitVar[bool] = True
 
-    def __post_init__(self, check_plan: bool = True) -> None:
+    def __post_init__(self, check_plan: bool) -> None:
         spec = Schedule.from_name(self.schedule)
         object.__setattr__(self, "schedule", spec.name)
         for name in (
@@ -218,14 +218,14 @@ class RunConfig:
         if self.workload == "text":
             if self.layers < self.stages * v:
                 raise ValueError(
-                    f"layers={self.layers} < stages×chunks={self.stages * v}: every stage chunk "
+                    f"layers={self.layers} < stagesxchunks={self.stages * v}: every stage chunk "
                     f"needs at least one block; raise layers or lower stages/chunks"
                 )
             if self.d_model % self.heads:
                 raise ValueError(f"d_model={self.d_model} must be divisible by heads={self.heads}")
         if self.stages * v > MAX_STAGE_CHUNKS:
             raise ValueError(
-                f"stages×chunks={self.stages * v} is above the limit of {MAX_STAGE_CHUNKS} "
+                f"stagesxchunks={self.stages * v} is above the limit of {MAX_STAGE_CHUNKS} "
                 "stage chunks; lower stages or chunks"
             )
         for name in COST_FIELDS:
@@ -248,12 +248,15 @@ class RunConfig:
             )
         if check_plan:
             # a new run (run.json of an old one may name a file that has moved since)
-            if self.workload == "text" and self.text_path is not None:
-                if not os.path.isfile(self.text_path):
-                    raise ValueError(
-                        f"text_path={self.text_path!r} is not a file; pass an existing text "
-                        "file, or None for the built-in text"
-                    )
+            if (
+                self.workload == "text"
+                and self.text_path is not None
+                and not os.path.isfile(self.text_path)
+            ):
+                raise ValueError(
+                    f"text_path={self.text_path!r} is not a file; pass an existing text "
+                    "file, or None for the built-in text"
+                )
             torch_plan(spec, self.stages, self.microbatches, v)  # ValueError with torch's reason
 
     @property

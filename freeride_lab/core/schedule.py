@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 __all__ = [
@@ -28,16 +28,13 @@ __all__ = [
 ]
 
 
-class ActionKind(str, Enum):
-    """Compute actions, spelt with torch's letters."""
+class ActionKind(StrEnum):
+    """Compute actions, spelt with torch's letters (``str()`` gives the letter)."""
 
     FORWARD = "F"
     BACKWARD = "B"  # full backward (input and weight gradients)
     BACKWARD_INPUT = "I"
     BACKWARD_WEIGHT = "W"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
@@ -73,7 +70,7 @@ class Schedule:
     """A schedule class of ``torch.distributed.pipelining``, described as data.
 
     ``multi`` schedules hold several stage chunks per rank; ``style`` says how chunks map to
-    ranks ("loop": rank r holds stages r, r+S, r+2S…; "v": rank r holds r and 2S−1−r).
+    ranks ("loop": rank r holds stages r, r+S, r+2S…; "v": rank r holds r and 2S-1-r).
     """
 
     name: str
@@ -138,7 +135,11 @@ SCHEDULES: dict[str, Schedule] = {
             splits_backward=True,
         ),
         Schedule(
-            "DualPipeV", "ScheduleDualPipeV", multi=True, style="v", fixed_chunks=2,
+            "DualPipeV",
+            "ScheduleDualPipeV",
+            multi=True,
+            style="v",
+            fixed_chunks=2,
             splits_backward=True,
         ),
     )
@@ -245,7 +246,8 @@ def torch_plan_with_held_sends(
 def _held_positions(converted: list[Action | list[Action] | None]) -> frozenset[int]:
     """Positions (``None`` left out) of every sub-action of an overlapped action but its last:
     their sends wait for the rest of the action ([Note: held sends])."""
-    held, position = set(), 0
+    held: set[int] = set()
+    position = 0
     for a in converted:
         if isinstance(a, list):
             held.update(range(position, position + len(a) - 1))
@@ -260,7 +262,7 @@ def _executed_1f1b(stage: int, stages: int, microbatches: int) -> list[Action]:
 
     [Note: 1F1B plan] torch's ``Schedule1F1B.pipeline_order`` numbers the last stage's
     micro-batches from 1 (``3F1 … 3F4`` at S=M=4), which is not what executes: the step runs
-    min(M, S−s) warm-up forwards, then alternates B, F, then drains the remaining backwards.
+    min(M, S-s) warm-up forwards, then alternates B, F, then drains the remaining backwards.
     """
     warmup = min(microbatches, stages - stage)
     plan = [Action(stage, ActionKind.FORWARD, j) for j in range(warmup)]
@@ -273,7 +275,7 @@ def _executed_1f1b(stage: int, stages: int, microbatches: int) -> list[Action]:
     return plan
 
 
-def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]:
+def _flatten(actions: list[Action | list[Action] | None]) -> list[Action | None]:
     out: list[Action | None] = []
     for a in actions:
         if isinstance(a, list):
@@ -283,7 +285,7 @@ def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]
     return out
 
 
-def _convert(a: object) -> Action | None | list[Action]:
+def _convert(a: object) -> Action | list[Action] | None:
     if a is None or isinstance(a, Action):
         return a
     subs = getattr(a, "sub_actions", None)

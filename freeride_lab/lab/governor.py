@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from freeride_lab.lab.manager import SideTaskManager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GOVERNOR_LOG_COLUMNS", "GovernorLoop", "governor_log_frame"]
+__all__ = ["GOVERNOR_LOG_COLUMNS", "GovernorLoop", "governor_log_frame", "step_times_s"]
 
 #: Columns of ``governor_log_frame``, in order: t_ns (run clock of this host), step (training
 #: step the decision followed), task_id, sm_pct, budget_scale, budget_ms (the budget applied;
@@ -79,8 +79,15 @@ class GovernorLoop:
         ranks: ranks whose step events make a step complete.
         sm_applies: SM shares can be changed (an MPS daemon serves the run).
         gpu_ordinals: CUDA ordinals of this node's GPUs for NVML power/clock; () = none.
-        baseline_step_s: training's step time without side tasks, if known; None lets the
-            governor learn it from steps without side-task work.
+        baseline_step_s: training's step time without side tasks, if known (as
+            ``step_times_s`` measures it); None lets the governor learn it from steps without
+            side-task work.
+        task_ids: govern only these tasks (while live); None: every live task.
+        base_budget_s: the budget a decision's scale multiplies, per task; None: the task's
+            own (``SideTaskManager.base_budget_s``: set by the user, else profiled).
+
+    Drive it from a thread (``start``) or by calling ``tick`` from a loop of your own (the
+    benchmark's governed blocks do, after ``skip_to`` their first step).
     """
 
     def __init__(
@@ -97,6 +104,8 @@ class GovernorLoop:
         gpu_ordinals: tuple[int, ...] = (),
         baseline_step_s: float | None = None,
         interval_s: float = 0.5,
+        task_ids: Collection[str] | None = None,
+        base_budget_s: Callable[[str], float | None] | None = None,
     ) -> None:
         self.manager = manager
         self.governor = governor
@@ -106,6 +115,8 @@ class GovernorLoop:
         self.gpu_ordinals = gpu_ordinals
         self.baseline_step_s = baseline_step_s
         self.interval_s = interval_s
+        self.task_ids = None if task_ids is None else frozenset(task_ids)
+        self._base_budget_s = manager.base_budget_s if base_budget_s is None else base_budget_s
         self._steps = steps
         self._side_task_steps = side_task_steps
         self._live = live
@@ -133,6 +144,10 @@ class GovernorLoop:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread; idempotent."""
         self._thread.stop(timeout_s)
+
+    def skip_to(self, step: int) -> None:
+        """Observe no step before ``step`` (steps run under other conditions)."""
+        self._last_step = max(self._last_step, step - 1)
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.wait(self.interval_s):
@@ -163,11 +178,11 @@ class GovernorLoop:
         for step, task_id in zip(side["step"], side["task_id"], strict=True):
             active_by_step.setdefault(int(step), set()).add(str(task_id))
         power_w, clock_mhz = self._gpu_reading()
-        windows = steps.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
+        times = step_times_s(steps)
         records: list[dict[str, Any]] = []
         for step in ready:
             self._last_step = step
-            step_s = float(windows.loc[step, "end"] - windows.loc[step, "start"]) / 1e3
+            step_s = times.get(step, math.nan)
             if not step_s > 0:
                 continue
             active = tuple(sorted(active_by_step.get(step, set()) & self._governed))
@@ -187,7 +202,9 @@ class GovernorLoop:
         """Govern exactly the live tasks."""
         live: dict[str, dict[str, Any]] = {}
         for task in self.manager.tasks():
-            if not task["detached"] and not is_terminal(SideTaskState(task["state"])):
+            if task["detached"] or is_terminal(SideTaskState(task["state"])):
+                continue
+            if self.task_ids is None or task["id"] in self.task_ids:
                 live[task["id"]] = task
         for task_id in sorted(self._governed - set(live)):
             self.governor.remove_task(task_id)
@@ -221,7 +238,7 @@ class GovernorLoop:
             task = self.manager.task(decision.task_id)
             if self.sm_applies and task["sm_pct"] != decision.sm_pct:
                 changes["sm_pct"] = decision.sm_pct
-            base_s = self.manager.base_budget_s(decision.task_id)
+            base_s = self._base_budget_s(decision.task_id)
             if base_s is None:
                 error = "no budget yet (still profiling): budget scale not applied"
             else:
@@ -264,6 +281,16 @@ class GovernorLoop:
                 f.write(line + "\n")
         except OSError as exc:
             log.warning("governor: could not append to %s: %s", self.log_path, exc)
+
+
+def step_times_s(steps: pd.DataFrame) -> dict[int, float]:
+    """Each step's time in s as the governor sees it: its window across ranks (the earliest
+    start to the latest end in the steps table)."""
+    if steps.empty:
+        return {}
+    windows = steps.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
+    durations = (windows["end"] - windows["start"]) / 1e3
+    return {int(k): float(v) for k, v in durations.items()}
 
 
 def _nan(value: object) -> bool:

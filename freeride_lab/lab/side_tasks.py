@@ -17,6 +17,7 @@ and [Note: upward hooks].
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -29,6 +30,7 @@ from freeride_lab.lab.owner_channel import OwnerClient
 
 if TYPE_CHECKING:
     from freeride_lab.core.accounting import CostModel, CostSaving
+    from freeride_lab.core.governor import OverheadGovernor
     from freeride_lab.lab.governor import GovernorLoop
 
 log = logging.getLogger(__name__)
@@ -227,16 +229,39 @@ class SideTaskControls:
             PermissionError: this Session does not own the run (the governor tunes its tasks).
         """
         from freeride_lab.core.governor import OverheadGovernor
-        from freeride_lab.lab.governor import GovernorLoop
 
         self._check_owner("run the overhead governor")
         self.disable_governor()
-        sm_applies = self.mps_active
-        if not sm_applies:  # SM shares need MPS: govern step budgets alone
+        if not self.mps_active:  # SM shares need MPS: govern step budgets alone
             options = {**options, "sm_min_pct": 100, "sm_max_pct": 100}
         governor = OverheadGovernor(target_frac=target_frac, **options)
+        self._governor = self.governor_loop(
+            governor, baseline_step_s=baseline_step_s, interval_s=interval_s
+        ).start()
+        log.info("governor on for %s: target %.2f%%", self.run_id, target_frac * 100)
+        return self._governor
+
+    def governor_loop(
+        self,
+        governor: OverheadGovernor,
+        *,
+        baseline_step_s: float | None = None,
+        interval_s: float = 0.5,
+        task_ids: Collection[str] | None = None,
+        base_budget_s: Callable[[str], float | None] | None = None,
+    ) -> GovernorLoop:
+        """A governor loop over this run, not started: ``enable_governor`` runs one in a
+        thread; a caller with its own loop (the benchmark) calls its ``tick``. Arguments as
+        ``lab.governor.GovernorLoop``; SM shares apply where an MPS daemon serves the run.
+
+        Raises:
+            PermissionError: this Session does not own the run (the governor tunes its tasks).
+        """
+        from freeride_lab.lab.governor import GovernorLoop
+
+        self._check_owner("run the overhead governor")
         nproc = len(self._side_tasks().ranks)
-        self._governor = GovernorLoop(
+        return GovernorLoop(
             self._side_tasks(),
             steps=lambda: self.steps,
             side_task_steps=lambda: self.side_task_steps,
@@ -244,13 +269,13 @@ class SideTaskControls:
             governor=governor,
             ranks=nproc,
             log_path=self.run_dir.path / "governor.jsonl",
-            sm_applies=sm_applies,
+            sm_applies=self.mps_active,
             gpu_ordinals=tuple(range(nproc)) if self.config.device == "cuda" else (),
             baseline_step_s=baseline_step_s,
             interval_s=interval_s,
-        ).start()
-        log.info("governor on for %s: target %.2f%%", self.run_id, target_frac * 100)
-        return self._governor
+            task_ids=task_ids,
+            base_budget_s=base_budget_s,
+        )
 
     def disable_governor(self) -> None:
         """Stop the governor thread (idempotent); its log stays."""

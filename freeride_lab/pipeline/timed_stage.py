@@ -45,7 +45,7 @@ one idle span that FreeRide treats as one bubble. ``carry_gap(step + 1)``, calle
 optimizer, opens the next step's slot 0 at once, and ``begin_step`` keeps it open, so slot 0
 runs from the optimizer's end to the first action and a side task sees the whole span with
 one prediction instead of missing the part outside the schedule window. The bubbles table
-(``core.bubbles`` [Note: step boundary bubbles]) holds the same span as step s's "boundary"
+(``core.bubble_spans`` [Note: step boundary bubbles]) holds the same span as step s's "boundary"
 bubble up to step s+1's window start plus step s+1's leading bubble: nothing counted twice.
 
 [Note: loss in the forward]

@@ -3,18 +3,22 @@
 Synthetic runs whose stage chunks each sleep their own F and backward costs (``RunConfig``
 per-stage ``t_*_ms``): a hand-picked mix (one stage twice as slow as the others) and mixes
 drawn at random (seeded) from 5-25 ms. Every stage chunk must take its own costs, and the
-planner, fed the run's measured costs (``Costs.from_actions``: medians per stage and kind plus
+planner, fed the run's measured costs (``Costs.from_actions``: means per stage and kind plus
 the dispatch and communication time it estimates from the same table), must give each rank's
-idle share within 10% of the measured one (the steps after the warm-up, global windows).
+idle share within 10% of the measured one (the steps after the warm-up, global windows), and
+the typical (median) step within 7.5%.
 
-Why 10% and not the 5% that uniform 100 ms stages meet (``test_planner_vs_run.py``): torch's
-1F1B waits for each forward send before the next one (and fuses the steady-state sends with
-the next receive), and gloo completes a send only once the receiver has posted its receive.
-So a fast stage cannot run more than about one micro-batch ahead of a slower neighbour, and
-the slow stage then waits for inputs the planner has ready in advance: the planner's idle
-share came out 3-9% (relative) below the measured one on the slow and neighbouring ranks of
-these runs, on a loaded two-core box. The planner models data dependencies, dispatch and
-communication delay, not send completion.
+The costs model the run as gloo runs it (``Costs.from_actions(statistic="mean",
+rendezvous=True)``, [Note: rendezvous] in ``core/plan/simulate.py``): a message passes only once
+its receive is posted, so an action fed by another rank starts ``comm_ms`` after the later of
+its rank being free and its input leaving, and a sender that waits on its send blocks until the
+receiver has posted. Means, not medians, of the durations and waits: a step is a sum along its
+critical path, and on a loaded two-core box the sleeps and waits are right-skewed (medians made
+the slow and neighbouring ranks of these runs 3-16% idler than planned). Over three batches of these
+runs on a loaded box the median step came out within 5% and each rank's idle share within 6%;
+on an overloaded one (where the stage sleeps themselves overshot by 3-4 ms) the step was 5.5%
+short and the GPipe mix's first ranks 11% less idle than measured. Hence 7.5% for the step and
+10% for a rank's idle share, which is a small number (the slow rank idles a fifth of a step).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ import pytest
 from gated_runs import GatedFarm, GatedResult, GatedRun
 
 from freeride_lab.core.bubbles import bubble_fraction
-from freeride_lab.core.planner import Costs, compare_with_run, simulate
+from freeride_lab.core.plan import Costs, compare_with_run, simulate, simulate_summary
 from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 
 STEPS, SKIP_STEPS = 10, 2
-REL_TOL = 0.10
+REL_TOL = 0.10  # each rank's idle share
+STEP_TOL = 0.075  # the median step (within 5% unless the box is overloaded; see above)
 
 
 def nonuniform(
@@ -102,7 +107,9 @@ def test_costs_from_actions_fed_back_into_simulate_reproduce_each_ranks_idle_sha
 ) -> None:
     result = finished(runs, SLOW_STAGE)
     run = result.run
-    costs = Costs.from_actions(result.measured, stages=run.stages * run.chunks)
+    costs = Costs.from_actions(
+        result.measured, stages=run.stages * run.chunks, statistic="mean", rendezvous=True
+    )
     simulated = simulate(
         run.schedule, run.stages, run.microbatches, run.chunks, costs=costs, steps=1
     )
@@ -122,3 +129,17 @@ def test_planner_predicts_each_ranks_idle_share_within_10pct_for_drawn_costs(
         skip_steps=SKIP_STEPS,
     )  # fmt: skip
     assert (table["rel_diff"].abs() < REL_TOL).all(), f"{run.t_forward_ms}\n{table.to_string()}"
+
+
+@pytest.mark.parametrize("run", GATED_RUNS, ids=str)
+def test_planner_predicts_the_median_step(runs: dict[GatedRun, GatedResult], run: GatedRun) -> None:
+    result = finished(runs, run)
+    measured = result.measured
+    windows = measured.groupby("step").agg(lo=("start_ms", "min"), hi=("end_ms", "max"))
+    real = float((windows["hi"] - windows["lo"]).median())
+    costs = Costs.from_actions(
+        measured, stages=run.stages * run.chunks, statistic="mean", rendezvous=True
+    )
+    summary = simulate_summary(run.schedule, run.stages, run.microbatches, run.chunks, costs=costs)
+    predicted = float(summary["window_ms"].iloc[0])
+    assert abs(predicted - real) / real < STEP_TOL, f"{run}: {predicted:.1f} ms vs {real:.1f} ms"

@@ -19,7 +19,7 @@ import pytest
 from acceptance_runs import SKIP_STEPS, FinishedRun, RunFarm, Shape
 
 from freeride_lab.core.bubbles import extract_bubbles
-from freeride_lab.core.planner import Costs, compare_with_run, simulate
+from freeride_lab.core.plan import Costs, compare_with_run, simulate
 from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride_lab.bench.driver import PROFILES, bench_profile
+from freeride_lab.bench.profiles import PROFILES, bench_profile
 from freeride_lab.cli.app import build_parser, main
 from freeride_lab.cli.bench import bench_profile_of
 

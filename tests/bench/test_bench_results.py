@@ -62,7 +62,7 @@ def _run(name: str, segment: Mapping[str, object], slow: tuple[float, ...]) -> R
 
 
 def _result(*runs: Run) -> dict[str, Any]:
-    from freeride_lab.bench.driver import GOALS
+    from freeride_lab.bench.profiles import GOALS
 
     return {
         "runs": [r for r, _ in runs],

@@ -1,6 +1,6 @@
 """Claims about bubble attribution (schedule idle, peer wait, host overhead) on pure data.
 
-Timelines come from the planner (``core.planner.simulate``), which runs a schedule exactly as
+Timelines come from the planner (``core.plan.simulate``), which runs a schedule exactly as
 [Note: planner semantics] says, so "perfectly fed" and "a late input" are exact here.
 """
 
@@ -19,7 +19,7 @@ from freeride_lab.core.attribution import (
     attribution_by_step,
 )
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS, extract_bubbles
-from freeride_lab.core.planner import Costs, simulate
+from freeride_lab.core.plan import Costs, simulate
 from freeride_lab.core.theory import theory_bubble_fraction
 
 OPTIMIZER_MS = 4.0

@@ -8,7 +8,7 @@ import pytest
 
 from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.planner import (
+from freeride_lab.core.plan import (
     ACTION_COLUMNS,
     SUMMARY_COLUMNS,
     Costs,

@@ -12,7 +12,7 @@ import pytest
 
 from freeride_lab.cli.app import build_parser, main, run_config_fields
 from freeride_lab.core.config import RunConfig, cost_text
-from freeride_lab.core.planner import Costs, simulate_summary
+from freeride_lab.core.plan import Costs, simulate_summary
 from freeride_lab.pipeline.synthetic import build_sleep_chunks
 
 

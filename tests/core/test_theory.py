@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from freeride_lab.core.planner import Costs, simulate_summary
+from freeride_lab.core.plan import Costs, simulate_summary
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction, theory_table
 

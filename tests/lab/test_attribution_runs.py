@@ -27,7 +27,7 @@ import pytest
 
 from freeride_lab.core.attribution import PART_COLUMNS, attribution_by_step
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.planner import Costs, simulate_summary
+from freeride_lab.core.plan import Costs, simulate_summary
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 

@@ -127,7 +127,7 @@ def test_every_rank_has_boundary_bubbles_between_steps(runs: dict[str, Run], nam
     """A rank has a boundary bubble where it idles after its step's window: between steps,
     or before an optimizer that starts after the window. A rank still busy when the next step
     begins may have none: steps may overlap across ranks in zero-bubble and V schedules
-    (core.bubbles [Note: overlapping steps])."""
+    (core.bubble_spans [Note: overlapping steps])."""
     s = runs[name].session
     b, actions, steps = s.bubbles, s.actions, s.steps
     boundary = b[(b["kind"] == "boundary") & (b["step"] < STEPS - 1)]

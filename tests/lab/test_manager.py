@@ -493,3 +493,35 @@ def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) ->
     assert tuple(frame.columns) == GOVERNOR_LOG_COLUMNS
     assert frame["task_id"].tolist() == [tid] * len(records)
     assert math.isclose(frame["budget_ms"].iloc[0], 25.0)
+
+
+def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(run: Run) -> None:
+    """What the benchmark's governed blocks rely on: only the named task is governed, its
+    budget scales the base given, and steps before ``skip_to`` are not observed."""
+    mine = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    other = run.manager.attach(COUNTING, stage=2, budget_ms=20)["id"]
+    for tid in (mine, other):
+        run.state(tid, "PAUSED", "INIT")
+    steps = _steps([1.2] * 6 + [1.0] * 6 + [1.2] * 6, ranks=4)  # 20% slow, quiet, slow again
+    side = pd.concat([_side_steps(list(range(18))).assign(task_id=t) for t in (mine, other)])
+    loop = GovernorLoop(
+        run.manager,
+        steps=lambda: steps,
+        side_task_steps=lambda: side,
+        live=lambda: True,
+        governor=OverheadGovernor(
+            target_frac=0.01, window=2, settle_steps=0, sm_min_pct=100, sm_max_pct=100
+        ),
+        ranks=4,
+        log_path=run.run_dir.path / "governor.jsonl",
+        baseline_step_s=0.8,  # the quiet steps' window (``_steps``: 80% of the period)
+        task_ids=(mine,),
+        base_budget_s=lambda _: 0.008,
+    )
+    loop.skip_to(6)  # the slow steps 0-5 ran under other conditions
+    records = loop.tick()
+    assert records, "no decision for 20% overhead"
+    assert {r["task_id"] for r in records} == {mine}
+    assert min(r["step"] for r in records) >= 12  # quiet 6-11 decide nothing: overhead 0
+    assert records[0]["budget_ms"] == pytest.approx(8.0 * records[0]["budget_scale"])
+    assert run.manager.task(other)["budget_ms"] == pytest.approx(20.0)

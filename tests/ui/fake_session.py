@@ -1,6 +1,6 @@
 """A small in-memory stand-in for ``Session`` with its side-task API, for fast UI tests.
 
-Its tables come from the planner (``core.planner.simulate``: the real actions schema); ``advance``
+Its tables come from the planner (``core.plan.simulate``: the real actions schema); ``advance``
 adds steps as a live run would. Side-task calls validate like a session does (memory above a
 stage's free memory, unknown ids, sm_pct out of range) and raise ``ValueError`` to refuse.
 """
@@ -17,7 +17,7 @@ import pandas as pd
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import CostSaving
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.planner import Costs, simulate
+from freeride_lab.core.plan import Costs, simulate
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS, STEP_COLUMNS
 from freeride_lab.pipeline.launcher import RunState

@@ -1,0 +1,478 @@
+"""The block driver of ``freeride-lab bench``: one pipeline run, stepped through its segments.
+
+A ``RunDriver`` launches one run (a ``Session``), attaches the side tasks, and for each
+segment (real stage, side task) measures the task alone, then interleaves blocks of training
+steps in each mode through the emulation's control file (see ``bench.driver``). Governed blocks
+run the session's own governor loop (``lab.governor.GovernorLoop``, ticked from the block's
+wait): the benchmark measures the governor users run, not a copy of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from freeride_lab.bench import stats as bs
+from freeride_lab.bench.devices import nvml_sampler, private_mps_daemon
+from freeride_lab.bench.profiles import MIX, BenchProfile, RunPlan, run_config
+from freeride_lab.bench.readout import collect_blocks, read_calibration, task_steps
+from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
+from freeride_lab.core.config import RunConfig
+from freeride_lab.core.governor import OverheadGovernor
+from freeride_lab.lab.governor import GovernorLoop, step_times_s
+from freeride_lab.pipeline.emulate import Control, ControlFile, Gate
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Progress", "RunDriver"]
+
+_GATE_OF_MODE = {
+    "vanilla": Gate.CLOSED,
+    "plain": Gate.CLOSED,
+    "managed": Gate.PASS,
+    "governed": Gate.PASS,
+    "naive": Gate.OPEN,
+}
+_ON_DEVICE = ("PAUSED", "RUNNING")
+_ENDED = ("FINISHED", "STOPPED", "FAILED")
+_POLL_S = 0.05
+Progress = Callable[[str], None]
+
+
+@dataclass
+class _Segment:
+    case: str
+    stage: int
+    task: str
+    task_id: str = ""
+
+
+class RunDriver:
+    """Launches one run, drives its segments through the control file, collects its blocks."""
+
+    def __init__(
+        self,
+        profile: BenchProfile,
+        plan: RunPlan,
+        run_root: Path,
+        deadline: float,
+        say: Progress,
+    ) -> None:
+        self.profile = profile
+        self.plan = plan
+        self.modes = plan.modes or profile.modes
+        self.deadline = deadline
+        self.say = say
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = (run_root / f"{stamp}-{plan.name}").absolute()
+        self.control = ControlFile(self.run_dir)
+        self.seq = 0
+        self.blocks: list[dict[str, Any]] = []
+        self.record: dict[str, Any] = {
+            "name": plan.name,
+            "microbatches": plan.microbatches,
+            "mps": plan.mps,
+            "run_dir": str(self.run_dir),
+            "segments": [],
+            "skipped": [],
+            "errors": [],
+            "governor": [],
+        }
+        self.session: Any = None
+        self.sampler: Any = None
+        self._settled_at = 0
+        self.hard_deadline = deadline + 20.0  # waits give up here: the budget is spent
+        self.step_ms_estimate = 1000.0
+
+    # -- plan --
+
+    def config(self) -> RunConfig:
+        return run_config(self.profile, self.plan, self.run_dir)
+
+    def segments(self) -> list[_Segment]:
+        stages = self.plan.real_stages or tuple(range(self.profile.stages))
+        out = []
+        for case in self.plan.cases:
+            for s in stages:
+                task = MIX[s % len(MIX)] if case == "mix" else case
+                out.append(_Segment(case=case, stage=s, task=task))
+        return out
+
+    # -- lifetime --
+
+    def execute(self) -> dict[str, Any]:
+        """Run it; never raises for a failed run (the record says what went wrong)."""
+        try:
+            with self._mps(), nvml_sampler() as sampler:
+                self.sampler = sampler
+                self._launch_and_drive()
+        except KeyboardInterrupt:
+            self.record["errors"].append("interrupted")
+            self.record["interrupted"] = True
+            self.say(f"run {self.plan.name} interrupted; stopping it and keeping its blocks")
+        except Exception as exc:  # a failed run must not lose the runs before it
+            log.exception("bench run %s failed", self.plan.name)
+            self.record["errors"].append(f"{type(exc).__name__}: {exc}")
+            self.say(f"run {self.plan.name} FAILED: {type(exc).__name__}: {exc}")
+        finally:
+            if self.session is not None:
+                with contextlib.suppress(Exception):
+                    self.session.stop()
+                failure = self.session.failure
+                self.record["state"] = str(self.session.state)
+                self.record["failure"] = None if failure is None else str(failure)
+        try:
+            self.record["blocks_rows"] = self._collect()
+        except Exception as exc:
+            log.exception("collecting run %s failed", self.plan.name)
+            self.record["errors"].append(f"collect: {type(exc).__name__}: {exc}")
+        return self.record
+
+    @contextlib.contextmanager
+    def _mps(self) -> Iterator[None]:
+        if not self.plan.mps:
+            yield
+            return
+        with private_mps_daemon(self.say):
+            try:
+                yield
+            finally:  # the run goes before its daemon
+                if self.session is not None:
+                    with contextlib.suppress(Exception):
+                        self.session.stop()
+
+    def _launch_and_drive(self) -> None:
+        from freeride_lab.lab.session import Session
+
+        config = self.config()
+        t0 = time.monotonic()
+        self.session = Session.launch(config, grace_s=20.0)
+        segments = self.segments()
+        self._write_control(real_rank=segments[0].stage if segments else 0, gate=Gate.CLOSED)
+        self._wait(lambda: self.session.steps_done >= 2, 600.0, "the first training steps")
+        self.record["startup_s"] = round(time.monotonic() - t0, 1)
+        self.record["calibration"] = read_calibration(self.control.dir, self.profile.stages)
+        self.say(f"  training up after {self.record['startup_s']} s; "
+                 f"calibration {self._calibration_line()}")  # fmt: skip
+        self._attach(segments)
+        if self.plan.instrumentation:
+            self._wait_ready(segments)  # their set-up and first copy to the device are noise
+            self._instrumentation(segments[0].stage if segments else 0)
+        for seg in segments:
+            need = self._segment_estimate_s()
+            left = self.deadline - time.monotonic()
+            if left < need:
+                note = f"{seg.case}@{seg.stage} ({seg.task}): ~{need:.0f} s, {left:.0f} s left"
+                self.record["skipped"].append(note)
+                self.say(f"  skip segment {note}")
+                continue
+            self._segment(seg)
+        self._settle()
+        self._write_control(real_rank=0, gate=Gate.CLOSED)
+
+    # -- side tasks --
+
+    def _attach(self, segments: list[_Segment]) -> None:
+        for seg in segments:
+            options = {"preset": self.profile.task_preset,
+                       **self.profile.task_options.get(seg.task, {})}  # fmt: skip
+            task = self.session.attach(
+                seg.task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
+                gating="bubbles",
+            )  # fmt: skip
+            seg.task_id = str(task["id"])
+        self.say(f"  attached {len(segments)} side task(s): "
+                 + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip
+
+    def _wait_ready(self, segments: list[_Segment]) -> None:
+        """Wait (up to ``attach_timeout_s``) until every attached task is on the device or
+        has ended; a task that is late is only noted."""
+        ids = {s.task_id for s in segments if s.task_id}
+
+        def ready() -> bool:
+            states = {str(t.get("id")): t.get("state") for t in self.session.tasks}
+            return all(states.get(i) in (*_ON_DEVICE, *_ENDED) for i in ids)
+
+        try:
+            self._wait(ready, self.profile.attach_timeout_s, "the side tasks' set-up", poll_s=0.2)
+        except TimeoutError as exc:
+            self.record["errors"].append(str(exc))
+
+    def _task(self, task_id: str) -> dict[str, Any]:
+        for t in self.session.tasks:
+            if str(t.get("id")) == task_id:
+                return dict(t)
+        return {}
+
+    # -- segments --
+
+    def _segment_estimate_s(self) -> float:
+        p = self.profile
+        blocks = len(self.modes) * p.repeats + 1
+        steps = blocks * (p.drop_steps + p.block_steps + 2)
+        solo_s = 2 * (p.solo_min_s + 2 * self.step_ms_estimate / 1e3)  # before and after
+        return steps * self.step_ms_estimate / 1e3 + solo_s + 10.0
+
+    def _instrumentation(self, stage: int) -> None:
+        p = self.profile
+        self.say(f"  instrumentation: timed vs plain, real stage {stage}")
+        seg = _Segment(case="instrumentation", stage=stage, task="")
+        order = bs.interleave(("vanilla", "plain"), p.instrumentation_repeats, closed=True)
+        for repeat, mode in order:
+            self._block(seg, repeat, mode)
+        self.record["segments"].append({"case": seg.case, "stage": stage, "task": ""})
+
+    def _segment(self, seg: _Segment) -> None:
+        p = self.profile
+        t0 = time.monotonic()
+        rec: dict[str, Any] = {"case": seg.case, "stage": seg.stage, "task": seg.task,
+                               "task_id": seg.task_id}  # fmt: skip
+        self.record["segments"].append(rec)
+        self._wait(
+            lambda: self._task(seg.task_id).get("state") in _ON_DEVICE,
+            p.attach_timeout_s,
+            f"side task {seg.task} ({seg.task_id}) on stage {seg.stage} to be ready",
+            fail_on=lambda: self._task(seg.task_id).get("state") in _ENDED,
+            poll_s=0.2,
+        )
+        solo = self._solo(seg)
+        rec.update(solo)
+        rec["dedicated_before_per_s"] = rec.pop("dedicated_per_s", None)
+        budget_ms = solo.get("budget_ms")
+        if budget_ms is None:  # no speed, no budget: its blocks would mean nothing
+            self.say(f"  segment {seg.case}@{seg.stage} ({seg.task}): too few solo steps; skipped")
+            with contextlib.suppress(Exception):
+                self.session.detach(seg.task_id)
+            return
+        self.session.tune(seg.task_id, budget_ms=budget_ms)
+        governor = OverheadGovernor(
+            target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
+            settle_steps=1,
+        )  # fmt: skip
+        governor.add_task(seg.task_id)
+        # Governed blocks start from the tight budget (no 10 ms rounding) and let the
+        # governor widen it when training slows; managed blocks keep FreeRide's rule.
+        governed_base_ms = solo.get("tight_budget_ms", budget_ms)
+        loop = self.session.governor_loop(
+            governor, task_ids=(seg.task_id,), base_budget_s=lambda _: governed_base_ms / 1e3
+        )
+        current = budget_ms
+        for repeat, mode in bs.interleave(self.modes, p.repeats, closed=True):
+            want = budget_ms
+            if mode == "governed":
+                want = governed_base_ms * governor.limits(seg.task_id)[1]
+            if want != current:
+                self.session.tune(seg.task_id, budget_ms=want)
+                current = want
+            self._block(seg, repeat, mode, loop=loop if mode == "governed" else None)
+            if mode == "governed":
+                current = governed_base_ms * governor.limits(seg.task_id)[1]
+        after = self._solo(seg)  # the same measurement after the blocks: did the speed move?
+        rec.update(
+            solo_after_steps=after["solo_steps"],
+            solo_after_s=after["solo_s"],
+            dedicated_after_per_s=after.get("dedicated_per_s"),
+        )
+        rec.update(bs.dedicated_speed(rec["dedicated_before_per_s"], rec["dedicated_after_per_s"]))
+        with contextlib.suppress(Exception):
+            self.session.detach(seg.task_id)
+        rec["elapsed_s"] = round(time.monotonic() - t0, 1)
+        unit = f"{rec.get('unit', '')}/s"
+        spread = rec.get("dedicated_spread_frac")
+        flag = (
+            f"; FLAGGED: before and after differ by {spread:.0%} (> {bs.SPREAD_FLAG_FRAC:.0%})"
+            if rec.get("dedicated_unstable")
+            else ""
+        )
+        self.say(
+            f"  segment {seg.case}@{seg.stage} ({seg.task}) done in {rec['elapsed_s']} s; "
+            f"dedicated {_g(rec['dedicated_before_per_s'])} {unit} before, "
+            f"{_g(rec['dedicated_after_per_s'])} {unit} after{flag}"
+        )
+
+    def _solo(self, seg: _Segment) -> dict[str, Any]:
+        """Hold training, let the task run alone, release: its dedicated speed and budget.
+
+        The phase lasts at least ``solo_min_s`` and ``solo_steps`` measured steps (a
+        fraction of a second measured speeds that moved by half between runs), at most
+        ``solo_max_s``.
+        """
+        p = self.profile
+        self._settle()
+        seq = self._write_control(real_rank=seg.stage, gate=Gate.OPEN, hold=True)
+        start_ns = self._wait_applied(seq)["t_ns"]
+        path = self.run_dir / "events" / f"task-{seg.task_id}.jsonl"
+        t_min = time.monotonic() + p.solo_min_s
+        t_end = time.monotonic() + p.solo_max_s
+        while time.monotonic() < t_end:
+            steps = task_steps(path, start_ns)[2:]
+            # long enough, enough steps, and (for a task whose progress comes every few
+            # steps, like the image task's bands) three completed units to measure whole cycles
+            if (
+                time.monotonic() >= t_min
+                and len(steps) >= p.solo_steps
+                and sum(float(e["progress"]) > 0 for e in steps) >= 3
+            ):
+                break
+            time.sleep(_POLL_S)
+        seq = self._write_control(real_rank=seg.stage, gate=Gate.CLOSED)
+        end_ns = self._wait_applied(seq)["t_ns"]
+        steps = [e for e in task_steps(path, start_ns) if e["start_ns"] < end_ns]
+        progress = [float(e["progress"]) for e in steps]
+        durations = [(e["end_ns"] - e["start_ns"]) / 1e6 for e in steps]
+        out: dict[str, Any] = {"solo_steps": len(steps), "solo_s": (end_ns - start_ns) / 1e9}
+        out["unit"] = steps[0].get("unit", "") if steps else ""
+        if len(steps) > 2:
+            out["dedicated_per_s"] = bs.dedicated_throughput_per_s(progress, durations, skip=2)
+            median_ms = bs.median(durations[2:])
+            out["solo_step_ms_median"] = median_ms
+            out["budget_ms"] = step_budget_s(median_ms / 1e3) * 1e3
+            out["solo_step_ms_p95"] = bs.percentile(durations[2:], 95)
+            out["tight_budget_ms"] = tight_step_budget_s(out["solo_step_ms_p95"] / 1e3) * 1e3
+        else:
+            self.record["errors"].append(f"{seg.task}@{seg.stage}: only {len(steps)} solo steps")
+        return out
+
+    def _block(
+        self,
+        seg: _Segment,
+        repeat: int,
+        mode: str,
+        *,
+        loop: GovernorLoop | None = None,
+    ) -> None:
+        """Switch to ``mode``, then wait out ``drop_steps`` + ``block_steps`` steps.
+
+        The block's last period ends where step ``first + block_steps`` starts, under the next
+        block's control; that is harmless unless the next control holds training, so
+        ``_settle`` waits for that start first.
+        """
+        p = self.profile
+        seq = self._write_control(
+            real_rank=seg.stage, gate=_GATE_OF_MODE[mode], timed=mode != "plain"
+        )
+        first = self._wait_applied(seq)["step"] + p.drop_steps
+        need = first + p.block_steps  # steps first .. first+block_steps-1 complete
+        self._settled_at = need + 1  # ... and the start of the next one recorded
+        if loop is not None:  # the session's governor, ticked here, over this block's steps
+            loop.baseline_step_s = self._baseline_s(seg)
+            loop.skip_to(first)
+        timeout_s = 60.0 + 3 * (p.drop_steps + p.block_steps) * self.step_ms_estimate / 1e3
+
+        def done() -> bool:
+            if loop is not None:
+                for rec in loop.tick():
+                    self.record["governor"].append(
+                        {"stage": seg.stage, "task": seg.task, "budget_ms": rec["budget_ms"],
+                         "reason": rec["reason"], "applied": rec["applied"]}
+                    )  # fmt: skip
+            return bool(self.session.steps_done >= need)
+
+        self._wait(done, timeout_s, f"block {mode} of {seg.case}@{seg.stage}")
+        self.blocks.append(
+            {"order": len(self.blocks), "repeat": repeat, "mode": mode, "case": seg.case,
+             "stage": seg.stage, "task": seg.task, "task_id": seg.task_id,
+             "first_step": first, "steps": p.block_steps}
+        )  # fmt: skip
+        self._update_step_estimate()
+
+    def _settle(self) -> None:
+        """Wait until the last block's closing step start is on record (see ``_block``)."""
+        need = self._settled_at
+        self._wait(lambda: self.session.steps_done >= need, 120.0, "the last block to close")
+
+    def _baseline_s(self, seg: _Segment) -> float | None:
+        """Median step time of this segment's vanilla blocks so far, as the governor measures
+        it (``lab.governor.step_times_s``); None before any."""
+        times = step_times_s(self.session.steps)
+        found = [
+            times[s]
+            for b in self.blocks
+            if b["task_id"] == seg.task_id and b["mode"] == "vanilla"
+            for s in range(b["first_step"], b["first_step"] + b["steps"])
+            if s in times
+        ]
+        return bs.median(found) if found else None
+
+    def _update_step_estimate(self) -> None:
+        steps = self.session.steps
+        if len(steps) > 4:
+            last = steps[steps["rank"] == 0].tail(6)["start_ms"].diff().dropna()
+            if len(last):
+                self.step_ms_estimate = float(last.median())
+
+    # -- control --
+
+    def _write_control(
+        self, *, real_rank: int, gate: Gate, hold: bool = False, timed: bool = True
+    ) -> int:
+        self.seq += 1
+        self.control.write(
+            Control(seq=self.seq, real_rank=real_rank, gate=gate, hold=hold, timed=timed)
+        )
+        return self.seq
+
+    def _wait_applied(self, seq: int) -> dict[str, int]:
+        found: dict[str, int] = {}
+
+        def applied() -> bool:
+            for a in reversed(self.control.applied()):
+                if a["seq"] == seq:
+                    found.update(a)
+                    return True
+            return False
+
+        self._wait(applied, 120.0, f"control #{seq} to take effect")
+        return found
+
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        timeout_s: float,
+        what: str,
+        *,
+        fail_on: Callable[[], bool] | None = None,
+        poll_s: float = _POLL_S,
+    ) -> None:
+        deadline = min(time.monotonic() + timeout_s, self.hard_deadline)
+        while not condition():
+            state = self.session.state
+            if state.done:
+                raise RuntimeError(
+                    f"the run ended ({state}) while waiting for {what}: {self.session.failure}"
+                )
+            if fail_on is not None and fail_on():
+                raise RuntimeError(f"gave up waiting for {what}: it failed or stopped")
+            if time.monotonic() >= deadline:
+                if deadline == self.hard_deadline:
+                    raise TimeoutError(f"the time budget ran out while waiting for {what}")
+                raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+            time.sleep(poll_s)
+
+    # -- reports --
+
+    def _calibration_line(self) -> str:
+        parts = [
+            f"r{c['rank']} F {'/'.join(f'{x:.1f}' for x in c['forward_ms'])} "
+            f"B {'/'.join(f'{x:.1f}' for x in c['backward_ms'])} opt {c['optimizer_ms']:.1f} ms"
+            for c in self.record.get("calibration", [])
+        ]
+        return "; ".join(parts) or "(none)"
+
+    def _collect(self) -> list[dict[str, Any]]:
+        """The blocks table of this run, from its event files (``bench.readout``)."""
+        samples = list(self.sampler.samples()) if self.sampler is not None else []
+        return collect_blocks(
+            self.run_dir, self.config(), self.plan.name, self.blocks, self.record, samples
+        )
+
+
+def _g(v: float | None) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.4g}"

@@ -1,0 +1,110 @@
+"""Reading a benchmark run's results from its event files: blocks, memory, task steps.
+
+Every number of ``freeride-lab bench`` comes from the run directory after (or, for a solo
+phase, during) the run: ``collect_blocks`` turns the driver's blocks into rows
+(``bench.stats.BLOCK_COLUMNS``), ``stage_memory`` and ``task_steps`` read single event kinds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from freeride_lab.bench.results import block_row
+from freeride_lab.core.bubbles import extract_bubbles
+from freeride_lab.core.budget import OverrunStats
+from freeride_lab.core.config import RunConfig
+from freeride_lab.lab.tables import (
+    actions_frame,
+    read_events,
+    run_start_ns,
+    side_task_steps_frame,
+    steps_frame,
+)
+
+__all__ = ["collect_blocks", "read_calibration", "stage_memory", "task_steps"]
+
+
+def collect_blocks(
+    run_dir: Path,
+    cfg: RunConfig,
+    run_name: str,
+    blocks: Sequence[Mapping[str, Any]],
+    record: dict[str, Any],
+    samples: Sequence[Any],
+) -> list[dict[str, Any]]:
+    """The blocks table of one run, from its event files (``bench.stats.BLOCK_COLUMNS``).
+
+    Also fills ``record``: its ``stage_memory`` and, per segment with a task, the task's step
+    and overrun counts over the whole run.
+    """
+    if not blocks or not run_dir.exists():
+        return []
+    events = read_events(run_dir)
+    t0 = run_start_ns(events) or 0
+    actions = actions_frame(events, t0)
+    bubbles = extract_bubbles(  # with the idle between steps (core.bubbles)
+        actions, schedule=cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches,
+        chunks=cfg.chunks, min_ms=1.0, steps=steps_frame(events, t0),
+    )  # fmt: skip
+    side = side_task_steps_frame(events, t0)
+    starts = {
+        (int(e["rank"]), int(e["step"])): int(e["start_ns"])
+        for e in events
+        if e.get("kind") == "step"
+    }
+    edges = [e for e in events if e.get("kind") == "bubble_edge"]
+    record["stage_memory"] = stage_memory(events)
+    for rec in record["segments"]:
+        if rec.get("task_id"):  # every step of the task in this run, as its host counts
+            mine = side[side["task_id"] == rec["task_id"]]
+            stats = OverrunStats.of(mine["overrun_ms"] * 1e6)
+            rec.update(task_steps_total=stats.steps, task_overruns_total=stats.overruns)
+    rows = []
+    for b in blocks:
+        row = block_row(dict(b), run_name, starts, bubbles, side, edges, list(samples), t0)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def read_calibration(control_dir: Path, stages: int) -> list[dict[str, Any]]:
+    """Each emulated rank's calibration (``calibration-rank-<r>.json``), where written."""
+    out = []
+    for r in range(stages):
+        path = control_dir / f"calibration-rank-{r}.json"
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(path.read_text()))
+    return out
+
+
+def stage_memory(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank: its highest peak reserved memory of the run and the device's capacity (on CUDA
+    the rank's own chunks, activations and allocator cache; the GPU is shared by all ranks)."""
+    peak: dict[int, tuple[int, int, str]] = {}
+    for e in events:
+        if e.get("kind") != "memory":
+            continue
+        r = int(e["rank"])
+        value = (int(e["peak_reserved_bytes"]), int(e["capacity_bytes"]), str(e["device"]))
+        if r not in peak or value[0] > peak[r][0]:
+            peak[r] = value
+    return [
+        {"rank": r, "peak_reserved_bytes": p, "capacity_bytes": c, "device": d}
+        for r, (p, c, d) in sorted(peak.items())
+    ]
+
+
+def task_steps(path: Path, since_ns: int) -> list[dict[str, Any]]:
+    """``side_task_step`` events in one task's event file that started at or after ``since_ns``."""
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                e = json.loads(line)
+                if e.get("kind") == "side_task_step" and int(e["start_ns"]) >= since_ns:
+                    out.append(e)
+    return out
