@@ -598,14 +598,14 @@ class FreerideMagics(Magics):
 def _config_changes(current: Session, new: Any, *, run_dir: str | None) -> str:
     """``"steps: 20 → 30, …"``: what a launch asks for that the live run ``current`` differs in.
 
-    ``run_dir`` and ``master_port`` count only when given, ``extra`` (filled in by the session,
-    and not settable from the command line) never.
+    ``run_dir`` and ``master_port`` count only when given, ``runtime`` (filled in by the
+    session, and not settable from the command line) and ``notes`` never.
     """
     old, fresh = current.config.to_dict(), new.to_dict()
     changes = [
         f"{k}: {old.get(k)!r} → {v!r}"
         for k, v in fresh.items()
-        if k not in ("run_dir", "master_port", "extra") and old.get(k) != v
+        if k not in ("run_dir", "master_port", "runtime", "notes") and old.get(k) != v
     ]
     if new.master_port is not None and new.master_port != current.config.master_port:
         changes.append(f"master_port: {current.config.master_port} → {new.master_port}")

@@ -62,6 +62,7 @@ from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.budget import OverrunStats, step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.governor import OverheadGovernor, StepObservation
+from freeride_lab.core.runtime_options import EmulateOptions, RuntimeOptions
 from freeride_lab.lab.tables import (
     actions_frame,
     read_events,
@@ -69,7 +70,7 @@ from freeride_lab.lab.tables import (
     side_task_steps_frame,
     steps_frame,
 )
-from freeride_lab.pipeline.emulate import EMULATE_KEY, Control, ControlFile, Gate
+from freeride_lab.pipeline.emulate import Control, ControlFile, Gate
 
 log = logging.getLogger(__name__)
 
@@ -372,23 +373,23 @@ class _RunDriver:
 
     def config(self) -> RunConfig:
         p = self.profile
-        emulate = {
-            "device": "cuda:0" if p.device == "cuda" else "cpu",
-            "d_model": p.d_model,
-            "heads": p.heads,
-            "dtype": p.dtype,
-        }
+        emulate = EmulateOptions(
+            device="cuda:0" if p.device == "cuda" else "cpu",
+            d_model=p.d_model,
+            heads=p.heads,
+            dtype=p.dtype,
+        )
         return RunConfig(
             schedule=p.schedule, stages=p.stages, microbatches=self.plan.microbatches,
             steps=10**7, workload="text", layers=p.layers, d_model=p.wire_d_model, heads=1,
             seq_len=p.seq_len, microbatch_size=p.microbatch_size, dtype="float32",
             device="cpu", run_dir=str(self.run_dir), mps=False,
-            extra={
-                EMULATE_KEY: emulate,
-                "edges_factory": "freeride_lab.pipeline.emulate:open_edges",
-                "timed": "alternate",
-                "pg_timeout_s": 1800,
-            },
+            runtime=RuntimeOptions(
+                emulate=emulate,
+                edges_factory="freeride_lab.pipeline.emulate:open_edges",
+                timed="alternate",
+                pg_timeout_s=1800,
+            ),
         )  # fmt: skip
 
     def segments(self) -> list[_Segment]:

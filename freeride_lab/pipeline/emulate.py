@@ -9,13 +9,13 @@ with real training kernels. Which rank is real, whether its side tasks may take 
 whether training holds still can change between steps, so one run (one process tree) can
 rotate the real stage and interleave benchmark modes::
 
-    extra = {
-        "emulate": {"device": "cuda:0", "d_model": 4096, "heads": 32, "dtype": "bfloat16"},
-        "edges_factory": "freeride_lab.pipeline.emulate:open_edges",
-        "timed": "alternate",                 # both timed and plain schedules get built
-    }
+    runtime = RuntimeOptions(
+        emulate=EmulateOptions(device="cuda:0", d_model=4096, heads=32, dtype="bfloat16"),
+        edges_factory="freeride_lab.pipeline.emulate:open_edges",
+        timed="alternate",                    # both timed and plain schedules get built
+    )
     config = RunConfig(stages=4, microbatches=4, d_model=256, layers=16, seq_len=2048,
-                       microbatch_size=2, workload="text", device="cpu", extra=extra)
+                       microbatch_size=2, workload="text", device="cpu", runtime=runtime)
     ControlFile(run_dir).write(Control(seq=1, real_rank=2, gate=Gate.PASS))   # from anywhere
 
 How it is built:
@@ -81,7 +81,6 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -89,6 +88,7 @@ import torch
 import torch.distributed as dist
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.core.runtime_options import EmulateOptions
 from freeride_lab.io.rundir import RunDir, create_file
 from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
 from freeride_lab.pipeline.emulate_control import Control, ControlFile, EdgeGate, Gate
@@ -100,12 +100,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EMULATE_KEY",
     "ChunkCosts",
     "Control",
     "ControlFile",
     "EdgeGate",
-    "EmulateSpec",
+    "EmulateOptions",
     "EmulatedChunk",
     "EmulatedRank",
     "Emulation",
@@ -113,76 +112,11 @@ __all__ = [
     "open_edges",
 ]
 
-EMULATE_KEY = "emulate"  # the RunConfig.extra key that turns emulate mode on
 _HOLD_POLL_S = 0.02
 
 
-@dataclass(frozen=True, kw_only=True)
-class EmulateSpec:
-    """The ``config.extra["emulate"]`` settings (a plain dict there).
-
-    Args:
-        device: where a real rank computes: "cuda", "cuda:<i>" or "cpu".
-        d_model, heads: width and heads of the real model (``config.d_model`` is the wire width,
-            see [Note: wire width]); d_model must be a multiple of ``config.d_model``.
-        dtype: "bfloat16" or "float32" for the real chunks.
-        calibrate_warmup, calibrate_iters: untimed and timed micro-batches per chunk.
-    """
-
-    device: str = "cuda"
-    d_model: int = 1024
-    heads: int = 16
-    dtype: str = "bfloat16"
-    calibrate_warmup: int = 2
-    calibrate_iters: int = 5
-
-    def __post_init__(self) -> None:
-        if not (self.device == "cpu" or self.device.split(":")[0] == "cuda"):
-            raise ValueError(f"emulate device={self.device!r}; valid: 'cpu', 'cuda', 'cuda:<i>'")
-        for name in ("d_model", "heads", "calibrate_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"emulate {name}={value!r} must be an integer >= 1")
-        if self.calibrate_warmup < 0:
-            raise ValueError(f"emulate calibrate_warmup={self.calibrate_warmup} must be >= 0")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"emulate dtype={self.dtype!r}; valid: bfloat16, float32")
-        if self.d_model % self.heads:
-            raise ValueError(f"emulate d_model={self.d_model} must be divisible by heads")
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> EmulateSpec | None:
-        """The spec in ``config.extra``, or None when emulate mode is off.
-
-        Raises:
-            ValueError: unknown keys (the valid ones are listed), bad values, or a config the
-                emulation cannot run (synthetic workload, NCCL, a wire wider than the model).
-        """
-        raw = config.extra.get(EMULATE_KEY)
-        if not raw:
-            return None
-        if not isinstance(raw, dict):
-            raise ValueError(f"extra['{EMULATE_KEY}']={raw!r} must be a dict of EmulateSpec fields")
-        names = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - names)
-        if unknown:
-            raise ValueError(f"unknown emulate key(s) {unknown}; valid: {', '.join(sorted(names))}")
-        spec = cls(**raw)
-        if config.workload != "text" or config.backend != "gloo":
-            raise ValueError(
-                f"emulate mode needs workload='text' and backend='gloo' (pipeline tensors stay "
-                f"on the CPU); got workload={config.workload!r}, backend={config.backend!r}"
-            )
-        if spec.d_model % config.d_model:
-            raise ValueError(
-                f"emulate d_model={spec.d_model} must be a multiple of the wire width "
-                f"config.d_model={config.d_model} (see [Note: wire width])"
-            )
-        return spec
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+def _torch_dtype(options: EmulateOptions) -> torch.dtype:
+    return torch.bfloat16 if options.dtype == "bfloat16" else torch.float32
 
 
 def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGate:
@@ -193,7 +127,7 @@ def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGa
 
     path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     config = RunConfig.from_dict(RunDir(path).read_run()["config"])
-    spec = EmulateSpec.from_config(config)
+    spec = config.runtime.emulate
     device = "cpu" if spec is None else str(_device(spec.device))
     assert config.chunks is not None
     stage = min(stage_indices(Schedule.from_name(config.schedule), rank, config.stages,
@@ -236,7 +170,7 @@ class Emulation:
 
     def __init__(
         self,
-        spec: EmulateSpec,
+        spec: EmulateOptions,
         config: RunConfig,
         rank: int,
         chunks: list[EmulatedChunk],
@@ -267,9 +201,11 @@ class Emulation:
         cls, config: RunConfig, rank: int, stage_ids: Sequence[int], n_stages: int, run_dir: RunDir
     ) -> Emulation:
         """Build this rank's real chunks on the emulation device (deterministic init)."""
-        spec = EmulateSpec.from_config(config)
+        spec = config.runtime.emulate
         if spec is None:
-            raise ValueError(f"config.extra has no '{EMULATE_KEY}' settings")
+            raise ValueError(
+                "config.runtime.emulate is None; pass RuntimeOptions(emulate=EmulateOptions(...))"
+            )
         device = _device(spec.device)
         if device.type == "cuda":
             if not torch.cuda.is_available():
@@ -296,7 +232,7 @@ class Emulation:
                     d_model=spec.d_model,
                     wire_d_model=config.d_model,
                     device=device,
-                    dtype=spec.torch_dtype,
+                    dtype=_torch_dtype(spec),
                 )
             )
         return cls(spec, config, rank, chunks, run_dir)
@@ -404,7 +340,7 @@ class Emulation:
         if gate is not None:
             own = control.gate if real else Gate.CLOSED
             gate.set_gate(own, step=step, t_ns=self._now_ns(runner))
-        if runner.config.extra.get("timed") == "alternate":  # both schedules exist
+        if runner.config.runtime.timed == "alternate":  # both schedules exist
             runner.timed = control.timed
         return stop
 

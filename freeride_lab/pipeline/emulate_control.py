@@ -46,7 +46,7 @@ class Control:
         gate: what the real rank's side tasks see (``Gate``); other ranks are always CLOSED.
         hold: park training before the next step until a control without ``hold`` arrives.
         timed: timed stages (ActionTimed, bubble edges) or plain ``PipelineStage`` (needs
-            ``extra["timed"] = "alternate"``, which builds both).
+            ``RuntimeOptions(timed="alternate")``, which builds both).
     """
 
     seq: int = 0

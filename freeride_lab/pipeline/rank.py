@@ -18,17 +18,17 @@ with the configured ``torch.distributed.pipelining`` schedule, writing events to
 
 Signals: SIGINT is ignored (a notebook Interrupt must not kill training). SIGTERM asks for a
 graceful stop: all ranks agree at the next step boundary and finish; if the current step does
-not end within ``extra["stop_grace_s"]`` (default 10 s, e.g. because a peer died), the rank
+not end within ``config.runtime.stop_grace_s`` (default 10 s, e.g. because a peer died), the rank
 writes RankFailed and exits. A parent-death watchdog turns the launcher's death into SIGTERM.
 
-``config.extra`` keys read here:
+``config.runtime`` (``core.runtime_options.RuntimeOptions``) fields read here:
     timed: True (default) | False (plain ``PipelineStage``, no ActionTimed) | "alternate"
         (blocks of ``alternate_every`` steps, default 1, alternately timed and plain, timed
         first, in the same processes; for the overhead benchmark)
     stop_grace_s: float, default 10
     pg_timeout_s: float, default 600 (collective timeout)
     edges_factory: "module:callable" called as ``f(run_dir=RunDir, rank=int)`` → BubbleEdges
-    emulate: dict of ``pipeline.emulate.EmulateSpec`` fields: single-GPU emulation (every rank
+    emulate: ``EmulateOptions`` or None: single-GPU emulation (every rank
         builds its real chunk on one device, one rank computes per step, the others sleep its
         calibrated costs; see that module)
 """
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.on_abort = fail
     try:
         config = RunConfig.from_dict(run_dir.read_run()["config"])
-        stop.grace_s = float(config.extra.get("stop_grace_s", stop.grace_s))
+        stop.grace_s = config.runtime.stop_grace_s
         runner = RankRunner(
             config, env, run_dir, emit=sink.emit, stop=stop, timed=False if ns.plain else None
         )

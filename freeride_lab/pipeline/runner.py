@@ -34,7 +34,7 @@ from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.pipeline import stage_build
 from freeride_lab.pipeline.clock import ClockSync, sync_clock
-from freeride_lab.pipeline.emulate import EMULATE_KEY, Emulation
+from freeride_lab.pipeline.emulate import Emulation
 from freeride_lab.pipeline.rank_env import RankEnv
 from freeride_lab.pipeline.step_clock import StepClock
 from freeride_lab.pipeline.stop import StopAgreement, StopControl
@@ -68,10 +68,9 @@ class RankRunner:
         self.emit = emit
         self.stop = stop
         self.spec = Schedule.from_name(config.schedule)
-        extra = config.extra
-        self.timed: bool | str = extra.get("timed", True) if timed is None else timed
+        self.timed: bool | str = config.runtime.timed if timed is None else timed
         if self.timed not in (True, False, "alternate"):
-            raise ValueError(f"extra['timed']={self.timed!r}; valid: True, False, 'alternate'")
+            raise ValueError(f"timed={self.timed!r}; valid: True, False, 'alternate'")
         if config.stages != env.world_size:
             raise ValueError(
                 f"config.stages={config.stages} but WORLD_SIZE={env.world_size}: run one "
@@ -121,7 +120,7 @@ class RankRunner:
         stage_build.check_torch_supports_layout(
             self.stage_ids, rank=self.env.rank, schedule=self.spec.name, backend=cfg.backend
         )
-        timeout = timedelta(seconds=float(cfg.extra.get("pg_timeout_s", 600)))
+        timeout = timedelta(seconds=cfg.runtime.pg_timeout_s)
         dist.init_process_group(backend=cfg.backend, timeout=timeout)
         clock = self.clock = sync_clock()
         self.clock_offset_ns = clock.offset_ns
@@ -145,7 +144,7 @@ class RankRunner:
         group = None if cfg.backend == "gloo" else dist.new_group(backend="gloo")
         self.stop_agreement = StopAgreement(group)
         edges = self.edges = stage_build.make_edges(
-            cfg.extra.get("edges_factory"),
+            cfg.runtime.edges_factory,
             run_dir=self.run_dir,
             rank=self.env.rank,
             clock_offset_ns=self.clock_offset_ns,
@@ -194,7 +193,7 @@ class RankRunner:
 
     def _build_modules(self) -> list[nn.Module]:
         cfg = self.config
-        if cfg.extra.get(EMULATE_KEY):  # emulate mode: real chunks on one device, calibrated
+        if cfg.runtime.emulate is not None:  # emulate mode: real chunks on one device, calibrated
             self.emulation = Emulation.build(
                 cfg, self.env.rank, self.stage_ids, self.n_stages, self.run_dir
             )
@@ -246,7 +245,7 @@ class RankRunner:
     def is_timed_step(self, step: int) -> bool:
         """Whether ``step`` runs the timed stages (always, never, or by alternating blocks)."""
         if self.timed == "alternate":
-            every = int(self.config.extra.get("alternate_every", 1))
+            every = self.config.runtime.alternate_every
             return (step // max(1, every)) % 2 == 0
         return bool(self.timed)
 
