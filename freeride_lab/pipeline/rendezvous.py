@@ -6,7 +6,6 @@ torchrun which options it knows (they vary across torch releases).
 
 from __future__ import annotations
 
-import functools
 import math
 import socket
 import sys
@@ -14,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from freeride_lab.core.torch_compat import torchrun_option_strings
 from freeride_lab.io.rundir import RunDir
 
 __all__ = [
@@ -83,18 +83,10 @@ def torchrun_command(
     ]  # fmt: skip
 
 
-@functools.cache
-def _torchrun_option_strings() -> frozenset[str]:
-    """Options the installed torchrun understands (they vary across torch releases)."""
-    from torch.distributed.run import get_args_parser
-
-    return frozenset(o for a in get_args_parser()._actions for o in a.option_strings)
-
-
 def _optional_torchrun_flags(grace_s: float) -> list[str]:
     # --signals-to-handle and --shutdown-timeout are newer than torch 2.8; older torchruns
     # refuse unknown flags, and our ranks ignore SIGINT either way.
-    known = _torchrun_option_strings()
+    known = torchrun_option_strings()
     flags: list[str] = []
     if "--signals-to-handle" in known:
         flags += ["--signals-to-handle", TORCHRUN_SIGNALS]

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining import schedules as torch_schedules
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.schedule import Schedule
+from freeride_lab.core.torch_compat import schedule_class
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.pipeline.data import SyntheticBatches, TextBatches
 from freeride_lab.pipeline.models import GPTConfig, build_stage_chunks
@@ -145,7 +145,7 @@ def make_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Any:
     """Torch's schedule object for ``spec`` over this rank's stages."""
-    cls = getattr(torch_schedules, spec.torch_class, None)
+    cls = schedule_class(spec.torch_class)
     if cls is None:
         raise RuntimeError(
             f"schedule {spec.name} ({spec.torch_class}) is not in torch "
