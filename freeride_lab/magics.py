@@ -76,11 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     """The CLI's grammar, as the notebook reads it (see [Note: the current run]): RUN_DIR and
     the report's PATH are shown, and parsed, as optional."""
     from freeride_lab.cli.app import build_parser
-    from freeride_lab.cli.hints import subcommands
+    from freeride_lab.cli.parser_parts import arguments, subcommands
 
     parser = build_parser(prog=PROG)
     for name, sub in subcommands(parser).items():
-        for action in sub._actions:
+        for action in arguments(sub):
             if action.dest == "run_dir" and not action.option_strings:
                 action.metavar = "[RUN_DIR]"  # filled in before parsing where it is left out
                 action.help = "the run directory (default: the run this kernel launched)"
@@ -128,22 +128,19 @@ _NOTEBOOK_HELP = {
 
 def _help_text() -> str:
     """The magic's docstring (``%freeride?``): for notebook users, built from the grammar."""
-    from freeride_lab.cli.hints import subcommands
+    from freeride_lab.cli.parser_parts import arguments, subcommand_helps, subcommands
     from freeride_lab.tasks import BUILTIN_TASKS
 
     parser = _parser()
-    helps: dict[str, str] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {choice.dest: str(choice.help or "") for choice in action._choices_actions}
+    helps = subcommand_helps(parser)
     rows = []
     for name, sub in subcommands(parser).items():
         words = [f"%freeride {name}"]
-        for a in sub._actions:
+        for a in arguments(sub):
             if not a.option_strings:
                 word = str(a.metavar or a.dest.upper())
                 words.append(f"[{word}]" if a.nargs == "?" else word)
-        if any(a.option_strings and a.dest != "help" for a in sub._actions):
+        if any(a.option_strings and a.dest != "help" for a in arguments(sub)):
             words.append("[--options]")
         rows.append((" ".join(words), _NOTEBOOK_HELP.get(name, helps.get(name, ""))))
     commands = "\n".join(f"    {usage}\n        {what}" for usage, what in rows)
@@ -152,13 +149,13 @@ def _help_text() -> str:
 
 def _run_dir_commands(parser: argparse.ArgumentParser) -> set[str]:
     """Subcommands whose first positional argument is ``run_dir``."""
+    from freeride_lab.cli.parser_parts import arguments, subcommands
+
     found: set[str] = set()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                positionals = [a for a in sub._actions if not a.option_strings]
-                if positionals and positionals[0].dest == "run_dir":
-                    found.add(name)
+    for name, sub in subcommands(parser).items():
+        positionals = [a for a in arguments(sub) if not a.option_strings]
+        if positionals and positionals[0].dest == "run_dir":
+            found.add(name)
     return found
 
 
