@@ -27,6 +27,7 @@ __all__ = ["RUNTIME_KEYS", "EmulateOptions", "RuntimeOptions", "TimedMode"]
 TimedMode = bool | Literal["alternate"]
 MAX_SECONDS = 3600.0  # stop_grace_s and pg_timeout_s: beyond an hour a value is a typo
 MAX_ALTERNATE_EVERY = 10**6
+MAX_ANNOUNCE_MIN_MS = 1e6
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -112,6 +113,8 @@ class RuntimeOptions:
             ``PipelineStage``; "alternate" runs blocks of ``alternate_every`` steps,
             alternately timed and plain, timed first (the timing-overhead benchmark).
         alternate_every: steps per block when ``timed="alternate"``.
+        announce_min_ms: the shortest predicted bubble announced live to side tasks, in ms;
+            0 announces every one (``pipeline.timed_stage`` [Note: quiet slots]).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -121,6 +124,7 @@ class RuntimeOptions:
     pg_timeout_s: float = 600.0
     timed: TimedMode = True
     alternate_every: int = 1
+    announce_min_ms: float = 1.0
     emulate: EmulateOptions | None = None
 
     def __post_init__(self) -> None:
@@ -144,6 +148,15 @@ class RuntimeOptions:
                 f"runtime alternate_every={every!r} must be an integer 1..{MAX_ALTERNATE_EVERY}"
                 " (steps per block of timed='alternate')"
             )
+        least = self.announce_min_ms
+        number = isinstance(least, int | float) and not isinstance(least, bool)
+        if not number or not 0 <= least < MAX_ANNOUNCE_MIN_MS:
+            raise ValueError(
+                f"runtime announce_min_ms={least!r} must be milliseconds in "
+                f"[0, {MAX_ANNOUNCE_MIN_MS:g}): the shortest predicted bubble announced to side "
+                "tasks (0 announces every one)"
+            )
+        object.__setattr__(self, "announce_min_ms", float(least))
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):
             raise ValueError(

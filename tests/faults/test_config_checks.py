@@ -38,6 +38,8 @@ REFUSED = [
     ({"runtime": {"pg_timeout_s": -1}}, "pg_timeout_s"),
     ({"runtime": {"timed": "sometimes"}}, "timed"),
     ({"runtime": {"alternate_every": 0}}, "alternate_every"),
+    ({"runtime": {"announce_min_ms": -1}}, "announce_min_ms"),
+    ({"runtime": {"announce_min_ms": math.nan}}, "announce_min_ms"),
     ({"runtime": {"edges_factory": "not a reference"}}, "edges_factory"),
     ({"runtime": {"emulate": [1, 2]}}, "emulate"),
     ({"runtime": {"emulate": {"device": "tpu"}}}, "device"),
