@@ -73,7 +73,7 @@ def replay_rank(run_dir: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rd = RunDir(Path(run_dir))
     config = RunConfig.from_dict(rd.read_run()["config"])
-    rate = float(config.extra["replay_events_per_s"]) / world  # this rank's events a second
+    rate = float(config.notes["replay_events_per_s"]) / world  # this rank's events a second
     plan = simulate(config.schedule, config.stages, config.microbatches, costs=Costs(), steps=1)
     mine = plan[plan["rank"] == rank].sort_values("start_ms")
     per_step = len(mine) + 2  # actions + StepTimed + MemoryReport
@@ -286,7 +286,7 @@ def summarise(
     p95 = _quantile(during, 0.95)
     return {
         "phase": name,
-        "config": {k: config[k] for k in ("schedule", "stages", "microbatches", "steps", "extra")},
+        "config": {k: config[k] for k in ("schedule", "stages", "microbatches", "steps", "notes")},
         "run_state": result["state"],
         "events_total": result["events"],
         "events_over_bus": result["live_events"],
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "workload": "synthetic",
         "run_dir": str(root / "replay"),
-        "extra": {"replay_events_per_s": args.events_per_s},
+        "notes": {"replay_events_per_s": args.events_per_s},
     }
     phases = [
         phase("replay", replay, [str(Path(__file__).resolve()), "--replay-rank"], args.gap_ms / 1e3)
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             "t_backward_input_ms": 0.05,
             "t_backward_weight_ms": 0.05,
             "run_dir": str(root / "real"),
-            "extra": {},
+            "notes": {},
         }
         phases.append(phase("real", real, ["-m", "freeride_lab.pipeline.rank"], args.gap_ms / 1e3))
 

@@ -1,6 +1,6 @@
 """What timing every pipeline action costs training: TimedPipelineStage vs plain PipelineStage.
 
-One torchrun job per case runs ``extra={"timed": "alternate", "alternate_every": k}``: blocks
+One torchrun job per case runs ``RuntimeOptions(timed="alternate", alternate_every=k)``: blocks
 of k steps alternate between ``TimedPipelineStage`` (A) and plain ``PipelineStage`` (B) in the
 same processes with the same model, A B A B, so drift and machine load hit both alike. Per step
 the global window (earliest window start to latest window end over ranks) is compared. The
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.intervals import Interval, mean_interval
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.io.rundir import RunDir
@@ -67,11 +67,11 @@ def case_config(case: str, args: argparse.Namespace) -> RunConfig:
         microbatches=args.microbatches,
         steps=args.steps,
         device=args.device,
-        extra={
-            "timed": "alternate",
-            "alternate_every": args.block,
+        runtime=RuntimeOptions(
+            timed="alternate",
+            alternate_every=args.block,
             **({} if args.announce_min_ms is None else {"announce_min_ms": args.announce_min_ms}),
-        },
+        ),
     )
     if case == "text":
         return RunConfig(

@@ -537,7 +537,8 @@ def timing_overhead_quiet() -> list[str]:
         case, rc = data["cases"][0], data["recorder_ns_per_action"]
         cfg = case["config"]
         o, u = case["overhead_frac"], case["overhead_us_per_action"]
-        announce = cfg["extra"].get("announce_min_ms", 1.0)
+        options = cfg.get("runtime") or cfg.get("extra") or {}  # run.json before/after options
+        announce = options.get("announce_min_ms", 1.0)
         rows.append(
             [f"d_model {cfg['d_model']}, seq {cfg['seq_len']}",
              ("every gap" if announce == 0 else f"≥ {announce:g} ms predicted")

@@ -15,7 +15,7 @@ from typing import Any
 
 from freeride_lab.bench import stats as bs
 from freeride_lab.core.config import RunConfig
-from freeride_lab.pipeline.emulate import EMULATE_KEY
+from freeride_lab.core.runtime_options import EmulateOptions, RuntimeOptions
 
 __all__ = ["GOALS", "MIX", "PROFILES", "BenchProfile", "RunPlan", "bench_profile", "run_config"]
 
@@ -194,21 +194,21 @@ def bench_profile(name: str, device: str) -> BenchProfile:
 def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
     """The config of one benchmark run: emulated peers (``pipeline.emulate``), a run that
     steps until the benchmark stops it, alternating timed and plain stages."""
-    emulate = {
-        "device": "cuda:0" if p.device == "cuda" else "cpu",
-        "d_model": p.d_model,
-        "heads": p.heads,
-        "dtype": p.dtype,
-    }
+    emulate = EmulateOptions(
+        device="cuda:0" if p.device == "cuda" else "cpu",
+        d_model=p.d_model,
+        heads=p.heads,
+        dtype=p.dtype,
+    )
     return RunConfig(
         schedule=p.schedule, stages=p.stages, microbatches=plan.microbatches,
         steps=10**7, workload="text", layers=p.layers, d_model=p.wire_d_model, heads=1,
         seq_len=p.seq_len, microbatch_size=p.microbatch_size, dtype="float32",
         device="cpu", run_dir=str(run_dir), mps=False,
-        extra={
-            EMULATE_KEY: emulate,
-            "edges_factory": "freeride_lab.pipeline.emulate:open_edges",
-            "timed": "alternate",
-            "pg_timeout_s": 1800,
-        },
+        runtime=RuntimeOptions(
+            emulate=emulate,
+            edges_factory="freeride_lab.pipeline.emulate:open_edges",
+            timed="alternate",
+            pg_timeout_s=1800,
+        ),
     )  # fmt: skip

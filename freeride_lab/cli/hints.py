@@ -21,22 +21,16 @@ import argparse
 import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from freeride_lab.cli.parser_parts import arguments, is_append, subcommands
+
 __all__ = ["complete", "did_you_mean", "hint", "options", "subcommands"]
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """Subcommand name → its parser, in help order (empty for a parser without subcommands)."""
-    for action in parser._actions:  # argparse has no public way to list subparsers
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """Long option string (``--budget-ms``) → its action; ``-h``-style short forms left out."""
     return {
         flag: action
-        for action in parser._actions
+        for action in arguments(parser)
         for flag in action.option_strings
         if flag.startswith("--")
     }
@@ -124,13 +118,9 @@ def complete(
         return _starting(previous.choices or values.get(previous.dest, ()), token)
     if token.startswith("-"):
         given = {f.partition("=")[0] for f in flags}
-        offered = [
-            flag
-            for flag, action in known.items()
-            if flag not in given or isinstance(action, argparse._AppendAction)
-        ]
+        offered = [flag for flag, action in known.items() if flag not in given or is_append(action)]
         return _starting(offered, token)
-    slots = [a for a in sub._actions if not a.option_strings]
+    slots = [a for a in arguments(sub) if not a.option_strings]
     run_dir_given = bool(positionals) and is_run_dir(positionals[0])
     if run_dir_optional and slots and slots[0].dest == "run_dir" and not run_dir_given:
         slots = slots[1:]

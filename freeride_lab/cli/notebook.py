@@ -207,13 +207,13 @@ def config_changes(
     """``"steps: 20 → 30, …"``: what a launch asks for (``new``, a ``RunConfig.to_dict()``) that
     the live run (config ``old``, in ``current_run_dir``) differs in.
 
-    ``run_dir`` and ``master_port`` count only when given, ``extra`` (filled in by the session,
-    and not settable from the command line) never.
+    ``run_dir`` and ``master_port`` count only when given, ``runtime`` and ``notes`` (filled
+    in by the session, and not settable from the command line) never.
     """
     changes = [
         f"{k}: {old.get(k)!r} → {v!r}"
         for k, v in new.items()
-        if k not in ("run_dir", "master_port", "extra") and old.get(k) != v
+        if k not in ("run_dir", "master_port", "runtime", "notes") and old.get(k) != v
     ]
     if new.get("master_port") is not None and new.get("master_port") != old.get("master_port"):
         changes.append(f"master_port: {old.get('master_port')} → {new.get('master_port')}")

@@ -13,20 +13,21 @@ import dataclasses
 import json
 import math
 import os
-import re
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal
 
+from freeride_lab.core.runtime_options import RUNTIME_KEYS, EmulateOptions, RuntimeOptions
 from freeride_lab.core.schedule import Schedule, torch_plan
 
 __all__ = [
     "COST_FIELDS",
-    "EXTRA_KEYS",
     "MAX_COST_MS",
     "MAX_MICROBATCHES",
     "MAX_STAGE_CHUNKS",
     "CostMs",
+    "EmulateOptions",
     "RunConfig",
+    "RuntimeOptions",
     "cost_text",
 ]
 
@@ -47,14 +48,6 @@ _UPPER = {
 MAX_COST_MS = 3_600_000.0  # one synthetic action: an hour
 MAX_SEED = 2**64 - 1  # torch.manual_seed takes 64 bits
 MAX_ACTIVATION_BYTES = 1 << 40  # one micro-batch's activations per block, float32: 1 TiB
-EXTRA_KEYS = (
-    "alternate_every",
-    "edges_factory",
-    "emulate",
-    "pg_timeout_s",
-    "stop_grace_s",
-    "timed",
-)
 
 # The synthetic workload's action costs, F, I and W in that order.
 COST_FIELDS = ("t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms")
@@ -96,6 +89,12 @@ class RunConfig:
         mps: serve the run with a private CUDA MPS daemon (side tasks then get MPS memory caps,
             SM shares and priorities); None starts one when ``device="cuda"`` and MPS is
             available here, False never does. Only meaningful with ``device="cuda"``.
+        runtime: how the ranks run (live edges, stop grace, collective timeout, timing,
+            emulate mode): ``RuntimeOptions`` or a dict of its fields.
+        notes: the user's own notes, plain JSON (no NaN, no objects); stored in run.json and
+            shown in reports, never read by the runtime.
+        extra: not a field: run.json files of older versions carry it, and ``from_dict``
+            splits it into ``runtime`` and ``notes``; passing it here raises.
         check_plan: build torch's plan to check that the schedule can run (imports torch,
             seconds); False only for a config that was checked before (a run's run.json).
             Not a field: it is not stored.
@@ -129,10 +128,18 @@ class RunConfig:
     run_dir: str | None = None
     side_tasks: bool = True
     mps: bool | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    notes: dict[str, Any] = field(default_factory=dict)
+    extra: InitVar[dict[str, Any] | None] = None
     check_plan: InitVar[bool] = True
 
-    def __post_init__(self, check_plan: bool) -> None:
+    def __post_init__(self, extra: dict[str, Any] | None = None, check_plan: bool = True) -> None:
+        if extra is not None:
+            raise TypeError(
+                f"RunConfig(extra={extra!r}): extra is split in two; pass runtime options as "
+                f"runtime=RuntimeOptions(...) (fields: {', '.join(RUNTIME_KEYS)}) and your "
+                "own notes as notes={...}"
+            )
         spec = Schedule.from_name(self.schedule)
         object.__setattr__(self, "schedule", spec.name)
         for name in (
@@ -181,9 +188,14 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}={value!r} must be a string or None")
-        if not isinstance(self.extra, dict):
-            raise ValueError(f"extra={self.extra!r} must be a dict")
-        _check_extra(self.extra)
+        if isinstance(self.runtime, dict):
+            object.__setattr__(self, "runtime", RuntimeOptions.from_dict(self.runtime))
+        if not isinstance(self.runtime, RuntimeOptions):
+            raise ValueError(
+                f"runtime={self.runtime!r} must be RuntimeOptions or a dict of its fields "
+                f"({', '.join(RUNTIME_KEYS)})"
+            )
+        _check_notes(self.notes)
         if self.text_path is not None and not self.text_path.strip():
             raise ValueError("text_path='' must name a file, or be None for the built-in text")
         if self.workload not in ("text", "synthetic"):
@@ -198,6 +210,7 @@ class RunConfig:
             raise ValueError(f"backend={self.backend!r}; valid: gloo, nccl")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend='nccl' needs device='cuda'; use backend='gloo' on CPU")
+        self.runtime.check_run(workload=self.workload, backend=self.backend, d_model=self.d_model)
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")
         if self.stages % self.nnodes:
@@ -296,51 +309,61 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, check_plan: bool = True) -> RunConfig:
-        """Rebuild from ``to_dict`` output; unknown keys raise with the valid ones listed."""
+        """Rebuild from ``to_dict`` output; unknown keys raise with the valid ones listed.
+
+        A run.json of an older version keeps ``extra`` (runtime keys and the user's notes in
+        one dict); it is split into ``runtime`` and ``notes`` here, so old run directories
+        still open.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names - {"extra"})
         if unknown:
             raise ValueError(
                 f"unknown RunConfig field(s) {unknown}; valid: {', '.join(sorted(names))}"
             )
+        if "extra" in data:
+            data = _split_legacy_extra(data)
         return cls(**data, check_plan=check_plan)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check_extra(extra: dict[str, Any]) -> None:
-    """The runtime's keys of ``extra`` by type and range; other keys are the user's notes and
-    must be plain JSON (they are stored in run.json and shown in reports)."""
-    for key, value in extra.items():
+def _split_legacy_extra(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with an older version's ``extra`` split into ``runtime`` and ``notes``."""
+    data = dict(data)
+    extra = data.pop("extra")
+    if extra is None:
+        return data
+    if not isinstance(extra, dict):
+        raise ValueError(f"extra={extra!r} must be a dict (a run.json of an older version)")
+    if "runtime" in data or "notes" in data:
+        raise ValueError(
+            "a config has both extra (older versions) and runtime/notes; keep runtime and notes"
+        )
+    data["runtime"] = {k: v for k, v in extra.items() if k in RUNTIME_KEYS}
+    data["notes"] = {k: v for k, v in extra.items() if k not in RUNTIME_KEYS}
+    return data
+
+
+def _check_notes(notes: Any) -> None:
+    """The user's notes: a dict of plain JSON (stored in run.json and shown in reports)."""
+    if not isinstance(notes, dict):
+        raise ValueError(f"notes={notes!r} must be a dict of plain JSON values")
+    for key, value in notes.items():
         if not isinstance(key, str) or not key:
-            raise ValueError(f"extra key {key!r} must be a non-empty string")
-        if key in ("stop_grace_s", "pg_timeout_s"):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or not 0 < value <= 3600:
-                raise ValueError(f"extra[{key!r}]={value!r} must be seconds in (0, 3600]")
-        elif key == "alternate_every":
-            if not _is_int(value) or not 1 <= value <= 10**6:
-                raise ValueError(f"extra['alternate_every']={value!r} must be an integer 1..10**6")
-        elif key == "timed":
-            if not (value is True or value is False or value == "alternate"):
-                raise ValueError(f"extra['timed']={value!r} must be True, False or 'alternate'")
-        elif key == "edges_factory":
-            if value is not None and not (isinstance(value, str) and _REF.fullmatch(value)):
-                raise ValueError(
-                    f"extra['edges_factory']={value!r} must be 'package.module:function' or None"
-                )
-        elif key == "emulate":
-            if not isinstance(value, dict):
-                raise ValueError(f"extra['emulate']={value!r} must be a dict of settings")
-        else:
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"extra[{key!r}] must be plain JSON (no NaN, no objects): {exc}; "
-                    f"the runtime's keys are {', '.join(EXTRA_KEYS)}"
-                ) from None
+            raise ValueError(f"notes key {key!r} must be a non-empty string")
+        if key in RUNTIME_KEYS:
+            raise ValueError(
+                f"notes[{key!r}] is a runtime option, which the runtime never reads from notes; "
+                f"pass runtime=RuntimeOptions({key}=...) instead"
+            )
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"notes[{key!r}] must be plain JSON (no NaN, no objects): {exc}"
+            ) from None
 
 
 def cost_text(value: CostMs) -> str:
@@ -377,9 +400,6 @@ def _cost(name: str, value: Any, index: int | None = None) -> float:
             "in ms below it"
         )
     return float(value)
-
-
-_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def _is_int(value: Any) -> bool:

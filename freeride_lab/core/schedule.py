@@ -153,20 +153,6 @@ def stage_indices(schedule: Schedule, rank: int, ranks: int, chunks: int) -> lis
     return [rank + ranks * k for k in range(chunks)]
 
 
-class _StandInStage:
-    """Just enough of ``_PipelineStageBase`` for a schedule's constructor to build its plan."""
-
-    def __init__(self, index: int, num_stages: int, rank: int, ranks: int) -> None:
-        self.stage_index = index
-        self.num_stages = num_stages
-        self.group_rank = rank
-        self.group_size = ranks
-        self.is_first = index == 0
-        self.is_last = index == num_stages - 1
-        self.submod = None
-        self.stage_index_to_group_rank: dict[int, int] = {}
-
-
 def torch_plan(
     schedule: Schedule | str, ranks: int, microbatches: int, chunks: int | None = None
 ) -> dict[int, list[Action | None]]:
@@ -192,13 +178,13 @@ def torch_plan_with_held_sends(
     rank only once the second has run too; a rank downstream waits that long. Results used
     on the same rank pass at once.
     """
-    from torch.distributed.pipelining import schedules as ts
+    from freeride_lab.core.torch_compat import StandInStage, plan_order, schedule_class
 
     spec = Schedule.from_name(schedule) if isinstance(schedule, str) else schedule
     v = spec.resolve_chunks(chunks)
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"stages={ranks} and microbatches={microbatches} must both be >= 1")
-    cls = getattr(ts, spec.torch_class, None)
+    cls = schedule_class(spec.torch_class)
     if cls is None:
         import torch
 
@@ -212,10 +198,10 @@ def torch_plan_with_held_sends(
         try:
             if spec.multi:
                 stages = [
-                    _StandInStage(i, ranks * v, rank, ranks)
+                    StandInStage(i, ranks * v, rank, ranks)
                     for i in stage_indices(spec, rank, ranks, v)
                 ]
-                order = cls(stages, microbatches).pipeline_order
+                order = plan_order(cls, stages, microbatches)
             elif spec.name == "1F1B":  # planned below; torch's own plan is slow and misnumbered
                 if microbatches < ranks:
                     raise ValueError(
@@ -224,7 +210,7 @@ def torch_plan_with_held_sends(
                     )
                 order = None
             elif single_order is None:  # single-stage schedules plan every rank at once
-                single_order = cls(_StandInStage(0, ranks, 0, ranks), microbatches).pipeline_order
+                single_order = plan_order(cls, StandInStage(0, ranks, 0, ranks), microbatches)
                 order = single_order
             else:
                 order = single_order
@@ -286,13 +272,14 @@ def _flatten(actions: list[Action | list[Action] | None]) -> list[Action | None]
 
 
 def _convert(a: object) -> Action | list[Action] | None:
+    from freeride_lab.core.torch_compat import action_parts
+
     if a is None or isinstance(a, Action):
         return a
-    subs = getattr(a, "sub_actions", None)
-    if subs:
-        return [x for s in subs if isinstance(x := _convert(s), Action)]
-    kind = getattr(a.computation_type, "value", str(a.computation_type))  # type: ignore[attr-defined]
-    letter = {"F": "F", "B": "B", "I": "I", "W": "W"}.get(str(kind))
-    if letter is None:
+    parts = action_parts(a)
+    if isinstance(parts, list):  # an overlapped action: its sub-actions, in torch's order
+        return [x for s in parts if isinstance(x := _convert(s), Action)]
+    letter, stage, microbatch = parts
+    if letter not in ("F", "B", "I", "W") or microbatch is None:
         return []  # communication, REDUCE_GRAD, …: not compute
-    return Action(a.stage_index, ActionKind(letter), a.microbatch_index)  # type: ignore[attr-defined]
+    return Action(stage, ActionKind(letter), microbatch)

@@ -483,10 +483,10 @@ class SideTaskManager:
                 f"run {self.run_dir.path.name} was launched with side_tasks=False (vanilla): it "
                 "has no side-task workers; launch with RunConfig(side_tasks=True)"
             )
-        if not self.config.extra.get("edges_factory"):
+        if not self.config.runtime.edges_factory:
             raise RuntimeError(
                 f"run {self.run_dir.path.name} has no side-task workers (its config has no "
-                "extra['edges_factory']); launch it with Session.launch and side_tasks=True"
+                "runtime.edges_factory); launch it with Session.launch and side_tasks=True"
             )
         if not self._live():
             raise RuntimeError(

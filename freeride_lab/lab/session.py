@@ -40,7 +40,7 @@ side-task commands are requests the keeper carries out (``lab.owner_channel``).
 
 [Note: side tasks]
 With ``RunConfig(side_tasks=True)`` (the default) every rank starts a side-task worker
-(``extra["edges_factory"]``), and the owner's ``attach``/``tune``/``move``/``detach`` go
+(``config.runtime.edges_factory``), and the owner's ``attach``/``tune``/``move``/``detach`` go
 through its ``lab.manager.SideTaskManager``. ``tasks`` works in observers too: the manager keeps
 its records in the run directory.
 
@@ -212,9 +212,9 @@ def _child_env() -> dict[str, str]:
 
 def _with_side_tasks(config: RunConfig) -> RunConfig:
     """``config`` with the edges factory that starts a worker beside each rank, if wanted."""
-    if not config.side_tasks or "edges_factory" in config.extra:
+    if not config.side_tasks or config.runtime.edges_factory is not None:
         return config
-    return config.replace(extra={**config.extra, "edges_factory": EDGES_FACTORY})
+    return config.replace(runtime=config.runtime.replace(edges_factory=EDGES_FACTORY))
 
 
 def _of_run(cmdline: Sequence[str], path: str) -> bool:
@@ -449,7 +449,7 @@ class Session(SideTaskControls):
     def _watch_run(self) -> None:
         """The watchdog thread (see [Note: worker watchdog])."""
         tasks_dir = self.run_dir.path / "tasks"
-        side_tasks = bool(self.config.side_tasks and self.config.extra.get("edges_factory"))
+        side_tasks = bool(self.config.side_tasks and self.config.runtime.edges_factory)
         while not self._watchdog_stop.wait(WATCHDOG_PERIOD_S):
             if self._launcher is None or self._launcher.poll() is not None:
                 try:

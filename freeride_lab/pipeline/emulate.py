@@ -9,13 +9,13 @@ with real training kernels. Which rank is real, whether its side tasks may take 
 whether training holds still can change between steps, so one run (one process tree) can
 rotate the real stage and interleave benchmark modes::
 
-    extra = {
-        "emulate": {"device": "cuda:0", "d_model": 4096, "heads": 32, "dtype": "bfloat16"},
-        "edges_factory": "freeride_lab.pipeline.emulate:open_edges",
-        "timed": "alternate",                 # both timed and plain schedules get built
-    }
+    runtime = RuntimeOptions(
+        emulate=EmulateOptions(device="cuda:0", d_model=4096, heads=32, dtype="bfloat16"),
+        edges_factory="freeride_lab.pipeline.emulate:open_edges",
+        timed="alternate",                    # both timed and plain schedules get built
+    )
     config = RunConfig(stages=4, microbatches=4, d_model=256, layers=16, seq_len=2048,
-                       microbatch_size=2, workload="text", device="cpu", extra=extra)
+                       microbatch_size=2, workload="text", device="cpu", runtime=runtime)
     ControlFile(run_dir).write(Control(seq=1, real_rank=2, gate=Gate.PASS))   # from anywhere
 
 How it is built:
@@ -65,7 +65,7 @@ What this models, and what not:
   per-stage numbers); memory: all S ranks keep their chunks resident on the one device, so free
   memory per stage is not that of S separate GPUs (each rank's own peak is still reported).
 - Zero-bubble schedules: a sleeping chunk puts its whole backward into I (W sleeps 0). Torch
-  2.11 on gloo cannot run V schedules at all (``rank._check_torch_supports_layout``); use 1F1B
+  2.11 on gloo cannot run V schedules at all (``stage_build.check_torch_supports_layout``); use 1F1B
   or Interleaved1F1B.
 
 On a machine without a GPU, ``device="cpu"`` runs the same harness with the real chunk on the
@@ -80,275 +80,43 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from enum import IntEnum
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.io.rundir import RunDir, create_file, open_append
+from freeride_lab.core.runtime_options import EmulateOptions
+from freeride_lab.io.rundir import RunDir, create_file
+from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
+from freeride_lab.pipeline.emulate_control import Control, ControlFile, EdgeGate, Gate
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
-from freeride_lab.pipeline.synthetic import _Sleep  # the synthetic stages' sleep-timed identity
 
 if TYPE_CHECKING:
-    from freeride_lab.pipeline.rank import RankRunner
-    from freeride_lab.sidetasks.client import WorkerProcess
+    from freeride_lab.pipeline.stop import StopControl
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EMULATE_KEY",
     "ChunkCosts",
     "Control",
     "ControlFile",
     "EdgeGate",
-    "EmulateSpec",
+    "EmulateOptions",
     "EmulatedChunk",
+    "EmulatedRank",
     "Emulation",
     "Gate",
     "open_edges",
 ]
 
-EMULATE_KEY = "emulate"  # the RunConfig.extra key that turns emulate mode on
-VOCAB = 256  # core.models' byte vocabulary: the last stage's logits width
 _HOLD_POLL_S = 0.02
-_OPEN_SLOT = 1_000_000  # slot number of the gate's open-ended bubble (never a real slot)
-_OPEN_FOR_NS = 3_600 * 10**9  # the open bubble's predicted length: "no end in sight"
 
 
-class Gate(IntEnum):
-    """What the real rank's side-task worker sees of its bubbles (see ``EdgeGate``)."""
-
-    CLOSED = 0  # no bubble edges: side tasks stay parked (vanilla baseline)
-    PASS = 1  # the real edges: FreeRide's bubble gating (managed)
-    OPEN = 2  # one bubble with no end: side tasks run continuously (naive co-location)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmulateSpec:
-    """The ``config.extra["emulate"]`` settings (a plain dict there).
-
-    Args:
-        device: where a real rank computes: "cuda", "cuda:<i>" or "cpu".
-        d_model, heads: width and heads of the real model (``config.d_model`` is the wire width,
-            see [Note: wire width]); d_model must be a multiple of ``config.d_model``.
-        dtype: "bfloat16" or "float32" for the real chunks.
-        calibrate_warmup, calibrate_iters: untimed and timed micro-batches per chunk.
-    """
-
-    device: str = "cuda"
-    d_model: int = 1024
-    heads: int = 16
-    dtype: str = "bfloat16"
-    calibrate_warmup: int = 2
-    calibrate_iters: int = 5
-
-    def __post_init__(self) -> None:
-        if not (self.device == "cpu" or self.device.split(":")[0] == "cuda"):
-            raise ValueError(f"emulate device={self.device!r}; valid: 'cpu', 'cuda', 'cuda:<i>'")
-        for name in ("d_model", "heads", "calibrate_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"emulate {name}={value!r} must be an integer >= 1")
-        if self.calibrate_warmup < 0:
-            raise ValueError(f"emulate calibrate_warmup={self.calibrate_warmup} must be >= 0")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"emulate dtype={self.dtype!r}; valid: bfloat16, float32")
-        if self.d_model % self.heads:
-            raise ValueError(f"emulate d_model={self.d_model} must be divisible by heads")
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> EmulateSpec | None:
-        """The spec in ``config.extra``, or None when emulate mode is off.
-
-        Raises:
-            ValueError: unknown keys (the valid ones are listed), bad values, or a config the
-                emulation cannot run (synthetic workload, NCCL, a wire wider than the model).
-        """
-        raw = config.extra.get(EMULATE_KEY)
-        if not raw:
-            return None
-        if not isinstance(raw, dict):
-            raise ValueError(f"extra['{EMULATE_KEY}']={raw!r} must be a dict of EmulateSpec fields")
-        names = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - names)
-        if unknown:
-            raise ValueError(f"unknown emulate key(s) {unknown}; valid: {', '.join(sorted(names))}")
-        spec = cls(**raw)
-        if config.workload != "text" or config.backend != "gloo":
-            raise ValueError(
-                f"emulate mode needs workload='text' and backend='gloo' (pipeline tensors stay "
-                f"on the CPU); got workload={config.workload!r}, backend={config.backend!r}"
-            )
-        if spec.d_model % config.d_model:
-            raise ValueError(
-                f"emulate d_model={spec.d_model} must be a multiple of the wire width "
-                f"config.d_model={config.d_model} (see [Note: wire width])"
-            )
-        return spec
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
-
-
-# -- control --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Control:
-    """One emulation setting; ``seq`` grows with every new setting (0 = the start-up default).
-
-    Args:
-        real_rank: the rank that computes for real (the others sleep).
-        gate: what the real rank's side tasks see (``Gate``); other ranks are always CLOSED.
-        hold: park training before the next step until a control without ``hold`` arrives.
-        timed: timed stages (ActionTimed, bubble edges) or plain ``PipelineStage`` (needs
-            ``extra["timed"] = "alternate"``, which builds both).
-    """
-
-    seq: int = 0
-    real_rank: int = 0
-    gate: Gate = Gate.CLOSED
-    hold: bool = False
-    timed: bool = True
-
-    def __post_init__(self) -> None:
-        if self.seq < 0 or self.real_rank < 0:
-            raise ValueError(f"seq={self.seq} and real_rank={self.real_rank} must be >= 0")
-        object.__setattr__(self, "gate", Gate(int(self.gate)))
-
-    def to_values(self) -> list[int]:
-        return [self.seq, self.real_rank, int(self.gate), int(self.hold), int(self.timed)]
-
-    @classmethod
-    def from_values(cls, values: Sequence[int]) -> Control:
-        seq, real, gate, hold, timed = (int(v) for v in values[:5])
-        return cls(seq=seq, real_rank=real, gate=Gate(gate), hold=bool(hold), timed=bool(timed))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "gate": self.gate.name}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Control:
-        gate = data.get("gate", "CLOSED")
-        return cls(
-            seq=int(data.get("seq", 0)),
-            real_rank=int(data.get("real_rank", 0)),
-            gate=Gate[gate] if isinstance(gate, str) else Gate(int(gate)),
-            hold=bool(data.get("hold", False)),
-            timed=bool(data.get("timed", True)),
-        )
-
-
-class ControlFile:
-    """``<run_dir>/emulate/control.json`` (the newest ``Control``) and ``applied.jsonl``.
-
-    ``write`` replaces the file atomically (any process); ``read`` is what rank 0 calls before
-    each step (one ``stat`` when nothing changed).
-    """
-
-    def __init__(self, run_dir: str | os.PathLike[str] | RunDir) -> None:
-        root = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
-        self.dir = root / "emulate"
-        self.path = self.dir / "control.json"
-        self.applied_path = self.dir / "applied.jsonl"
-        self._stamp: tuple[int, int] | None = None
-        self._cached: Control | None = None
-
-    def write(self, control: Control) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".control.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        with os.fdopen(create_file(tmp), "w") as f:
-            f.write(json.dumps(control.to_dict()))
-        os.replace(tmp, self.path)
-
-    def read(self) -> Control | None:
-        """The newest control, or None if none was written (a torn or bad file keeps the last)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return self._cached
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                self._cached = Control.from_dict(json.loads(self.path.read_text()))
-                self._stamp = stamp
-            except (OSError, ValueError, KeyError):
-                log.warning("emulate: unreadable control file %s; keeping the last", self.path)
-        return self._cached
-
-    def note_applied(self, seq: int, step: int, t_ns: int) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(open_append(self.applied_path), "a") as f:
-            f.write(json.dumps({"seq": seq, "step": step, "t_ns": t_ns}) + "\n")
-
-    def applied(self) -> list[dict[str, int]]:
-        """Every ``{seq, step, t_ns}`` rank 0 has noted, in order."""
-        try:
-            lines = self.applied_path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                out.append({k: int(v) for k, v in json.loads(line).items()})
-        return out
-
-
-# -- edges ----------------------------------------------------------------------------------
-
-
-class EdgeGate:
-    """The rank's ``edges``: forwards, withholds or fakes bubble edges for its side-task worker.
-
-    Hot-path calls (``bubble_start``/``bubble_end``) only forward or drop; ``set_gate`` runs
-    between steps. ``inner`` is None on ranks without a worker (then everything is dropped).
-    """
-
-    def __init__(self, inner: WorkerProcess | None) -> None:
-        self.inner = inner
-        self.gate = Gate.CLOSED
-        self._open: tuple[int, int] | None = None  # (step, slot) of the published open bubble
-        self._passed: tuple[int, int] | None = None  # a real bubble the worker saw start
-
-    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
-        if self.gate is Gate.PASS and self.inner is not None:
-            self._passed = (step, slot)
-            self.inner.bubble_start(step, slot, t_ns, predicted_end_ns)
-
-    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        if self.gate is Gate.PASS and self.inner is not None and self._passed == (step, slot):
-            self._passed = None
-            self.inner.bubble_end(step, slot, t_ns)
-
-    def set_gate(self, gate: Gate, *, step: int, t_ns: int) -> None:
-        """Switch (between steps); idempotent. A real bubble the worker saw start (the one that
-        spans the step boundary) is ended here, so no mode inherits the previous one's."""
-        if gate is self.gate:
-            return
-        if self._passed is not None and self.inner is not None:
-            self.inner.bubble_end(self._passed[0], self._passed[1], t_ns)
-        self._passed = None
-        if self._open is not None and self.inner is not None:
-            self.inner.bubble_end(self._open[0], self._open[1], t_ns)
-        self._open = None
-        self.gate = gate
-        if gate is Gate.OPEN and self.inner is not None:
-            self._open = (step, _OPEN_SLOT)
-            self.inner.bubble_start(step, _OPEN_SLOT, t_ns, t_ns + _OPEN_FOR_NS)
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
-
-    def __repr__(self) -> str:
-        return f"<EdgeGate({self.gate.name}, {self.inner!r})>"
+def _torch_dtype(options: EmulateOptions) -> torch.dtype:
+    return torch.bfloat16 if options.dtype == "bfloat16" else torch.float32
 
 
 def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGate:
@@ -359,7 +127,7 @@ def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGa
 
     path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
     config = RunConfig.from_dict(RunDir(path).read_run()["config"])
-    spec = EmulateSpec.from_config(config)
+    spec = config.runtime.emulate
     device = "cpu" if spec is None else str(_device(spec.device))
     assert config.chunks is not None
     stage = min(stage_indices(Schedule.from_name(config.schedule), rank, config.stages,
@@ -372,117 +140,22 @@ def _device(name: str) -> torch.device:
     return torch.device("cuda", 0) if d.type == "cuda" and d.index is None else d
 
 
-# -- chunks ---------------------------------------------------------------------------------
+class EmulatedRank(Protocol):
+    """What ``Emulation.before_step`` reads of its rank (``pipeline.runner.RankRunner``)."""
 
-
-@dataclass(frozen=True, slots=True)
-class ChunkCosts:
-    """Calibrated seconds per micro-batch of one chunk on the device."""
-
-    forward_s: float
-    backward_s: float
-
-
-class _SyncOnBackward(torch.autograd.Function):
-    """Identity whose backward waits for the device: closes a chunk's backward on the host clock.
-
-    Placed right after the chunk's input enters the device (after the embedding on stage 0),
-    so its backward runs once every block's backward has been launched; synchronising there
-    makes the B span end when the device work ends (only the embedding's or the first
-    LayerNorm's small weight-gradient kernels can follow).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.device = x.device
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        return grad
-
-
-class EmulatedChunk(nn.Module):
-    """One stage chunk: computes on ``device`` while ``is_real``, else sleeps its ``costs``.
-
-    Pipeline tensors are CPU float32: (B, T) int64 tokens into the first stage, (B, T, W) wire
-    activations between stages (W = ``wire_d_model``), (B, T, 256) logits out of the last.
-
-    [Note: fixed placement]
-    The real chunk lives on the emulation device in its dtype for the whole run, while the rank
-    moves "its modules" to the pipeline device (the CPU); ``_apply`` (what ``.to``, ``.float``
-    and friends call) is therefore a no-op here.
-    """
-
-    def __init__(
-        self,
-        chunk: StageChunk,
-        *,
-        d_model: int,
-        wire_d_model: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> None:
-        super().__init__()
-        if d_model % wire_d_model:
-            raise ValueError(f"d_model={d_model} must be a multiple of wire_d_model={wire_d_model}")
-        self.chunk = chunk.to(device=device, dtype=dtype)
-        self.device = device
-        self.d_model = d_model  # D of the real model
-        self.wire_d_model = wire_d_model
-        self.first = chunk.embedding is not None
-        self.last = chunk.head is not None
-        self.costs: ChunkCosts | None = None
-        self.is_real = True
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Self:
-        return self  # see [Note: fixed placement]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.is_real or self.costs is None:
-            return self.forward_real(x)
-        return self._forward_sleep(x)
-
-    def forward_real(self, x: torch.Tensor) -> torch.Tensor:
-        """The chunk on the device: (B, T) tokens or (B, T, W) → (B, T, W) or (B, T, 256)."""
-        c = self.chunk
-        if c.embedding is not None:
-            h = c.embedding(x.to(self.device))  # (B, T) → (B, T, D)
-        else:
-            w = x.to(self.device, self.chunk_dtype)  # (B, T, W)
-            h = w.repeat(1, 1, self.d_model // self.wire_d_model)  # (B, T, D): the wire tiled up
-        h = _SyncOnBackward.apply(h)  # type: ignore[no-untyped-call]
-        for block in c.blocks:
-            h = block(h)  # (B, T, D)
-        if c.head is not None:
-            out = c.head(h)  # (B, T, 256)
-        else:
-            B, T, D = h.shape
-            out = h.view(B, T, D // self.wire_d_model, self.wire_d_model).mean(2)  # (B, T, W)
-        result: torch.Tensor = out.to("cpu", torch.float32)  # synchronises with the device
-        return result
+    timed: bool | str  # set per step from the control when both schedules exist
 
     @property
-    def chunk_dtype(self) -> torch.dtype:
-        return next(self.chunk.parameters()).dtype
+    def config(self) -> RunConfig: ...
 
-    def _forward_sleep(self, x: torch.Tensor) -> torch.Tensor:
-        costs = self.costs
-        assert costs is not None
-        if self.first:
-            # (B, T) -> (B, T, W); contiguous: the stage checks strides against its static shapes
-            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()
-        if torch.is_grad_enabled() and not x.requires_grad:
-            x = x.detach().requires_grad_()  # keep a backward path on the first stage
-        y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.backward_s)  # type: ignore[no-untyped-call]
-        if self.last:
-            y = y[..., :1].expand(*y.shape[:-1], VOCAB).contiguous()  # (B, T, 256)
-        return y
+    @property
+    def stop(self) -> StopControl | None: ...
 
-    def extra_repr(self) -> str:
-        return f"index={self.chunk.index}, device={self.device}, costs={self.costs}"
+    @property
+    def edges(self) -> object: ...
+
+    @property
+    def clock_offset_ns(self) -> int: ...
 
 
 # -- the rank's side -------------------------------------------------------------------------
@@ -497,7 +170,7 @@ class Emulation:
 
     def __init__(
         self,
-        spec: EmulateSpec,
+        spec: EmulateOptions,
         config: RunConfig,
         rank: int,
         chunks: list[EmulatedChunk],
@@ -528,9 +201,11 @@ class Emulation:
         cls, config: RunConfig, rank: int, stage_ids: Sequence[int], n_stages: int, run_dir: RunDir
     ) -> Emulation:
         """Build this rank's real chunks on the emulation device (deterministic init)."""
-        spec = EmulateSpec.from_config(config)
+        spec = config.runtime.emulate
         if spec is None:
-            raise ValueError(f"config.extra has no '{EMULATE_KEY}' settings")
+            raise ValueError(
+                "config.runtime.emulate is None; pass RuntimeOptions(emulate=EmulateOptions(...))"
+            )
         device = _device(spec.device)
         if device.type == "cuda":
             if not torch.cuda.is_available():
@@ -557,7 +232,7 @@ class Emulation:
                     d_model=spec.d_model,
                     wire_d_model=config.d_model,
                     device=device,
-                    dtype=spec.torch_dtype,
+                    dtype=_torch_dtype(spec),
                 )
             )
         return cls(spec, config, rank, chunks, run_dir)
@@ -639,7 +314,7 @@ class Emulation:
 
     # -- per step --
 
-    def before_step(self, runner: RankRunner, step: int) -> bool:
+    def before_step(self, runner: EmulatedRank, step: int) -> bool:
         """Agree on this step's control (holding while asked), then apply it; returns whether
         any rank was asked to stop (agreed by all, so every rank stops before this step).
 
@@ -665,11 +340,11 @@ class Emulation:
         if gate is not None:
             own = control.gate if real else Gate.CLOSED
             gate.set_gate(own, step=step, t_ns=self._now_ns(runner))
-        if runner.config.extra.get("timed") == "alternate":  # both schedules exist
+        if runner.config.runtime.timed == "alternate":  # both schedules exist
             runner.timed = control.timed
         return stop
 
-    def _agree(self, runner: RankRunner) -> tuple[Control, bool]:
+    def _agree(self, runner: EmulatedRank) -> tuple[Control, bool]:
         """Rank 0's control and whether any rank was asked to stop (one all-reduce)."""
         values = [0] * 6
         if self.rank == 0:
@@ -682,18 +357,18 @@ class Emulation:
         agreed = [int(v) for v in t.tolist()]
         return Control.from_values(agreed[:5]), bool(agreed[5])
 
-    def _note(self, control: Control, step: int, runner: RankRunner) -> None:
+    def _note(self, control: Control, step: int, runner: EmulatedRank) -> None:
         if self.rank == 0 and control.seq != self.control.seq:
             self.control_file.note_applied(control.seq, step, self._now_ns(runner))
             self.control = control
 
     @staticmethod
-    def _gate(runner: RankRunner) -> EdgeGate | None:
+    def _gate(runner: EmulatedRank) -> EdgeGate | None:
         edges = runner.edges
         return edges if isinstance(edges, EdgeGate) else None
 
     @staticmethod
-    def _now_ns(runner: RankRunner) -> int:
+    def _now_ns(runner: EmulatedRank) -> int:
         return time.time_ns() + runner.clock_offset_ns
 
     def memory(self) -> tuple[int, int, str] | None:

@@ -31,19 +31,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import functools
-import json
 import logging
-import math
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -53,6 +48,14 @@ import psutil
 
 from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir, open_append
+from freeride_lab.pipeline.rendezvous import (
+    DEFAULT_RANK_ENTRY,
+    TORCHRUN_SIGNALS,
+    Rendezvous,
+    free_port,
+    torchrun_command,
+)
+from freeride_lab.pipeline.run_failure import failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,12 @@ __all__ = [
     "DEFAULT_RANK_ENTRY",
     "EXIT_CODES",
     "RUN_TRANSITIONS",
+    "TORCHRUN_SIGNALS",
     "Launcher",
     "Rendezvous",
     "RunState",
     "advance",
+    "failure_reason",
     "free_port",
     "main",
     "state_of_exit_code",
@@ -71,8 +76,6 @@ __all__ = [
     "torchrun_command",
 ]
 
-DEFAULT_RANK_ENTRY: tuple[str, ...] = ("-m", "freeride_lab.pipeline.rank")
-TORCHRUN_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"  # not SIGINT: see [Note: SIGINT and torchrun]
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -117,81 +120,6 @@ def advance(current: RunState, new: RunState) -> RunState:
         allowed = ", ".join(sorted(RUN_TRANSITIONS[current])) or "nothing (terminal)"
         raise ValueError(f"run state {current} cannot become {new}; {current} allows: {allowed}")
     return new
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rendezvous:
-    """Where this node's ranks meet the others (from a validated ``RunConfig``)."""
-
-    nnodes: int
-    node_rank: int
-    nproc_per_node: int
-    master_addr: str
-    master_port: int | None
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Rendezvous:
-        """From ``RunConfig.to_dict()`` as stored in run.json (read without importing torch)."""
-        return cls(
-            nnodes=int(config["nnodes"]),
-            node_rank=int(config["node_rank"]),
-            nproc_per_node=int(config["stages"]) // int(config["nnodes"]),
-            master_addr=str(config["master_addr"]),
-            master_port=None if config["master_port"] is None else int(config["master_port"]),
-        )
-
-
-def torchrun_command(
-    rdzv: Rendezvous,
-    run_dir: RunDir,
-    *,
-    entry: Sequence[str] = DEFAULT_RANK_ENTRY,
-    grace_s: float = 10.0,
-) -> list[str]:
-    """The torchrun command line for this node's ranks (``rdzv.master_port`` must be set)."""
-    if rdzv.master_port is None:
-        raise ValueError("master_port is None; resolve it (e.g. free_port()) first")
-    return [
-        sys.executable, "-m", "freeride_lab.pipeline.torchrun",  # torchrun, fast exit
-        "--nnodes", str(rdzv.nnodes),
-        "--node-rank", str(rdzv.node_rank),
-        "--nproc-per-node", str(rdzv.nproc_per_node),
-        "--master-addr", rdzv.master_addr,
-        "--master-port", str(rdzv.master_port),
-        "--max-restarts", "0",
-        "--log-dir", str(run_dir.logs_dir),
-        "--tee", "3",
-        *_optional_torchrun_flags(grace_s),
-        *entry,
-        "--run-dir", str(run_dir.path),
-    ]  # fmt: skip
-
-
-@functools.cache
-def _torchrun_option_strings() -> frozenset[str]:
-    """Options the installed torchrun understands (they vary across torch releases)."""
-    from torch.distributed.run import get_args_parser
-
-    return frozenset(o for a in get_args_parser()._actions for o in a.option_strings)
-
-
-def _optional_torchrun_flags(grace_s: float) -> list[str]:
-    # --signals-to-handle and --shutdown-timeout are newer than torch 2.8; older torchruns
-    # refuse unknown flags, and our ranks ignore SIGINT either way.
-    known = _torchrun_option_strings()
-    flags: list[str] = []
-    if "--signals-to-handle" in known:
-        flags += ["--signals-to-handle", TORCHRUN_SIGNALS]
-    if "--shutdown-timeout" in known:
-        flags += ["--shutdown-timeout", str(max(1, math.ceil(grace_s)))]
-    return flags
 
 
 def stop_processes(
@@ -400,89 +328,6 @@ def _reap_children() -> None:
             return
         if pid == 0:
             return
-
-
-_EXIT_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
-
-
-def failure_reason(run_dir: RunDir, exit_code: int | None) -> tuple[int | None, str]:
-    """Which rank failed and why; returns ``(rank or None, one-line reason)``.
-
-    [Note: finding the failing rank]
-    When one rank dies, its peers soon fail too (a collective loses its partner) and write
-    RankFailed events of their own, so the earliest event is not always the cause. A rank that
-    torchrun saw exit non-zero *without* a RankFailed event died silently (a signal, a crash,
-    the OOM killer): that is the cause, and comes first. Otherwise the earliest RankFailed
-    (by its ``t_ns``) is. torchrun's exit report lists the root cause first.
-    """
-    events = _rank_failed_events(run_dir)
-    log_path = run_dir.logs_dir / "torchrun.log"
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        text = ""
-    root = text.find("Root Cause")
-    exits = [(int(r), int(c)) for r, c in _EXIT_RE.findall(text[root:] if root >= 0 else "")]
-    exits += [(int(r), int(c)) for r, c in _EXIT_RE.findall(text[:root] if root >= 0 else text)]
-    for rank, code in exits:
-        if rank not in events and code < 0:
-            return rank, f"rank {rank} was killed by {_signal_name(-code)}"
-        if rank not in events and code > 0:  # e.g. an error before its event file was open
-            last = _last_line(_rank_stderr(run_dir, rank))
-            return rank, f"rank {rank} exited with code {code}" + (f": {last}" if last else "")
-    if events:
-        first = min(events.values(), key=lambda e: int(e.get("t_ns", 0)))
-        rank = int(first.get("rank", -1))
-        return rank, f"rank {rank} failed: {first.get('error', '?')}"
-    last = _last_line([log_path])
-    return None, f"torchrun exited with code {exit_code}" + (f": {last}" if last else "")
-
-
-def _rank_failed_events(run_dir: RunDir) -> dict[int, dict[str, Any]]:
-    """Each rank's earliest RankFailed event, read from the event files."""
-    found: dict[int, dict[str, Any]] = {}
-    for path in run_dir.event_files():
-        try:
-            with open(path, "rb") as f:
-                for line in f:
-                    if b'"rank_failed"' not in line:
-                        continue
-                    with contextlib.suppress(ValueError, TypeError, KeyError):
-                        e = json.loads(line)
-                        rank = int(e["rank"])
-                        if rank not in found or e.get("t_ns", 0) < found[rank].get("t_ns", 0):
-                            found[rank] = e
-        except OSError:
-            continue
-    return found
-
-
-def _rank_stderr(run_dir: RunDir, rank: int) -> list[Path]:
-    try:
-        rdzv = Rendezvous.from_config(run_dir.read_run()["config"])
-        local = rank - rdzv.node_rank * rdzv.nproc_per_node
-    except (OSError, ValueError, KeyError, TypeError):
-        local = rank
-    return sorted(run_dir.logs_dir.glob(f"**/attempt_*/{local}/stderr.log"))
-
-
-def _last_line(paths: Sequence[Path]) -> str:
-    for path in reversed(paths):
-        try:
-            lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()]
-        except OSError:
-            continue
-        lines = [ln for ln in lines if ln]
-        if lines:
-            return lines[-1][:300]
-    return ""
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,6 +73,7 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from freeride_lab.core.schedule import ActionKind
+from freeride_lab.core.torch_compat import is_full_backward
 from freeride_lab.pipeline.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -524,8 +525,7 @@ class TimedPipelineStage(PipelineStage):
             self.recorder.stop(token, loss_follows=self.is_last)
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        # signature: (bwd_chunk_id, loss=None, full_backward=True, last_backward=False)
-        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        full = is_full_backward(args, kwargs)  # positional in torch: core.torch_compat
         kind = ActionKind.BACKWARD if full else ActionKind.BACKWARD_INPUT
         token = self.recorder.start(kind, self.stage_index, bwd_chunk_id)
         try:

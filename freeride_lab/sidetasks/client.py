@@ -97,7 +97,7 @@ class WorkerClient:
                     raise TimeoutError(
                         f"no worker for rank {rank} in {str(run_dir)!r} after {timeout_s} s "
                         f"({str(path)!r} missing); is the rank running with "
-                        "extra['edges_factory']='freeride_lab.sidetasks.client:open_edges'?"
+                        "runtime.edges_factory='freeride_lab.sidetasks.client:open_edges'?"
                     ) from None
                 time.sleep(0.05)
         host, port = info["address"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 from start_gate import GATE, go_file, ready_file
 
-from freeride_lab.core.config import CostMs, RunConfig
+from freeride_lab.core.config import CostMs, RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
@@ -63,7 +63,7 @@ class GatedRun:
             seq_len=8,
             microbatch_size=2,
             side_tasks=False,
-            extra={"edges_factory": GATE},
+            runtime=RuntimeOptions(edges_factory=GATE),
         )
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""A start gate for runs measured side by side: ``extra={"edges_factory": GATE}``.
+"""A start gate for runs measured side by side: ``runtime=RuntimeOptions(edges_factory=GATE)``.
 
 The rank calls ``edges_factory`` during setup, after the process group is up and before the
 schedule is built. Here each rank marks itself ready in its run directory's parent and waits for

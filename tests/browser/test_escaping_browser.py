@@ -1,5 +1,5 @@
 """User strings holding HTML render inert in the real browser: a side task whose unit
-is ``<img src=x onerror=alert(1)>`` and a config whose ``extra`` holds ``<script>alert(1)</script>``
+is ``<img src=x onerror=alert(1)>`` and a config whose ``notes`` hold ``<script>alert(1)</script>``
 show as text in the dashboard (JupyterLab, system Chromium) and in the report ``session.report``
 writes (opened from disk): no dialog opens, no element of theirs exists, the text is visible.
 
@@ -60,7 +60,7 @@ CELLS = [
     "config = RunConfig(schedule='1F1B', stages=2, microbatches=4, steps=100_000,\n"
     "                   workload='synthetic', t_forward_ms=10.0, t_backward_input_ms=10.0,\n"
     "                   t_backward_weight_ms=10.0, d_model=16, seq_len=8, microbatch_size=2,\n"
-    f"                   extra={{'stop_grace_s': 5, 'note': {NOTE!r}}})\n"
+    f"                   runtime={{'stop_grace_s': 5}}, notes={{'note': {NOTE!r}}})\n"
     "session = Session.launch(config, run_dir='runs/escaping', grace_s=3)\n"
     "session",
     # the side task, once the run trains
@@ -195,7 +195,7 @@ def test_the_report_shows_html_of_a_task_and_the_config_as_text_and_runs_none_of
 def test_the_session_kept_the_strings_as_given(escaping: Notebook) -> None:
     result = escaping.lab.run_code(
         "import json\n"
-        "print(json.dumps([session.config.extra['note'], "
+        "print(json.dumps([session.config.notes['note'], "
         "[t['unit'] for t in session.tasks]]))"
     )
     assert result.error is None, result.error

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from freeride_lab.cli.app import SUBCOMMANDS, UsageError, build_parser, main
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.lab.session import Session
 from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask
@@ -138,7 +138,8 @@ def assert_well_typed(config: RunConfig) -> None:
     for name in OPTIONAL_STR_FIELDS:
         value = getattr(config, name)
         assert value is None or isinstance(value, str), f"{name}={value!r}"
-    assert isinstance(config.extra, dict), f"extra={config.extra!r}"
+    assert isinstance(config.runtime, RuntimeOptions), f"runtime={config.runtime!r}"
+    assert isinstance(config.notes, dict), f"notes={config.notes!r}"
     assert config.schedule in SCHEDULES
     assert RunConfig.from_dict(config.to_dict()) == config
     assert RunConfig.from_dict(json.loads(config.to_json())) == config

@@ -28,7 +28,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
@@ -49,7 +49,7 @@ CONFIG = RunConfig(
     seq_len=8,
     microbatch_size=2,
     seed=3,
-    extra={"stop_grace_s": 5},
+    runtime=RuntimeOptions(stop_grace_s=5),
 )
 log = logging.getLogger(__name__)
 FD_SLACK, THREAD_SLACK = 6, 3  # sockets/threads that come and go with a command in flight

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from freeride_lab.cli.app import main
-from freeride_lab.core.config import MAX_COST_MS, RunConfig
+from freeride_lab.core.config import MAX_COST_MS, RunConfig, RuntimeOptions
 
 REFUSED = [
     ({"seed": 10**30}, "seed"),
@@ -33,15 +33,22 @@ REFUSED = [
     ({"microbatches": 10**12}, "microbatches"),
     ({"steps": 10**12}, "steps"),
     ({"seq_len": 1 << 30}, "seq_len"),
-    ({"extra": {"stop_grace_s": "soon"}}, "stop_grace_s"),
-    ({"extra": {"stop_grace_s": math.inf}}, "stop_grace_s"),
-    ({"extra": {"pg_timeout_s": -1}}, "pg_timeout_s"),
-    ({"extra": {"timed": "sometimes"}}, "timed"),
-    ({"extra": {"alternate_every": 0}}, "alternate_every"),
-    ({"extra": {"edges_factory": "not a reference"}}, "edges_factory"),
-    ({"extra": {"emulate": [1, 2]}}, "emulate"),
-    ({"extra": {"note": math.nan}}, "note"),
-    ({"extra": {"note": object()}}, "note"),
+    ({"runtime": {"stop_grace_s": "soon"}}, "stop_grace_s"),
+    ({"runtime": {"stop_grace_s": math.inf}}, "stop_grace_s"),
+    ({"runtime": {"pg_timeout_s": -1}}, "pg_timeout_s"),
+    ({"runtime": {"timed": "sometimes"}}, "timed"),
+    ({"runtime": {"alternate_every": 0}}, "alternate_every"),
+    ({"runtime": {"announce_min_ms": -1}}, "announce_min_ms"),
+    ({"runtime": {"announce_min_ms": math.nan}}, "announce_min_ms"),
+    ({"runtime": {"edges_factory": "not a reference"}}, "edges_factory"),
+    ({"runtime": {"emulate": [1, 2]}}, "emulate"),
+    ({"runtime": {"emulate": {"device": "tpu"}}}, "device"),
+    ({"runtime": {"note": 1}}, "note"),
+    ({"runtime": [1]}, "runtime"),
+    ({"notes": {"note": math.nan}}, "note"),
+    ({"notes": {"note": object()}}, "note"),
+    ({"notes": {"stop_grace_s": 5}}, "stop_grace_s"),
+    ({"extra": {"stop_grace_s": 5}}, "extra"),
 ]
 
 
@@ -55,10 +62,21 @@ def test_a_value_a_run_cannot_use_is_refused_in_one_line_naming_it(
     assert named in message and "\n" not in message
 
 
-def test_the_runtime_keys_of_extra_and_user_notes_are_accepted() -> None:
-    extra = {"stop_grace_s": 5, "timed": "alternate", "note": {"who": "<b>me</b>", "n": [1]}}
-    config = RunConfig(extra=extra)
-    assert RunConfig.from_dict(json.loads(config.to_json())).extra == extra
+def test_runtime_options_and_user_notes_survive_run_json() -> None:
+    runtime = RuntimeOptions(stop_grace_s=5, timed="alternate")
+    notes = {"who": "<b>me</b>", "n": [1]}
+    config = RunConfig(runtime=runtime, notes=notes)
+    again = RunConfig.from_dict(json.loads(config.to_json()))
+    assert again.runtime == runtime and again.notes == notes
+
+
+def test_an_older_run_json_with_extra_opens_with_its_runtime_keys_and_notes_split() -> None:
+    saved = RunConfig().to_dict()
+    del saved["runtime"], saved["notes"]
+    saved["extra"] = {"stop_grace_s": 5, "emulate": {}, "note": {"who": "me"}}
+    config = RunConfig.from_dict(saved)
+    assert config.runtime == RuntimeOptions(stop_grace_s=5)
+    assert config.notes == {"note": {"who": "me"}}
 
 
 def test_an_old_run_whose_text_file_moved_still_opens(tmp_path: Any) -> None:
@@ -104,12 +122,12 @@ NASTY: st.SearchStrategy[Any] = st.one_of(
     st.sampled_from([0.0, 1e-9, 1e300, 3.6e6, 3.7e6]),
     st.text(max_size=4),
     st.sampled_from(["", " ", "1F1B", "gpipe", "synthetic", "cpu", "cuda", "gloo"]),
-    st.sampled_from([[1], {"a": 1}, {"stop_grace_s": math.nan}, {"timed": "x"}]),
+    st.sampled_from([[1], {"a": 1}, {"stop_grace_s": math.nan}, {"timed": "x"}, {"emulate": {}}]),
 )
 FIELDS = ("schedule", "stages", "microbatches", "chunks", "steps", "workload", "t_forward_ms",
           "t_backward_input_ms", "t_backward_weight_ms", "layers", "d_model", "heads", "seq_len",
           "microbatch_size", "lr", "seed", "master_addr", "bus_host", "master_port", "text_path",
-          "extra")  # fmt: skip
+          "runtime", "notes", "extra")  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from unruly_tasks import read_marker, ref
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
@@ -46,7 +46,7 @@ CONFIG = RunConfig(
     seq_len=8,
     microbatch_size=2,
     seed=11,
-    extra={"stop_grace_s": 5},
+    runtime=RuntimeOptions(stop_grace_s=5),
 )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
@@ -48,7 +48,8 @@ CONFIG = RunConfig(
     seq_len=8,
     microbatch_size=2,
     seed=11,
-    extra={"stop_grace_s": 5, "note": HTML_CONFIG},
+    runtime=RuntimeOptions(stop_grace_s=5),
+    notes={"note": HTML_CONFIG},
 )
 
 

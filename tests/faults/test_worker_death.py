@@ -25,7 +25,7 @@ import psutil
 import pytest
 from waits import wait_until
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.session import EDGES_FACTORY
@@ -94,7 +94,7 @@ def manager_for(
         stages=2,
         microbatches=2,
         workload="synthetic",
-        extra={"edges_factory": EDGES_FACTORY},
+        runtime=RuntimeOptions(edges_factory=EDGES_FACTORY),
     )
     manager = SideTaskManager(
         run_dir,

@@ -1,7 +1,7 @@
 """Faults a rank process installs on itself for the bubble-attribution runs.
 
-The rank imports ``install`` by name as its ``edges_factory`` (``RunConfig.extra``), which it
-calls before it builds its stages. ``install`` reads two keys of the run's ``extra``:
+The rank imports ``install`` by name as its ``edges_factory`` (``RunConfig.runtime``), which it
+calls before it builds its stages. ``install`` reads two keys of the run's ``notes``:
 
     slow_forward: {"stage": s, "extra_ms": x}  stage s's forward sleeps x ms more, inside the
         timed F (a slow stage)
@@ -37,13 +37,13 @@ class QuietEdges:
 
 
 def install(*, run_dir: RunDir, rank: int) -> QuietEdges:
-    """Patch this rank process's stage classes as the run's ``extra`` asks."""
-    extra = run_dir.read_run()["config"].get("extra", {})
-    slow = extra.get("slow_forward")
+    """Patch this rank process's stage classes as the run's ``notes`` ask."""
+    notes = run_dir.read_run()["config"].get("notes", {})
+    slow = notes.get("slow_forward")
     log = run_dir.logs_dir / f"sleeps-rank{rank}.txt"
     if slow:
         _sleep_around(PipelineStage, int(slow["stage"]), float(slow["extra_ms"]), log, before=True)
-    late = extra.get("send_delay")
+    late = notes.get("send_delay")
     if late:
         mb = late.get("microbatch")
         _sleep_around(

@@ -1,4 +1,5 @@
-"""A rank-side fault for tests, set with ``extra={"edges_factory": "fault_injection:fail_rank_1"}``.
+"""A rank-side fault for tests, set with
+``runtime=RuntimeOptions(edges_factory="fault_injection:fail_rank_1")``.
 
 The rank calls ``edges_factory`` during setup, after the process group is up; rank 1 raises
 there, every other rank goes on without live bubble edges. Rank processes import this module

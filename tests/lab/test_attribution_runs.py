@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from freeride_lab.core.attribution import PART_COLUMNS, attribution_by_step
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.plan import Costs, simulate_summary
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
@@ -64,7 +64,8 @@ def launch(path: Path, schedule: str, fault: dict[str, object]) -> subprocess.Po
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        extra={"edges_factory": HOOKS, **fault},
+        runtime=RuntimeOptions(edges_factory=HOOKS),
+        notes=fault,
     )
     run_dir = RunDir(path)
     run_dir.create()

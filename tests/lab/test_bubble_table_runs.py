@@ -23,7 +23,7 @@ import torch
 from bubble_table import assert_complete_and_exact, busy_intervals, merged_ms, step_spans
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
@@ -69,7 +69,7 @@ def launch(path: Path, name: str) -> subprocess.Popen[bytes]:
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        extra={"edges_factory": EDGES},
+        runtime=RuntimeOptions(edges_factory=EDGES),
     )
     run_dir = RunDir(path)
     run_dir.create()

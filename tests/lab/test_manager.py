@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.events import ControlAck
 from freeride_lab.core.governor import OverheadGovernor
 from freeride_lab.io.rundir import RunDir
@@ -63,7 +63,7 @@ class Run:
         self.run_dir = RunDir(tmp_path / "run")
         self.run_dir.create()
         fields: dict[str, Any] = {"schedule": "1F1B", "stages": 4, "microbatches": 4}
-        fields |= {"workload": "synthetic", "extra": {"edges_factory": EDGES_FACTORY}}
+        fields |= {"workload": "synthetic", "runtime": RuntimeOptions(edges_factory=EDGES_FACTORY)}
         self.config = RunConfig(**{**fields, **config})
         self.events: list[dict[str, Any]] = []
         self.memory = pd.DataFrame(
@@ -203,7 +203,7 @@ def test_attach_to_a_vanilla_run_is_a_runtime_error(tmp_path: Path) -> None:
 
 
 def test_attach_to_a_run_without_workers_is_a_runtime_error(tmp_path: Path) -> None:
-    run = Run(tmp_path, extra={})
+    run = Run(tmp_path, runtime=RuntimeOptions())
     with pytest.raises(RuntimeError, match="has no side-task workers"):
         run.manager.attach(COUNTING, stage=0)
 

@@ -30,7 +30,7 @@ from waits import run_processes, wait_until
 
 from freeride_lab.core.attribution import PART_COLUMNS
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import ACTION_COLUMNS, MEMORY_COLUMNS, STEP_COLUMNS, read_events
@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 STARTUP_S = 240.0  # first step of a fresh run on a loaded box (a torch import per process)
 
 
-def tiny(steps: int, *, cost_ms: float = 5.0, **extra: Any) -> RunConfig:
+def tiny(steps: int, *, cost_ms: float = 5.0, **runtime: Any) -> RunConfig:
     """Two sleep-timed ranks, 1F1B, two micro-batches: exact costs on a busy CPU."""
     return RunConfig(
         schedule="1F1B",
@@ -55,7 +55,7 @@ def tiny(steps: int, *, cost_ms: float = 5.0, **extra: Any) -> RunConfig:
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        extra=extra,
+        runtime=RuntimeOptions(**runtime),
     )
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from freeride_lab.core.budget import memory_request_gib, step_budget_s
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
@@ -43,7 +43,7 @@ CONFIG = RunConfig(
     seq_len=8,
     microbatch_size=2,
     seed=7,
-    extra={"stop_grace_s": 5},
+    runtime=RuntimeOptions(stop_grace_s=5),
 )
 PAGERANK = {"n_nodes": 2000, "n_edges": 10000, "tol": 0.0, "max_iterations": None}
 TOLERANCE_MS = 5.0  # run-clock stamps of a rank and of a task process, same host

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import EmulateOptions, RunConfig
 from freeride_lab.pipeline.emulate import (
     ChunkCosts,
     Control,
     ControlFile,
     EdgeGate,
     EmulatedChunk,
-    EmulateSpec,
     Gate,
 )
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
@@ -54,8 +53,10 @@ def _chunks(dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Emu
 
 
 def _config(**emulate: Any) -> RunConfig:
-    extra = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, **emulate}}
-    return RunConfig(stages=2, microbatches=4, workload="text", d_model=16, heads=4, extra=extra)
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, **emulate}}
+    return RunConfig(
+        stages=2, microbatches=4, workload="text", d_model=16, heads=4, runtime=runtime
+    )
 
 
 def test_control_round_trips_through_its_file(tmp_path: Path) -> None:
@@ -172,18 +173,24 @@ def test_gradients_flow_back_through_an_emulated_chunk(real: bool) -> None:
     assert x.grad is not None and x.grad.shape == (B, T, W)
 
 
-def test_emulate_spec_names_the_valid_keys_for_an_unknown_one() -> None:
+def test_emulate_options_name_the_valid_keys_for_an_unknown_one() -> None:
     with pytest.raises(ValueError, match=r"\['width'\].*d_model"):
-        EmulateSpec.from_config(_config(width=3))
+        _config(width=3)
 
 
-def test_emulate_spec_needs_a_model_width_that_the_wire_divides() -> None:
+def test_emulate_options_need_a_model_width_that_the_wire_divides() -> None:
     with pytest.raises(ValueError, match="multiple of the wire width"):
-        EmulateSpec.from_config(_config(d_model=40, heads=4))
+        _config(d_model=40, heads=4)
 
 
-def test_emulate_spec_is_none_without_the_extra_key() -> None:
-    assert EmulateSpec.from_config(RunConfig(stages=2, microbatches=4)) is None
+def test_emulate_mode_needs_the_text_workload() -> None:
+    with pytest.raises(ValueError, match="workload='text'"):
+        _config().replace(workload="synthetic")
+
+
+def test_emulate_mode_is_off_without_emulate_options() -> None:
+    assert RunConfig(stages=2, microbatches=4).runtime.emulate is None
+    assert _config().runtime.emulate == EmulateOptions(device="cpu", d_model=64, heads=4)
 
 
 @pytest.mark.gpu

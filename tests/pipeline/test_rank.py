@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES, torch_plan
 from freeride_lab.io.rundir import RunDir
 
@@ -172,7 +172,7 @@ def text_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
         microbatch_size=4,
         lr=3e-3,
         seed=0,
-        extra={"edges_factory": "tests.pipeline.test_rank:quiet_edges"},
+        runtime=RuntimeOptions(edges_factory="tests.pipeline.test_rank:quiet_edges"),
     )
     assert job.returncode == 0, log_tail(job.run_dir)
     return job
@@ -252,11 +252,11 @@ def test_untimed_steps_record_their_window_but_no_action_and_no_bubble_edge(
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        extra={
-            "edges_factory": "tests.pipeline.test_rank:quiet_edges",
-            "timed": "alternate",
-            "alternate_every": 2,
-        },
+        runtime=RuntimeOptions(
+            edges_factory="tests.pipeline.test_rank:quiet_edges",
+            timed="alternate",
+            alternate_every=2,
+        ),
     )
     assert job.returncode == 0, log_tail(job.run_dir)
     untimed = {2, 3, 6, 7}
@@ -433,7 +433,7 @@ def signal_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignalJob]:
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        extra={"stop_grace_s": 20},
+        runtime=RuntimeOptions(stop_grace_s=20),
     )
     proc = torchrun(run_dir, 2)
     try:
@@ -560,12 +560,12 @@ def test_cuda_steps_are_read_without_waiting_yet_all_arrive_in_order(tmp_path: P
         d_model=64,
         heads=4,
         seq_len=64,
-        extra={
-            "edges_factory": "tests.pipeline.test_rank:quiet_edges",
-            "timed": "alternate",
-            "alternate_every": 3,
-            "announce_min_ms": 0,  # every gap here is sub-millisecond: announce them anyway
-        },
+        runtime=RuntimeOptions(
+            edges_factory="tests.pipeline.test_rank:quiet_edges",
+            timed="alternate",
+            alternate_every=3,
+            announce_min_ms=0,  # every gap here is sub-millisecond: announce them anyway
+        ),
     )
     assert job.returncode == 0, log_tail(job.run_dir)
     evs = job.events[0]

@@ -1,0 +1,209 @@
+"""``RuntimeOptions``: how a run's ranks run (what ``RunConfig``'s other fields leave open).
+
+They change how the runtime behaves, not what is trained: where live bubble edges go, how long
+a stop and a collective may take, whether stages are timed, and single-GPU emulate mode. They
+are typed and checked here, in one place, when a ``RunConfig`` is built (run.json stores them
+under ``"runtime"``); the ranks only read them.
+
+    >>> RuntimeOptions(stop_grace_s=5).stop_grace_s
+    5.0
+    >>> RuntimeOptions.from_dict({"timed": "alternate", "alternate_every": 2}).alternate_every
+    2
+    >>> RuntimeOptions(timed="sometimes")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: runtime timed='sometimes' must be True, False or 'alternate' ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["RUNTIME_KEYS", "EmulateOptions", "RuntimeOptions", "TimedMode"]
+
+TimedMode = bool | Literal["alternate"]
+MAX_SECONDS = 3600.0  # stop_grace_s and pg_timeout_s: beyond an hour a value is a typo
+MAX_ALTERNATE_EVERY = 10**6
+MAX_ANNOUNCE_MIN_MS = 1e6
+_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def _is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unknown_keys(what: str, data: dict[str, Any], cls: type) -> None:
+    """ValueError naming the keys of ``data`` that ``cls`` has no field for, and the valid ones."""
+    names = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(str(k) for k in set(data) - set(names))
+    if unknown:
+        raise ValueError(f"unknown {what} key(s) {unknown}; valid: {', '.join(names)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulateOptions:
+    """Single-GPU emulate mode (``pipeline.emulate``): every rank builds its real chunk on one
+    device, one rank computes per step and the others sleep its calibrated costs.
+
+    Args:
+        device: where a real rank computes: "cuda", "cuda:<i>" or "cpu".
+        d_model, heads: width and heads of the real model (``RunConfig.d_model`` is the wire
+            width, see ``pipeline.emulate`` [Note: wire width]); d_model must be a multiple
+            of ``RunConfig.d_model``.
+        dtype: "bfloat16" or "float32" for the real chunks.
+        calibrate_warmup, calibrate_iters: untimed and timed micro-batches per chunk.
+    """
+
+    device: str = "cuda"
+    d_model: int = 1024
+    heads: int = 16
+    dtype: str = "bfloat16"
+    calibrate_warmup: int = 2
+    calibrate_iters: int = 5
+
+    def __post_init__(self) -> None:
+        device = self.device
+        if not isinstance(device, str) or not (device == "cpu" or _is_cuda(device)):
+            raise ValueError(
+                f"emulate device={device!r}; valid: 'cpu', 'cuda', 'cuda:<i>' (e.g. 'cuda:0')"
+            )
+        for name in ("d_model", "heads", "calibrate_iters"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"emulate {name}={value!r} must be an integer >= 1")
+        if not _is_int(self.calibrate_warmup) or self.calibrate_warmup < 0:
+            raise ValueError(
+                f"emulate calibrate_warmup={self.calibrate_warmup!r} must be an integer >= 0"
+            )
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"emulate dtype={self.dtype!r}; valid: bfloat16, float32")
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"emulate d_model={self.d_model} must be divisible by heads={self.heads}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmulateOptions:
+        """From run.json's plain dict; unknown keys raise with the valid ones listed."""
+        _unknown_keys("emulate", data, cls)
+        return cls(**data)
+
+
+def _is_cuda(device: str) -> bool:
+    kind, _, index = device.partition(":")
+    return kind == "cuda" and (not index or index.isdigit())
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    """How the runtime runs a ``RunConfig``'s ranks; frozen, checked on construction.
+
+    Args:
+        edges_factory: ``"package.module:function"`` each rank calls as
+            ``f(run_dir=RunDir, rank=int)`` for its live bubble-edge receiver; None: no live
+            edges (a ``Session`` with ``side_tasks=True`` fills in its side-task worker's).
+        stop_grace_s: seconds a rank gives the current step to end after a stop request before
+            it records a failure and exits.
+        pg_timeout_s: the process group's collective timeout in seconds.
+        timed: True times every action (``TimedPipelineStage``); False runs plain
+            ``PipelineStage``; "alternate" runs blocks of ``alternate_every`` steps,
+            alternately timed and plain, timed first (the timing-overhead benchmark).
+        alternate_every: steps per block when ``timed="alternate"``.
+        announce_min_ms: the shortest predicted bubble announced live to side tasks, in ms;
+            0 announces every one (``pipeline.timed_stage`` [Note: quiet slots]).
+        emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
+            is off.
+    """
+
+    edges_factory: str | None = None
+    stop_grace_s: float = 10.0
+    pg_timeout_s: float = 600.0
+    timed: TimedMode = True
+    alternate_every: int = 1
+    announce_min_ms: float = 1.0
+    emulate: EmulateOptions | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("stop_grace_s", "pg_timeout_s"):
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not 0 < value <= MAX_SECONDS or not math.isfinite(value):
+                raise ValueError(
+                    f"runtime {name}={value!r} must be seconds in (0, {MAX_SECONDS:g}]; "
+                    f"e.g. {name}={getattr(RuntimeOptions, name):g}"
+                )
+            object.__setattr__(self, name, float(value))
+        if not (self.timed is True or self.timed is False or self.timed == "alternate"):
+            raise ValueError(
+                f"runtime timed={self.timed!r} must be True, False or 'alternate' "
+                "(alternating blocks of timed and plain steps)"
+            )
+        every = self.alternate_every
+        if not _is_int(every) or not 1 <= every <= MAX_ALTERNATE_EVERY:
+            raise ValueError(
+                f"runtime alternate_every={every!r} must be an integer 1..{MAX_ALTERNATE_EVERY}"
+                " (steps per block of timed='alternate')"
+            )
+        least = self.announce_min_ms
+        number = isinstance(least, int | float) and not isinstance(least, bool)
+        if not number or not 0 <= least < MAX_ANNOUNCE_MIN_MS:
+            raise ValueError(
+                f"runtime announce_min_ms={least!r} must be milliseconds in "
+                f"[0, {MAX_ANNOUNCE_MIN_MS:g}): the shortest predicted bubble announced to side "
+                "tasks (0 announces every one)"
+            )
+        object.__setattr__(self, "announce_min_ms", float(least))
+        spec = self.edges_factory
+        if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):
+            raise ValueError(
+                f"runtime edges_factory={spec!r} must be 'package.module:function' or None, "
+                "e.g. 'freeride_lab.sidetasks.client:open_edges'"
+            )
+        emulate = self.emulate
+        if isinstance(emulate, dict):
+            emulate = EmulateOptions.from_dict(emulate) if emulate else None
+            object.__setattr__(self, "emulate", emulate)
+        if emulate is not None and not isinstance(emulate, EmulateOptions):
+            raise ValueError(
+                f"runtime emulate={emulate!r} must be EmulateOptions, a dict of its fields "
+                "(device, d_model, heads, dtype, calibrate_warmup, calibrate_iters) or None"
+            )
+
+    def check_run(self, *, workload: str, backend: str | None, d_model: int) -> None:
+        """Refuse options this run cannot use (``RunConfig`` calls it with its own fields)."""
+        emulate = self.emulate
+        if emulate is None:
+            return
+        if workload != "text" or backend != "gloo":
+            raise ValueError(
+                f"emulate mode needs workload='text' and backend='gloo' (pipeline tensors stay "
+                f"on the CPU); got workload={workload!r}, backend={backend!r}"
+            )
+        if emulate.d_model % d_model:
+            raise ValueError(
+                f"emulate d_model={emulate.d_model} must be a multiple of the wire width "
+                f"d_model={d_model} (see pipeline.emulate [Note: wire width]); raise emulate "
+                "d_model or lower d_model"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RuntimeOptions:
+        """From run.json's plain dict; unknown keys raise with the valid ones listed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"runtime={data!r} must be RuntimeOptions or a dict of its fields")
+        _unknown_keys("runtime", data, cls)
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, as run.json stores them (``emulate`` as a dict or None)."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> RuntimeOptions:
+        return dataclasses.replace(self, **changes)
+
+
+RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeOptions))
