@@ -204,8 +204,8 @@ def test_side_task_steps_appear_as_their_own_trace(dash, session):
     session.advance(1)
     dash.tick()
     names = [t.name for t in dash.timeline.figure.data]
-    assert "pagerank" in names
-    trace = next(t for t in dash.timeline.figure.data if t.name == "pagerank")
+    assert "PageRank" in names
+    trace = next(t for t in dash.timeline.figure.data if t.name == "PageRank")
     assert len(trace.x) >= 1
 
 
