@@ -120,7 +120,7 @@ class Dashboard:
         self.gpu = gpu_monitor if gpu_monitor is not None else GpuMonitor()
         self.theme = ThemeProbe()
         self.theme.observe(lambda change: self.timeline.set_theme(change["new"]), names="theme")
-        self._cards: dict[str, dict[str, Any]] = {}  # every task seen, by id: none leaves the board
+        self._cards: dict[str, dict[str, Any]] = {}  # the tasks last listed, by id
         self._widget: ipywidgets.VBox | None = None
         self._parts: dict[str, Any] = {}
         self._last: dict[str, Any] = {}
@@ -353,8 +353,10 @@ class Dashboard:
         """Cards of every task the run has had, each with its state and the reason for it; a
         task the session no longer lists keeps its last card (with its final state)."""
         self._refresh_palette()
-        for task in session_tasks(session):
-            self._cards[str(task.get("id"))] = task
+        listed = {str(task.get("id")): task for task in session_tasks(session)}
+        # while the run lives the session's list is the truth (a detached task may leave it);
+        # once it is over, a task it stops listing keeps its last card
+        self._cards = {**self._cards, **listed} if run_over else listed
         stages = self._last.get("stages") or []
         tasks = [
             {**task, **explain(task, stages, run_over=run_over)} for task in self._cards.values()
