@@ -278,13 +278,10 @@ def ticking_reader(utilisations: list[float], gpus: int = 2) -> Callable[[], lis
 
 def test_monitor_keeps_a_bounded_history_per_gpu_from_a_fake_sampler():
     mon = GpuMonitor(NvmlSampler(reader=ticking_reader([10.0, 50.0, 90.0, 40.0])), history_len=3)
-    mon.start()
-    mon.sampler.stop()  # tick by hand
-    for _ in range(5):
-        mon.sampler.tick()
+    for _ in range(5):  # five ticks of the sampler, by hand
+        mon.update(mon.sampler.tick())
     assert sorted(mon.history) == [0, 1]
     assert [s.utilization_pct for s in mon.history[0]] == [50.0, 90.0, 40.0]
-    mon.stop()
 
 
 def test_each_gpu_shows_sparklines_of_sm_memory_power_and_clock():
