@@ -281,7 +281,7 @@ def test_monitor_keeps_a_bounded_history_per_gpu_from_a_fake_sampler():
     for _ in range(5):  # five ticks of the sampler, by hand
         mon.update(mon.sampler.tick())
     assert sorted(mon.history) == [0, 1]
-    assert [s.utilization_pct for s in mon.history[0]] == [50.0, 90.0, 40.0]
+    assert [s.utilization_pct for s in mon.history[0]] == [90.0, 40.0, 10.0]  # the last 3
 
 
 def test_each_gpu_shows_sparklines_of_sm_memory_power_and_clock():
