@@ -13,7 +13,7 @@ const LIMITS = [
   ["budget_ms", "step budget ms", 0, 500, 1, (v) => (v > 0 ? v : null), (v) => v ?? 0],
 ];
 // a symbol beside each state's word, so a state never rests on colour alone
-const ICONS = { submitted: "…", created: "…", paused: "⏸", running: "▶", finished: "✓", stopped: "■", failed: "✕" };
+const ICONS = { submitted: "…", created: "…", paused: "‖", running: "▶", finished: "✓", stopped: "■", failed: "✕" };
 
 function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);

@@ -21,6 +21,6 @@ function render({ model, el }) {
   observer.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light"] });
   report();
   return () => observer.disconnect();
-}
+};
 
 export default { render };

@@ -205,7 +205,7 @@ class Timeline:
             self._controls = (follow, step)
             wrap = ipywidgets.Layout(display="flex", flex_flow="row wrap", width="100%")
             self.figure.layout.width = None
-            lanes = ipywidgets.Box(
+            lanes = ipywidgets.VBox(  # a column: the figure stretches to the box's width
                 [self.figure], layout=ipywidgets.Layout(flex="1 1 420px", min_width="0")
             )
             fractions_title = ipywidgets.HTML(
