@@ -259,8 +259,12 @@ class SideTaskBoard(anywidget.AnyWidget):
         self, task_id: str, result: Mapping[str, Any] | None, change: Mapping[str, Any]
     ) -> dict[str, Any]:
         current = next(t for t in self.tasks if t["id"] == task_id)
+        # the session's answer over the card, so what only the dashboard adds (label, reason)
+        # stays until its next tick
         return _card(
-            {**current, **change, "error": ""} if result is None else {**result, "error": ""}
+            {**current, **change, "error": ""}
+            if result is None
+            else {**current, **result, "error": ""}
         )
 
     def _replace(self, card: dict[str, Any]) -> None:
