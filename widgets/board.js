@@ -94,7 +94,7 @@ function card(model, task, ctx) {
     h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,
       task.overruns ? ` · ${task.overruns} overrun${task.overruns === 1 ? "" : "s"}` : ""),
     task.why && h("div", { class: "fr-why", "data-testid": `why-${task.id}` }, task.why), fix,
-    task.error && h("div", { class: "fr-error", role: "alert", "data-testid": `error-${task.id}` }, task.error),
+    task.error && !task.why?.includes(task.error) && h("div", { class: "fr-error", role: "alert", "data-testid": `error-${task.id}` }, task.error),
     ...(isOpen ? sliders(model, task, hold) : []));
   node.addEventListener("keydown", (event) => {
     if (event.target !== node) return;
