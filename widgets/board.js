@@ -1,6 +1,8 @@
 // Side-task board (anywidget ESM, no framework, no CDN).
 // Reads the synced traits palette, stages, tasks and notice; writes one `request` per user
 // action ({op: attach|move|detach|tune, ...}) and lets Python validate and echo the state.
+// Keyboard: Tab reaches chips, cards, buttons and sliders; Enter on a chip attaches it to the
+// first stage; on a card ←/→ move it between stages, Enter opens its limits, Delete detaches.
 const GIB = 1024 ** 3;
 const MIME = "application/x-freeride-board";
 // [limit, label, min, max, step, slider value -> model value, model value -> slider value]
@@ -10,6 +12,8 @@ const LIMITS = [
   ["priority", "priority", 0, 1, 1, (v) => v, (v) => v ?? 1],
   ["budget_ms", "step budget ms", 0, 500, 1, (v) => (v > 0 ? v : null), (v) => v ?? 0],
 ];
+// a symbol beside each state's word, so a state never rests on colour alone
+const ICONS = { submitted: "…", created: "…", paused: "‖", running: "▶", finished: "✓", stopped: "■", failed: "✕" };
 
 function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -24,27 +28,21 @@ function h(tag, attrs = {}, ...children) {
 
 const gib = (bytes) => (bytes == null ? "?" : `${(bytes / GIB).toFixed(1)} GiB`);
 const num = (x) => (typeof x === "number" ? x.toLocaleString(undefined, { maximumFractionDigits: 1 }) : "0");
-
 let seq = 0; // makes every request a change, even when it repeats the last one
 
-function send(model, request) {
-  model.set("request", { ...request, seq: ++seq });
-  model.save_changes();
-}
+const send = (model, request) => { model.set("request", { ...request, seq: ++seq }); model.save_changes(); };
 
 function drop(zone, onDrop) {
   zone.addEventListener("dragover", (event) => {
     if (!event.dataTransfer.types.includes(MIME)) return;
-    event.preventDefault();
-    zone.classList.add("fr-over");
+    event.preventDefault(); zone.classList.add("fr-over");
   });
   zone.addEventListener("dragleave", () => zone.classList.remove("fr-over"));
   zone.addEventListener("drop", (event) => {
     zone.classList.remove("fr-over");
     const data = event.dataTransfer.getData(MIME);
     if (!data) return;
-    event.preventDefault();
-    event.stopPropagation();
+    event.preventDefault(); event.stopPropagation();
     onDrop(JSON.parse(data));
   });
 }
@@ -55,8 +53,7 @@ function draggable(node, payload, hold) {
   node.addEventListener("dragstart", (event) => {
     event.dataTransfer.setData(MIME, JSON.stringify(payload));
     event.dataTransfer.setData("text/plain", payload.name ?? payload.id);
-    event.dataTransfer.effectAllowed = "move";
-    hold(true);
+    event.dataTransfer.effectAllowed = "move"; hold(true);
   });
   node.addEventListener("dragend", () => hold(false));
   return node;
@@ -64,32 +61,51 @@ function draggable(node, payload, hold) {
 
 function sliders(model, task, hold) {
   return LIMITS.map(([key, label, min, max, step, toModel, fromModel]) => {
-    const input = h("input", { type: "range", min, max, step, "data-testid": `slider-${task.id}-${key}` });
+    const input = h("input", { type: "range", min, max, step, "data-testid": `slider-${task.id}-${key}`,
+      "aria-label": `${label} of ${task.caption ?? task.name}` });
     input.value = String(fromModel(task[key]));
-    const shown = h("span", { class: "fr-value" }, input.value);
+    const shown = h("span", { class: "fr-value", "aria-hidden": "true" }, input.value);
     input.addEventListener("pointerdown", () => hold(true));
     input.addEventListener("input", () => (shown.textContent = input.value));
-    input.addEventListener("change", () => {
-      hold(false);
-      send(model, { op: "tune", id: task.id, limits: { [key]: toModel(Number(input.value)) } });
-    });
+    input.addEventListener("keydown", (event) => event.stopPropagation()); // arrows move the slider only
+    input.addEventListener("change", () => { hold(false);
+      send(model, { op: "tune", id: task.id, limits: { [key]: toModel(Number(input.value)) } }); });
     return h("label", { class: "fr-slider" }, h("span", {}, label), input, shown);
   });
 }
 
-function card(model, task, open, hold, redraw) {
+function card(model, task, ctx) {
+  const { open, hold, redraw, stages } = ctx;
   const isOpen = open.has(task.id);
-  const toggle = h("button", {
-    class: "fr-tune", title: "limits", "data-testid": `tune-${task.id}`,
-    onclick: () => { isOpen ? open.delete(task.id) : open.add(task.id); redraw(); },
-  }, isOpen ? "▾" : "⚙");
-  const state = String(task.state ?? "");
-  const node = h("div", { class: `fr-card fr-state-${state.toLowerCase()}`, "data-testid": `card-${task.id}` },
-    h("div", { class: "fr-card-head" }, h("b", {}, task.name), h("span", { class: "fr-state" }, state), toggle),
+  const state = String(task.state ?? "").toLowerCase();
+  const caption = task.caption ?? `${task.name} · ${task.id}`;
+  const toggle = h("button", { class: "fr-tune", "aria-expanded": isOpen, "aria-label": `limits of ${caption}`,
+    "data-testid": `tune-${task.id}`, onclick: () => { isOpen ? open.delete(task.id) : open.add(task.id); redraw(); } },
+    isOpen ? "▾" : "⚙");
+  const fix = task.fix && !task.final && h("button", { class: "fr-fix", "data-testid": `fix-${task.id}`,
+    onclick: () => send(model, { op: "tune", id: task.id, limits: task.fix.limits }) }, task.fix.label);
+  const node = h("div", { class: `fr-card fr-state-${state}${task.final ? " fr-final" : ""}`, tabindex: 0,
+    role: "group", title: caption, "data-testid": `card-${task.id}`, "data-task": task.name,
+    "aria-label": `${caption}: ${state}. ${task.why ?? ""}` },
+    h("div", { class: "fr-card-head" }, h("b", {}, task.label ?? task.name),
+      task.label && task.label !== task.name ? h("code", { class: "fr-code" }, task.name) : "",
+      h("span", { class: "fr-state", "data-testid": `state-${task.id}` }, `${ICONS[state] ?? ""} ${state}${task.final ? " (final)" : ""}`),
+      toggle),
     h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,
       task.overruns ? ` · ${task.overruns} overrun${task.overruns === 1 ? "" : "s"}` : ""),
-    task.error && h("div", { class: "fr-error", "data-testid": `error-${task.id}` }, task.error),
+    task.why && h("div", { class: "fr-why", "data-testid": `why-${task.id}` }, task.why), fix,
+    task.error && !task.why?.includes(task.error) && h("div", { class: "fr-error", role: "alert", "data-testid": `error-${task.id}` }, task.error),
     ...(isOpen ? sliders(model, task, hold) : []));
+  node.addEventListener("keydown", (event) => {
+    if (event.target !== node) return;
+    const at = stages.indexOf(task.stage);
+    const to = { ArrowLeft: stages[at - 1], ArrowRight: stages[at + 1] }[event.key];
+    if (to !== undefined) send(model, { op: "move", id: task.id, stage: to });
+    else if (event.key === "Enter") toggle.click();
+    else if (event.key === "Delete" || event.key === "Backspace") send(model, { op: "detach", id: task.id });
+    else return;
+    event.preventDefault();
+  });
   return draggable(node, { kind: "card", id: task.id, stage: task.stage }, hold);
 }
 
@@ -98,28 +114,31 @@ function render({ model, el }) {
   const root = h("div", { class: "fr-board", "data-testid": "board" });
   let busy = false; // a drag or slider is in progress: redraw after it, not under the pointer
   let pending = false;
-  const hold = (on) => {
-    busy = on;
-    if (!on && pending) draw();
-  };
+  const hold = (on) => { busy = on; if (!on && pending) draw(); };
   const release = () => hold(false);
-
   function draw() {
-    if (busy) { pending = true; return; }
-    pending = false;
+    if (busy) { pending = true; return; } pending = false;
+    const active = document.activeElement; // keep the keyboard's place across the redraw
+    const focused = active && root.contains?.(active) ? active.dataset?.testid : null;
     const tasks = model.get("tasks") ?? [];
-    const palette = h("div", { class: "fr-palette", "data-testid": "palette" },
-      h("div", { class: "fr-title" }, "Side tasks: drag onto a stage, drop a card here to detach"),
+    const stageList = model.get("stages") ?? [];
+    const ctx = { open, hold, redraw: draw, stages: stageList.map((s) => s.stage) };
+    const palette = h("div", { class: "fr-palette", role: "toolbar", "aria-label": "side tasks", "data-testid": "palette" },
+      h("div", { class: "fr-title" }, "Side tasks: drag onto a stage (or press Enter), drop a card here to detach"),
       ...(model.get("palette") ?? []).map((p) =>
-        draggable(h("div", { class: "fr-chip", title: p.unit, "data-testid": `palette-${p.name}` }, p.title),
+        draggable(h("button", { class: "fr-chip", title: `${p.title} · ${p.name} · ${p.unit}`, "data-testid": `palette-${p.name}`,
+          "aria-label": `attach ${p.title} (${p.name}) to stage ${ctx.stages[0] ?? ""}`,
+          onclick: () => ctx.stages.length && send(model, { op: "attach", name: p.name, stage: ctx.stages[0] }) },
+          p.title, p.title !== p.name ? h("code", { class: "fr-code" }, p.name) : ""),
           { kind: "palette", name: p.name }, hold)));
     drop(palette, (d) => d.kind === "card" && send(model, { op: "detach", id: d.id }));
-    const zones = (model.get("stages") ?? []).map((s) => {
+    const zones = stageList.map((s) => {
       const bubbles = (s.bubbles_ms ?? []).map((b) => b.toFixed(1)).join(", ") || "–";
-      const zone = h("div", { class: "fr-stage", "data-testid": `stage-${s.stage}` },
-        h("div", { class: "fr-title" }, s.label ?? `stage ${s.stage}`),
-        h("div", { class: "fr-meta" }, `free ${gib(s.free_bytes)} · bubbles ${bubbles} ms`),
-        ...tasks.filter((t) => t.stage === s.stage).map((t) => card(model, t, open, hold, draw)));
+      const meta = `free ${gib(s.free_bytes)} · bubbles ${bubbles} ms`;
+      const zone = h("div", { class: "fr-stage", role: "region", "aria-label": `${s.label ?? `stage ${s.stage}`}: ${meta}`,
+        "data-testid": `stage-${s.stage}` },
+        h("div", { class: "fr-title" }, s.label ?? `stage ${s.stage}`), h("div", { class: "fr-meta" }, meta),
+        ...tasks.filter((t) => t.stage === s.stage).map((t) => card(model, t, ctx)));
       drop(zone, (d) => {
         if (d.kind === "palette") send(model, { op: "attach", name: d.name, stage: s.stage });
         else if (d.kind === "card" && d.stage !== s.stage) send(model, { op: "move", id: d.id, stage: s.stage });
@@ -128,19 +147,14 @@ function render({ model, el }) {
     });
     const notice = model.get("notice");
     root.replaceChildren(palette, h("div", { class: "fr-stages" }, ...zones),
-      notice ? h("div", { class: "fr-notice", "data-testid": "notice" }, notice) : "");
+      notice ? h("div", { class: "fr-notice", role: "alert", "data-testid": "notice" }, notice) : "");
+    if (focused) root.querySelector(`[data-testid=${JSON.stringify(focused)}]`)?.focus();
   }
 
   const events = ["change:palette", "change:stages", "change:tasks", "change:notice"];
-  events.forEach((name) => model.on(name, draw));
-  window.addEventListener("pointerup", release);
-  el.append(root);
-  draw();
-  return () => {
-    events.forEach((name) => model.off(name, draw));
-    window.removeEventListener("pointerup", release);
-    root.remove();
-  };
+  events.forEach((name) => model.on(name, draw)); window.addEventListener("pointerup", release);
+  el.append(root); draw();
+  return () => { events.forEach((name) => model.off(name, draw)); window.removeEventListener("pointerup", release); root.remove(); };
 }
 
 export default { render };

@@ -135,7 +135,8 @@ class SideTaskBoard(anywidget.AnyWidget):
     palette = traitlets.List(traitlets.Dict()).tag(sync=True)
     # [{stage, free_bytes, bubbles_ms, label}]
     stages = traitlets.List(traitlets.Dict()).tag(sync=True)
-    # [{id, name, stage, state, progress, unit, overruns, <limits>, error}], see _CARD_DEFAULTS
+    # [{id, name, stage, state, progress, unit, overruns, <limits>, error}], see _CARD_DEFAULTS;
+    # the dashboard adds label, caption, why, fix ({label, limits} of a tune) and final
     tasks = traitlets.List(traitlets.Dict()).tag(sync=True)
     request = traitlets.Dict().tag(sync=True)  # written by the browser, cleared by Python
     notice = traitlets.Unicode("").tag(sync=True)  # a rejection that has no card to show it on
@@ -258,8 +259,12 @@ class SideTaskBoard(anywidget.AnyWidget):
         self, task_id: str, result: Mapping[str, Any] | None, change: Mapping[str, Any]
     ) -> dict[str, Any]:
         current = next(t for t in self.tasks if t["id"] == task_id)
+        # the session's answer over the card, so what only the dashboard adds (label, reason)
+        # stays until its next tick
         return _card(
-            {**current, **change, "error": ""} if result is None else {**result, "error": ""}
+            {**current, **change, "error": ""}
+            if result is None
+            else {**current, **result, "error": ""}
         )
 
     def _replace(self, card: dict[str, Any]) -> None:
@@ -338,7 +343,12 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
     def show_status(*_: Any) -> None:
         card = next((t for t in board.tasks if t["id"] == task.value), None)
         message = (card or {}).get("error") or board.notice
-        status.value = f"<span style='color:#c00'>{escape(message)}</span>" if message else ""
+        why = (card or {}).get("why") or ""
+        status.value = (
+            f"<span style='color:var(--jp-error-color1, #b00)'>{escape(message)}</span>"
+            if message
+            else f"<span class='fr-dash-muted'>{escape(why)}</span>"
+        )
 
     def refresh(*_: Any) -> None:
         offer(name, [(p["title"], p["name"]) for p in board.palette])
@@ -346,7 +356,14 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
         offer(stage, stage_options)
         offer(target, stage_options)
         offer(
-            task, [(f"{t['name']} ({t['id']}) @ stage {t['stage']}", t["id"]) for t in board.tasks]
+            task,
+            [
+                (
+                    f"{t.get('label') or t['name']} ({t['name']} · {t['id']}) @ stage {t['stage']}",
+                    t["id"],
+                )
+                for t in board.tasks
+            ],
         )
         show_status()
 

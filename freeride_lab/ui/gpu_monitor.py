@@ -1,17 +1,20 @@
-"""GPU monitor widget: utilisation, memory (training vs side tasks), power, per GPU.
+"""GPU monitor widget: a short history of SM %, memory (training vs side tasks), power and SM
+clock per GPU, as sparklines.
 
     mon = GpuMonitor(roles={4242: ProcessRole("training", "rank 0")})
     mon.start()          # samples NVML every 0.5 s on a daemon thread
     mon                  # displays; "no GPU — CPU run" where NVML is missing
 
 Rendering is a pure function of samples and roles (:func:`render_html`), so it is tested with
-fake samples; the widget is one ``ipywidgets.HTML`` whose ``value`` is replaced per tick.
+fake samples; the widget is one ``ipywidgets.HTML`` whose ``value`` is replaced per tick. The
+monitor keeps the last ``history_len`` readings of each GPU (a minute at the default 0.5 s).
 NVML reports process ids as the host sees them: inside a container with its own PID namespace
 the pids of ``roles`` may not match, and that memory shows as "other".
 """
 
 from __future__ import annotations
 
+import collections
 import html
 import math
 import threading
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from freeride_lab.gpu.nvml import GpuSample, NvmlSampler
+from freeride_lab.ui.sparkline import sparkline_svg
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["GpuMonitor", "MemorySplit", "ProcessRole", "memory_split", "render_html"]
 
 _GIB = 1024**3
-_COLORS = {"training": "#4c78a8", "side_task": "#54a24b", "other": "#bab0ac"}
+_COLORS = {"training": "#0072B2", "side_task": "#009E73", "other": "#999999"}  # Okabe-Ito
 
 
 class ProcessRole(NamedTuple):
@@ -78,20 +82,72 @@ def _bar(parts: Sequence[tuple[str, float, str]], total: float) -> str:
 
 
 _STYLE = (
-    "<style>.fr-gpu{font:13px system-ui,sans-serif}.fr-gpu table{border-collapse:collapse}"
+    "<style>.fr-gpu{font:var(--jp-ui-font-size1,13px) "
+    "var(--jp-ui-font-family,system-ui,sans-serif);"
+    "color:var(--jp-ui-font-color1,#222);max-width:100%;min-width:0}"
+    ".fr-gpu-card{border:1px solid var(--jp-border-color2,#ddd);border-radius:6px;padding:4px 8px;"
+    "margin-bottom:6px}.fr-gpu-name{font-weight:600}"
+    ".fr-gpu-metrics{display:grid;gap:4px 12px;"
+    "grid-template-columns:repeat(auto-fit,minmax(170px,1fr))}"
+    ".fr-gpu-metric{min-width:0}.fr-gpu-metric .fr-spark{display:block;max-width:100%}"
+    ".fr-gpu-label{color:var(--jp-ui-font-color2,#666);font-size:12px}"
+    ".fr-gpu-value{font-variant-numeric:tabular-nums;overflow-wrap:anywhere}"
+    ".fr-gpu table{border-collapse:collapse;max-width:100%}"
     ".fr-gpu td,.fr-gpu th{padding:2px 8px;text-align:left}"
-    ".fr-gpu-bar{display:flex;width:220px;height:12px;background:#eee;border-radius:2px;overflow:hidden}"
-    ".fr-gpu-bar span{display:block;height:100%}.fr-gpu-none{color:#666;font-style:italic}</style>"
+    ".fr-gpu-procs-wrap{overflow-x:auto;max-width:100%}"
+    ".fr-gpu-bar{display:flex;max-width:220px;height:10px;background:var(--jp-layout-color3,#eee);"
+    "border-radius:2px;overflow:hidden}.fr-gpu-bar span{display:block;height:100%}"
+    ".fr-gpu-none{color:var(--jp-ui-font-color2,#666);font-style:italic}</style>"
+)
+
+# (title, unit, reading, its fixed range or None for 0..max seen, Okabe-Ito colour)
+_METRICS = (
+    ("SM utilisation", "%", "utilization_pct", (0.0, 100.0), "#E69F00"),
+    ("memory used", "GiB", "memory_used_bytes", None, "#0072B2"),
+    ("power", "W", "power_w", None, "#D55E00"),
+    ("SM clock", "MHz", "sm_clock_mhz", None, "#009E73"),
 )
 
 
-def _gpu_row(sample: GpuSample, roles: Mapping[int, ProcessRole]) -> str:
+def _metric(
+    history: Sequence[GpuSample],
+    title: str,
+    unit: str,
+    field: str,
+    fixed: tuple[float, float] | None,
+    color: str,
+    detail: str,
+) -> str:
+    scale = _GIB if unit == "GiB" else 1.0
+    values = [getattr(s, field) / scale for s in history]
+    latest = values[-1]
+    finite = [v for v in values if math.isfinite(v)]
+    if fixed is not None:
+        low, high = fixed
+    else:
+        total = history[-1].memory_total_bytes / _GIB if unit == "GiB" else math.nan
+        low, high = 0.0, total if math.isfinite(total) else max(finite, default=1.0)
+    fmt = ".1f" if unit == "GiB" else ".0f"
+    seen = (
+        f"{min(finite):{fmt}} to {max(finite):{fmt}} {unit} over the last {len(values)} readings"
+        if finite
+        else "not readable"
+    )
+    spark = sparkline_svg(values, low=low, high=high, label=f"{title}: {seen}", color=color)
+    return (
+        f'<div class="fr-gpu-metric" title="{html.escape(seen)}">'
+        f'<div class="fr-gpu-label">{title}</div>{spark}'
+        f'<div class="fr-gpu-value">{_num(latest, fmt)} {unit}{detail}</div></div>'
+    )
+
+
+def _gpu_card(history: Sequence[GpuSample], roles: Mapping[int, ProcessRole]) -> str:
+    """One GPU: a sparkline per metric (oldest reading first), the newest value under each."""
+    sample = history[-1]
     split = memory_split(sample, roles)
     name = f"GPU {sample.index}"
     if sample.cuda_ordinal is not None:
         name += f" (cuda:{sample.cuda_ordinal})"
-    util = sample.utilization_pct
-    util_bar = _bar([("utilisation", util, "#f58518")], 100.0)
     mem_bar = _bar(
         [
             (f"training {_gib(split.training_bytes)}", split.training_bytes, _COLORS["training"]),
@@ -104,12 +160,19 @@ def _gpu_row(sample: GpuSample, roles: Mapping[int, ProcessRole]) -> str:
         ],
         sample.memory_total_bytes,
     )
+    details = {
+        "memory_used_bytes": (
+            f" / {_gib(sample.memory_total_bytes)}{mem_bar}training "
+            f"{_gib(split.training_bytes)} · side {_gib(split.side_task_bytes)}"
+        ),
+    }
+    cells = "".join(
+        _metric(history, title, unit, field, fixed, color, details.get(field, ""))
+        for title, unit, field, fixed, color in _METRICS
+    )
     return (
-        f"<tr><th>{html.escape(name)}</th><td>{util_bar}{_num(util, '.0f')} %</td>"
-        f"<td>{mem_bar}{_gib(sample.memory_used_bytes)} / {_gib(sample.memory_total_bytes)} · "
-        f"training {_gib(split.training_bytes)} · side {_gib(split.side_task_bytes)}</td>"
-        f"<td>{_num(sample.power_w, '.0f')} W</td>"
-        f"<td>{_num(sample.sm_clock_mhz, '.0f')} MHz</td></tr>"
+        f'<div class="fr-gpu-card"><div class="fr-gpu-name">{html.escape(name)}</div>'
+        f'<div class="fr-gpu-metrics">{cells}</div></div>'
     )
 
 
@@ -128,7 +191,10 @@ def _process_rows(samples: Sequence[GpuSample], roles: Mapping[int, ProcessRole]
     if not rows:
         return ""
     head = "<tr><th>GPU</th><th>pid</th><th>role</th><th>what</th><th>memory</th></tr>"
-    return f"<table class='fr-gpu-procs'>{head}{''.join(rows)}</table>"
+    return (
+        f"<div class='fr-gpu-procs-wrap'><table class='fr-gpu-procs'>{head}{''.join(rows)}"
+        "</table></div>"
+    )
 
 
 def render_html(
@@ -136,25 +202,33 @@ def render_html(
     roles: Mapping[int, ProcessRole] | None = None,
     *,
     reason: str | None = None,
+    history: Mapping[int, Sequence[GpuSample]] | None = None,
 ) -> str:
-    """The monitor's HTML for one tick; no samples give a "no GPU — CPU run" notice."""
+    """The monitor's HTML for one tick; no samples give a "no GPU — CPU run" notice.
+
+    Args:
+        history: each GPU's recent readings by NVML index, oldest first, drawn as sparklines;
+            None (or a GPU missing from it) draws the newest sample alone.
+    """
     roles = roles or {}
     if not samples:
         why = f" ({html.escape(reason)})" if reason else ""
         return f'{_STYLE}<div class="fr-gpu fr-gpu-none">no GPU — CPU run{why}</div>'
-    head = "<tr><th>GPU</th><th>utilisation</th><th>memory</th><th>power</th><th>SM clock</th></tr>"
-    body = "".join(_gpu_row(s, roles) for s in sorted(samples, key=lambda s: s.index))
-    return (
-        f'{_STYLE}<div class="fr-gpu"><table>{head}{body}</table>'
-        f"{_process_rows(samples, roles)}</div>"
+    history = history or {}
+    cards = "".join(
+        _gpu_card(list(history.get(s.index) or [s]), roles)
+        for s in sorted(samples, key=lambda s: s.index)
     )
+    return f'{_STYLE}<div class="fr-gpu">{cards}{_process_rows(samples, roles)}</div>'
 
 
 class GpuMonitor:
-    """Per-GPU utilisation, memory split and power, redrawn from an :class:`NvmlSampler`.
+    """Per-GPU sparklines of SM utilisation, memory, power and SM clock over the last
+    ``history_len`` readings, redrawn from an :class:`NvmlSampler`.
 
     ``roles`` maps process ids to :class:`ProcessRole` (update it with :meth:`set_roles` as
-    ranks and side tasks start). The sampler's thread redraws the widget after every read.
+    ranks and side tasks start). The sampler's thread redraws the widget after every read; a
+    reading no newer than the last one of its GPU adds nothing to the history.
     """
 
     def __init__(
@@ -163,7 +237,12 @@ class GpuMonitor:
         *,
         roles: Mapping[int, ProcessRole] | None = None,
         interval_s: float = 0.5,
+        history_len: int = 120,
     ) -> None:
+        if history_len < 2:
+            raise ValueError(f"history_len={history_len!r} must be >= 2 (readings per sparkline)")
+        self.history_len = history_len
+        self.history: dict[int, collections.deque[GpuSample]] = {}
         self.sampler = sampler if sampler is not None else NvmlSampler(interval_s)
         self.roles: dict[int, ProcessRole] = dict(roles or {})
         self.redraws = 0
@@ -214,7 +293,15 @@ class GpuMonitor:
         """Redraw from one tick's samples (callable from the sampler thread)."""
         with self._lock:
             self._samples = list(samples)
-            page = render_html(self._samples, self.roles, reason=self.sampler.reason)
+            for sample in self._samples:
+                kept = self.history.setdefault(
+                    sample.index, collections.deque(maxlen=self.history_len)
+                )
+                if not kept or sample.t_ns > kept[-1].t_ns:
+                    kept.append(sample)
+            page = render_html(
+                self._samples, self.roles, reason=self.sampler.reason, history=self.history
+            )
             if page == self._html:
                 return
             self._html = page

@@ -168,9 +168,10 @@ def test_step_counter_and_progress_bar_follow_the_session(dash, session):
     assert dash._parts["counter"].value == "7/20 · running"
 
 
-def test_costs_show_the_reason_until_side_tasks_progress(dash, session):
+def test_costs_say_training_ran_alone_until_a_side_task_runs(dash, session):
     dash.tick()
-    assert "no side-task progress yet" in dash._parts["costs"].value
+    costs = dash._parts["costs"].value
+    assert "no side task has run" in costs and "overhead-corrected" not in costs
     session.attach("pagerank", stage=0)
     session.advance(2)
     dash.slow_s = 0.0
@@ -204,8 +205,8 @@ def test_side_task_steps_appear_as_their_own_trace(dash, session):
     session.advance(1)
     dash.tick()
     names = [t.name for t in dash.timeline.figure.data]
-    assert "pagerank" in names
-    trace = next(t for t in dash.timeline.figure.data if t.name == "pagerank")
+    assert "PageRank" in names
+    trace = next(t for t in dash.timeline.figure.data if t.name == "PageRank")
     assert len(trace.x) >= 1
 
 

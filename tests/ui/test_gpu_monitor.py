@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -258,3 +259,57 @@ def test_failing_nvml_call_gives_nan_and_warns_once(fake_nvml, caplog):
 def test_missing_nvml_function_gives_default(fake_nvml):
     assert nvml.query("nvmlDeviceGetFutureThing", default=None) is None
     assert nvml.is_available()
+
+
+# -- history (sparklines) ------------------------------------------------------------------------
+
+
+def ticking_reader(utilisations: list[float], gpus: int = 2) -> Callable[[], list[GpuSample]]:
+    """A fake NVML reader: each call is one tick later and reads the next utilisation."""
+    ticks = iter(range(1, 10_000))
+
+    def read() -> list[GpuSample]:
+        t = next(ticks)
+        util = utilisations[(t - 1) % len(utilisations)]
+        return [sample(i, t_ns=t, utilization_pct=util) for i in range(gpus)]
+
+    return read
+
+
+def test_monitor_keeps_a_bounded_history_per_gpu_from_a_fake_sampler():
+    mon = GpuMonitor(NvmlSampler(reader=ticking_reader([10.0, 50.0, 90.0, 40.0])), history_len=3)
+    for _ in range(5):  # five ticks of the sampler, by hand
+        mon.update(mon.sampler.tick())
+    assert sorted(mon.history) == [0, 1]
+    assert [s.utilization_pct for s in mon.history[0]] == [90.0, 40.0, 10.0]  # the last 3
+
+
+def test_each_gpu_shows_sparklines_of_sm_memory_power_and_clock():
+    mon = GpuMonitor(NvmlSampler(reader=ticking_reader([10.0, 90.0, 40.0])), history_len=10)
+    for _ in range(3):
+        mon.update(mon.sampler.tick())
+    page = mon.html
+    assert page.count('class="fr-spark"') == 4 * 2  # four metrics, two GPUs
+    for title in ("SM utilisation", "memory used", "power", "SM clock"):
+        assert f'aria-label="{title}: ' in page
+    assert 'aria-label="SM utilisation: 10 to 90 % over the last 3 readings"' in page
+    assert "<th>utilisation</th>" not in page  # the snapshot table is gone
+
+
+def test_a_repeated_reading_adds_nothing_to_the_history():
+    mon = GpuMonitor(NvmlSampler(reader=lambda: [sample()]))
+    mon.update([sample()])
+    mon.update([sample()])
+    assert len(mon.history[0]) == 1
+
+
+def test_an_unreadable_value_breaks_the_sparkline_instead_of_drawing_zero():
+    from freeride_lab.ui.sparkline import sparkline_svg
+
+    svg = sparkline_svg([10.0, 20.0, math.nan, 30.0, 40.0], low=0, high=100, label="x")
+    assert svg.count("<polyline") == 2
+
+
+def test_history_shorter_than_two_readings_is_refused():
+    with pytest.raises(ValueError, match="history_len=1"):
+        GpuMonitor(NvmlSampler(reader=lambda: []), history_len=1)

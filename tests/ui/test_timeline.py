@@ -116,7 +116,7 @@ def test_static_figure_has_one_horizontal_bar_trace_per_category():
         "backward input I",
         "backward weight W",
         "bubble",
-        "resnet18",
+        "ResNet-18",
         "overrun",
     ]
     assert all(t.type == "bar" and t.orientation == "h" for t in fig.data)
@@ -229,9 +229,9 @@ def test_new_side_task_gets_its_own_trace_and_keeps_it():
     other = side.assign(name="pagerank", task_id="t2", step=side["step"] + 10)
     tl.update(actions, bubbles, pd.concat([side, other]))
     names = [t.name for t in tl.figure.data]
-    assert names.count("resnet18") == 1
-    assert names.count("pagerank") == 1
-    assert len(trace(tl.figure, "pagerank").x) == 0  # its steps are outside the window
+    assert names.count("ResNet-18") == 1
+    assert names.count("PageRank") == 1
+    assert len(trace(tl.figure, "PageRank").x) == 0  # its steps are outside the window
 
 
 def test_fractions_show_measured_and_theory_per_rank():
