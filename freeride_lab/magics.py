@@ -129,7 +129,7 @@ _NOTEBOOK_HELP = {
 def _help_text() -> str:
     """The magic's docstring (``%freeride?``): for notebook users, built from the grammar."""
     from freeride_lab.cli.hints import subcommands
-    from freeride_lab.tasks import BUILTIN_TASKS
+    from freeride_lab.tasks import registry
 
     parser = _parser()
     helps: dict[str, str] = {}
@@ -147,7 +147,7 @@ def _help_text() -> str:
             words.append("[--options]")
         rows.append((" ".join(words), _NOTEBOOK_HELP.get(name, helps.get(name, ""))))
     commands = "\n".join(f"    {usage}\n        {what}" for usage, what in rows)
-    return _HELP.format(commands=commands, tasks=", ".join(BUILTIN_TASKS))
+    return _HELP.format(commands=commands, tasks=", ".join(registry.names()))
 
 
 def _run_dir_commands(parser: argparse.ArgumentParser) -> set[str]:
@@ -402,22 +402,23 @@ class FreerideMagics(Magics):
         """The reference ``attach`` passes for ``name``: a ``%%freeride_task``'s file, else
         ``name`` itself; a near miss of a known name is refused with a "did you mean"."""
         from freeride_lab.cli.hints import did_you_mean
-        from freeride_lab.tasks import BUILTIN_TASKS
+        from freeride_lab.tasks import registry
         from freeride_lab.ui.dashboard import user_tasks
 
         mine = user_tasks(self.tasks_dir)
         task = mine.get(name)
         if task is not None:
             return task.ref
-        if ":" in name or name.lower().replace("-", "_") in BUILTIN_TASKS:
-            return name
+        if ":" in name or registry.is_known(name):
+            return name  # Session.attach resolves it through the registry
         if any(str(t.get("id")) == name for t in _tasks(session)):
             return name  # a detached task's id: attach resumes it
-        suggestion = did_you_mean(name, [*BUILTIN_TASKS, *mine])
+        suggestion = did_you_mean(name, [*registry.names(), *mine])
         if suggestion:
             raise UsageError(
-                f"attach: unknown side task {name!r}; {suggestion} (built-in: "
-                f"{', '.join(BUILTIN_TASKS)}; from %%freeride_task: {', '.join(mine) or 'none'})"
+                f"attach: unknown side task {name!r}; {suggestion} (known: "
+                f"{', '.join(registry.names())}; from %%freeride_task: "
+                f"{', '.join(mine) or 'none'})"
             )
         return name
 
@@ -480,8 +481,7 @@ class FreerideMagics(Magics):
         anything while it runs (``sys.exit()``, ``KeyboardInterrupt`` and endless recursion
         included) is refused with one ``UsageError`` line; the kernel goes on.
         """
-        from freeride_lab.sidetasks.loader import load_task_class
-        from freeride_lab.tasks import BUILTIN_TASKS
+        from freeride_lab.tasks import registry
         from freeride_lab.ui.dashboard import UserTask
 
         name = line.strip()
@@ -489,10 +489,10 @@ class FreerideMagics(Magics):
             raise UsageError(
                 f"%%freeride_task needs one NAME (letters, digits, _ or -), got {line.strip()!r}"
             )
-        if name.lower().replace("-", "_") in BUILTIN_TASKS:
+        if name.lower().replace("-", "_") in registry.BUILTIN_TASKS:
             raise UsageError(
                 f"{name!r} is a built-in side task; pick another NAME "
-                f"(built-in: {', '.join(BUILTIN_TASKS)})"
+                f"(built-in: {', '.join(registry.BUILTIN_TASKS)})"
             )
         try:
             compile(cell, f"<%%freeride_task {name}>", "exec")
@@ -508,7 +508,8 @@ class FreerideMagics(Magics):
         cls = _the_task_class(name, path)
         ref = f"{path}:{cls.__name__}"
         try:
-            load_task_class(ref)  # what the side-task process will do
+            registry.load(ref)  # what the side-task process will do
+            registry.register(name, ref)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         except BaseException as exc:  # see _the_task_class
@@ -544,10 +545,10 @@ class FreerideMagics(Magics):
         from freeride_lab.cli.hints import complete, subcommands
         from freeride_lab.core.budget import OverrunPolicy
         from freeride_lab.core.schedule import SCHEDULES
-        from freeride_lab.tasks import BUILTIN_TASKS
+        from freeride_lab.tasks import registry
 
         parser = self._grammar()
-        tasks = [*BUILTIN_TASKS, *_user_task_names(self.tasks_dir)]
+        tasks = list(dict.fromkeys([*registry.names(), *_user_task_names(self.tasks_dir)]))
         values = {
             "task": tasks,
             "task_id": self._task_ids(),

@@ -52,7 +52,7 @@ from freeride_lab.core import attribution as core_attribution
 from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import FREERIDE_UNITS
 from freeride_lab.core.config import cost_text
-from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS
+from freeride_lab.tasks import registry
 from freeride_lab.ui.board import SideTaskBoard, plain_controls
 from freeride_lab.ui.gpu_monitor import GpuMonitor, ProcessRole
 from freeride_lab.ui.timeline import MIN_INTERVAL_S, Timeline
@@ -178,14 +178,17 @@ def user_tasks(directory: Path | None = None) -> dict[str, UserTask]:
 
 
 def builtin_palette() -> list[dict[str, str]]:
-    """``{name, title, unit}`` of each built-in side task (freeride_lab.tasks)."""
+    """``{name, title, unit}`` of each task in ``freeride_lab.tasks.registry``: the built-ins,
+    then the registered ones (their unit is known once they load, so it is left blank)."""
     return [
         {
             "name": name,
             "title": _TITLES.get(name, name),
-            "unit": FREERIDE_UNITS.get(REFERENCE_KEYS.get(name, name), ""),
+            "unit": FREERIDE_UNITS.get(registry.reference_key(name), "")
+            if name in registry.BUILTIN_TASKS
+            else "",
         }
-        for name in BUILTIN_TASKS
+        for name in registry.names()
     ]
 
 
@@ -458,10 +461,10 @@ class Dashboard:
 
     def _resolve(self, name: str) -> str:
         task = self._user_tasks.get(name) or user_tasks(self.tasks_dir).get(name)
-        return task.ref if task is not None else name
+        return task.ref if task is not None else name  # Session.attach resolves names
 
     def _refresh_palette(self) -> None:
-        token = (str(self.tasks_dir.absolute()), _dir_token(self.tasks_dir))
+        token = (str(self.tasks_dir.absolute()), _dir_token(self.tasks_dir), *registry.names())
         if token == self._tasks_token:
             return
         self._tasks_token = token

@@ -21,10 +21,11 @@ from freeride_lab.core.budget import OverrunPolicy
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
-from freeride_lab.sidetasks.loader import BUILTIN_TASKS, load_task_class, resolve_task_ref
+from freeride_lab.sidetasks.loader import load_task_class, parse_task_ref
 from freeride_lab.sidetasks.process import TaskProcess
 from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
 
+R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
 
 
@@ -243,9 +244,10 @@ def test_unknown_class_fails_with_the_classes_that_exist(
 # --- loader and specs (no processes) ------------------------------------------------------
 
 
-def test_builtin_names_resolve_without_regard_to_case() -> None:
-    assert resolve_task_ref("ResNet18") == BUILTIN_TASKS["resnet18"]
-    assert resolve_task_ref("sgd-mf") == "freeride_lab.tasks.graph:SGDMFTask"
+def test_the_loader_knows_no_names_and_points_to_the_registry() -> None:
+    with pytest.raises(ValueError, match=r"'resnet18' is not a 'where:Class'.*tasks\.registry"):
+        load_task_class("resnet18")
+    assert load_task_class("freeride_lab.tasks.graph:SGDMFTask").__name__ == "SGDMFTask"
 
 
 def test_task_class_loads_from_a_file_path() -> None:
@@ -271,25 +273,25 @@ def test_loading_names_an_unfindable_module() -> None:
 
 
 def test_reference_without_a_class_lists_the_forms() -> None:
-    with pytest.raises(ValueError, match=r"'resnet19' is not a known name.*resnet18"):
-        resolve_task_ref("resnet19")
+    with pytest.raises(ValueError, match=r"'resnet19' is not a 'where:Class' reference; give"):
+        parse_task_ref("resnet19")
 
 
 def test_task_spec_round_trips_through_json() -> None:
-    spec = TaskSpec.from_dict({"task": "resnet18", "task_id": "r18", "limits": {"sm_pct": 50}})
+    spec = TaskSpec.from_dict({"task": R18, "task_id": "r18", "limits": {"sm_pct": 50}})
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
 def test_task_spec_names_unknown_keys_and_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"'budget'.*valid: task, task_id"):
-        TaskSpec.from_dict({"task": "resnet18", "budget": 1})
+        TaskSpec.from_dict({"task": R18, "budget": 1})
 
 
 def test_overrun_policy_is_matched_without_regard_to_case() -> None:
-    spec = TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "kill"})
+    spec = TaskSpec.from_dict({"task": R18, "overrun_policy": "kill"})
     assert spec.overrun_policy is OverrunPolicy.KILL
     with pytest.raises(ValueError, match=r"overrun_policy='explode' is unknown; valid: WARN"):
-        TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "explode"})
+        TaskSpec.from_dict({"task": R18, "overrun_policy": "explode"})
 
 
 # -- a step ends when its GPU work does ---------------------------------------------------------
