@@ -413,12 +413,11 @@ class FreerideMagics(Magics):
             return name  # Session.attach resolves it through the registry
         if any(str(t.get("id")) == name for t in _tasks(session)):
             return name  # a detached task's id: attach resumes it
-        suggestion = did_you_mean(name, [*registry.names(), *mine])
+        known = list(dict.fromkeys([*registry.names(), *mine]))
+        suggestion = did_you_mean(name, known)
         if suggestion:
             raise UsageError(
-                f"attach: unknown side task {name!r}; {suggestion} (known: "
-                f"{', '.join(registry.names())}; from %%freeride_task: "
-                f"{', '.join(mine) or 'none'})"
+                f"attach: unknown side task {name!r}; {suggestion} (known: {', '.join(known)})"
             )
         return name
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -29,3 +30,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(
                 pytest.mark.skip(reason="needs the system Chromium (apt-get install -y chromium)")
             )
+
+
+@pytest.fixture(autouse=True)
+def _task_names_registered_by_a_test_are_forgotten_after_it() -> Iterator[None]:
+    """``%%freeride_task`` and ``registry.register`` name tasks for the whole process (a
+    kernel); tests share one process, so each test starts from the names it found."""
+    from freeride_lab.tasks import registry
+
+    before = registry.registered()
+    yield
+    for name in set(registry.registered()) - set(before):
+        registry.unregister(name)
+    for name, ref in before.items():
+        if registry.registered().get(name) != ref:
+            registry.register(name, ref)

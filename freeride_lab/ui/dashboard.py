@@ -469,10 +469,13 @@ class Dashboard:
             return
         self._tasks_token = token
         self._user_tasks = user_tasks(self.tasks_dir)
-        builtin = builtin_palette()
-        names = {p["name"] for p in builtin}
-        own = [t.palette_entry() for t in self._user_tasks.values() if t.name not in names]
-        self.board.set_palette([*builtin, *own])
+        own = {
+            t.name: t.palette_entry()
+            for t in self._user_tasks.values()
+            if t.name not in registry.BUILTIN_TASKS
+        }
+        listed = [p for p in builtin_palette() if p["name"] not in own]  # own files know units
+        self.board.set_palette([*listed, *own.values()])
 
     # -- widgets -------------------------------------------------------------------------------
 

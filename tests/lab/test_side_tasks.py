@@ -148,7 +148,7 @@ def wait_steps_after(run: Session, task_id: str, t_ms: float) -> pd.DataFrame:
     ("request_", "match"),
     [
         ({"task": toy("Counting"), "stage": 3, "memory": "100TB"}, "stage 3 cannot host"),
-        ({"task": "no_such_task"}, "'no_such_task' is not a known name"),
+        ({"task": "no_such_task"}, "unknown side task 'no_such_task'"),
         ({"task": toy("Counting"), "stage": 3, "budget_ms": -1.0}, "budget_ms=-1.0 must be"),
         ({"task": toy("Counting"), "stage": 4}, "stage=4 is out of range"),
     ],
