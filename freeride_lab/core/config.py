@@ -132,7 +132,7 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     check_plan: InitVar[bool] = True
 
-    def __post_init__(self, check_plan: bool = True) -> None:
+    def __post_init__(self, check_plan: bool) -> None:
         spec = Schedule.from_name(self.schedule)
         object.__setattr__(self, "schedule", spec.name)
         for name in (
@@ -248,12 +248,12 @@ class RunConfig:
             )
         if check_plan:
             # a new run (run.json of an old one may name a file that has moved since)
-            if self.workload == "text" and self.text_path is not None:
-                if not os.path.isfile(self.text_path):
-                    raise ValueError(
-                        f"text_path={self.text_path!r} is not a file; pass an existing text "
-                        "file, or None for the built-in text"
-                    )
+            text = self.text_path if self.workload == "text" else None
+            if text is not None and not os.path.isfile(text):
+                raise ValueError(
+                    f"text_path={self.text_path!r} is not a file; pass an existing text "
+                    "file, or None for the built-in text"
+                )
             torch_plan(spec, self.stages, self.microbatches, v)  # ValueError with torch's reason
 
     @property

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-class ActionKind(str, Enum):
+class ActionKind(str, Enum):  # noqa: UP042 (StrEnum would change str(kind))
     """Compute actions, spelt with torch's letters."""
 
     FORWARD = "F"
@@ -273,7 +273,7 @@ def _executed_1f1b(stage: int, stages: int, microbatches: int) -> list[Action]:
     return plan
 
 
-def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]:
+def _flatten(actions: list[Action | list[Action] | None]) -> list[Action | None]:
     out: list[Action | None] = []
     for a in actions:
         if isinstance(a, list):
@@ -283,7 +283,7 @@ def _flatten(actions: list[Action | None | list[Action]]) -> list[Action | None]
     return out
 
 
-def _convert(a: object) -> Action | None | list[Action]:
+def _convert(a: object) -> Action | list[Action] | None:
     if a is None or isinstance(a, Action):
         return a
     subs = getattr(a, "sub_actions", None)

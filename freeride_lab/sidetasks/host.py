@@ -1,6 +1,6 @@
 """One side task in its own process, driven by its worker and by the rank's bubble edges.
 
-    python -m freeride_lab.sidetasks.host --spec '{"task": {"task": "freeride_lab.tasks.vision:ResNet18Task"}, ...}'
+    python -m freeride_lab.sidetasks.host --spec '{"task": {"task": "pkg.module:Class"}, ...}'
 
 The worker starts it through ``TaskProcess`` (limits already in the environment, before any CUDA
 call). The host loads the task class, applies the in-process limits, runs ``setup()`` and
