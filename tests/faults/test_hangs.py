@@ -33,13 +33,6 @@ STARTUP_S = 60.0  # a task process starting on a loaded two-core box
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
 def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
     process = start_worker(run_dir.path, 0)
     yield process

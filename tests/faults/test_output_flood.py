@@ -10,11 +10,8 @@ must not grow the file past the cap either. The same flood during a real trainin
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from unruly_tasks import ref
 
 from freeride_lab.core.sidetask_state import SideTaskState
@@ -24,24 +21,6 @@ from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 MB = 1_000_000
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close()
 
 
 def start_flood(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:

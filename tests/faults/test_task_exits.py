@@ -19,7 +19,7 @@ from unruly_tasks import ref
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.process import TaskProcess
 from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 
@@ -29,31 +29,6 @@ EXITS = {
     "interrupt": "KeyboardInterrupt",
     "recursion": "RecursionError: maximum recursion depth exceeded",
 }
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
-    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
-    yield writer
-    writer.close()
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close()
 
 
 def start_host(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,38 +19,13 @@ from freeride_lab.core import events as ev
 from freeride_lab.core.budget import OverrunPolicy
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.loader import load_task_class, parse_task_ref
 from freeride_lab.sidetasks.process import TaskProcess
 from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
 
 R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
-    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
-    yield writer
-    writer.close()
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close_channel()
 
 
 def start_host(

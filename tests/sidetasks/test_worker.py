@@ -27,13 +27,6 @@ from freeride_lab.sidetasks.spec import checkpoint_path
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
 def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
     process = start_worker(run_dir.path, 0)
     yield process

@@ -1,0 +1,89 @@
+"""Launching small live runs in tests, and reading them while they train.
+
+Importable from any test module (``tests/`` is on ``sys.path`` through its ``conftest.py``).
+``synthetic_config`` is the one small run most live tests need (sleep-timed synthetic stages, so
+a step costs the same on any machine); ``wait_in_run`` waits for something a live run should
+show and fails at once, with the run's state, if the run ends first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from freeride_lab.core.config import RunConfig
+
+if TYPE_CHECKING:
+    from freeride_lab.lab.session import Session
+
+#: The toy side tasks (no torch): ``f"{TOYS}:Counting"``.
+TOYS = Path(__file__).resolve().parent / "sidetasks" / "tasks_for_tests.py"
+
+
+def synthetic_config(
+    *, steps: int, seed: int, stages: int = 2, phase_ms: float = 20.0, **changes: Any
+) -> RunConfig:
+    """A 1F1B run of ``stages`` synthetic stages, 4 microbatches, each F, B and W phase
+    sleeping ``phase_ms``, a tiny model, a 5 s stop grace; ``changes`` replace any field."""
+    fields: dict[str, Any] = {
+        "schedule": "1F1B",
+        "stages": stages,
+        "microbatches": 4,
+        "steps": steps,
+        "workload": "synthetic",
+        "t_forward_ms": phase_ms,
+        "t_backward_input_ms": phase_ms,
+        "t_backward_weight_ms": phase_ms,
+        "d_model": 16,
+        "seq_len": 8,
+        "microbatch_size": 2,
+        "seed": seed,
+        "extra": {"stop_grace_s": 5},
+    }
+    return RunConfig(**{**fields, **changes})
+
+
+def wait_in_run(
+    predicate: Callable[[], object],
+    timeout_s: float,
+    what: str,
+    run: Session | None = None,
+    *,
+    poll_s: float = 0.2,
+) -> None:
+    """Poll ``predicate`` until it is true; AssertionError naming ``what`` after ``timeout_s``,
+    or as soon as ``run`` has ended (a run that ends early cannot show it any more)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if run is not None and run.state.done:
+            raise AssertionError(
+                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
+                "raise STEPS if this machine is slower"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def task(run: Session, task_id: str) -> dict[str, Any]:
+    """The row of ``run.tasks`` for ``task_id``."""
+    return next(t for t in run.tasks if t["id"] == task_id)
+
+
+def processes(*words: str) -> list[psutil.Process]:
+    """Live (not zombie) descendants of this process whose command line holds every word."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if all(w in cmdline for w in words):
+            found.append(p)
+    return found
