@@ -8,6 +8,8 @@ show and fails at once, with the run's state, if the run ends first.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from freeride_lab.core import events as ev
 from freeride_lab.core.config import RunConfig
 
 if TYPE_CHECKING:
@@ -87,3 +90,46 @@ def processes(*words: str) -> list[psutil.Process]:
         if all(w in cmdline for w in words):
             found.append(p)
     return found
+
+
+def toy(name: str) -> str:
+    """The reference of a toy side task: ``toy("Counting")``."""
+    return f"{TOYS}:{name}"
+
+
+def launch_with_vanilla(
+    config: RunConfig, root: Path, *, grace_s: float = 3
+) -> tuple[Session, Session]:
+    """Two live runs under ``root``: ``main`` from ``config``, and ``vanilla``, the same run
+    without side-task workers and with zero-time phases (it finishes first). Stop both."""
+    from freeride_lab.lab.session import Session
+
+    main = Session.launch(config, run_dir=root / "main", grace_s=grace_s)
+    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
+    vanilla = Session.launch(
+        config.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=grace_s
+    )
+    return main, vanilla
+
+
+def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
+    """The FAIL event of ``task_id`` in an event file, if it holds one."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event.get("task_id") == task_id and event.get("event") == "FAIL":
+            return dict(event)
+    return None
+
+
+def read_events(path: Path) -> list[ev.Event]:
+    """The events of one event file so far (a line still being written is left out)."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(ev.from_json(line))
+    return out

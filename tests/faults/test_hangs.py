@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import read_events
 from unruly_tasks import read_marker, ref
 from waits import wait_until
 
@@ -45,15 +46,6 @@ def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
 @pytest.fixture
 def client(worker: WorkerProcess) -> WorkerClient:
     return worker.client(timeout_s=60)
-
-
-def read_events(path: Path) -> list[ev.Event]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a line still being written
-                out.append(ev.from_json(line))
-    return out
 
 
 def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:

@@ -10,17 +10,15 @@ Processes are found by walking the process table (psutil); waits are for named c
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-from runs import processes, synthetic_config, task, wait_in_run
+from runs import failed_in, processes, synthetic_config, task, wait_in_run
 from unruly_tasks import read_marker, ref
 
 from freeride_lab.lab.session import Session
@@ -47,19 +45,6 @@ def gone(process: psutil.Process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
-    """The FAIL event of ``task_id`` in an event file, if it holds one."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    for line in text.splitlines():
-        event = json.loads(line)
-        if event.get("task_id") == task_id and event.get("event") == "FAIL":
-            return dict(event)
-    return None
 
 
 @pytest.fixture(scope="module")

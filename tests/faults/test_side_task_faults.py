@@ -11,17 +11,23 @@ table (psutil), not through our own bookkeeping. Waits are for named conditions 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from runs import TOYS, processes, synthetic_config, task, wait_in_run
+from runs import (
+    failed_in,
+    launch_with_vanilla,
+    processes,
+    synthetic_config,
+    task,
+    toy,
+    wait_in_run,
+)
 
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
@@ -42,18 +48,10 @@ class Runs:
     ids: dict[str, str]
 
 
-def toy(name: str) -> str:
-    return f"{TOYS}:{name}"
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-task-faults")
-    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
-    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
-    vanilla = Session.launch(
-        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
-    )
+    main, vanilla = launch_with_vanilla(CONFIG, root)
     try:
         wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
         ids = {  # stage 0 runs them in this order, one at a time
@@ -95,19 +93,6 @@ def test_a_side_task_killed_with_sigkill_ends_failed_with_its_reason(runs: Runs)
     # the worker goes on with the next task in its queue
     html = runs.ids["html"]
     wait_in_run(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the next task", run)
-
-
-def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
-    """The FAIL event of ``task_id`` in an event file, if it holds one."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    for line in text.splitlines():
-        event = json.loads(line)
-        if event.get("task_id") == task_id and event.get("event") == "FAIL":
-            return dict(event)
-    return None
 
 
 def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_them(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from runs import TOYS, synthetic_config, task, wait_in_run
+from runs import launch_with_vanilla, synthetic_config, task, toy, wait_in_run
 
 from freeride_lab.core.budget import memory_request_gib, step_budget_s
 from freeride_lab.lab.session import Session
@@ -40,18 +40,10 @@ class Runs:
     ids: dict[str, str]
 
 
-def toy(name: str) -> str:
-    return f"{TOYS}:{name}"
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-tasks")
-    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
-    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
-    vanilla = Session.launch(
-        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
-    )
+    main, vanilla = launch_with_vanilla(CONFIG, root)
     try:
         wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
         ids = {

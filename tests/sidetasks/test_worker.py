@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import read_events
 from tasks_for_tests import read_counter, ref
 
 from freeride_lab.core import events as ev
@@ -44,15 +45,6 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float = 60.0, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.02)
-
-
-def read_events(path: Path) -> list[ev.Event]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a line still being written
-                out.append(ev.from_json(line))
-    return out
 
 
 def events(run_dir: RunDir) -> list[ev.Event]:
