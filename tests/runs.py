@@ -28,14 +28,14 @@ TOYS = Path(__file__).resolve().parent / "sidetasks" / "tasks_for_tests.py"
 
 
 def synthetic_config(
-    *, steps: int, seed: int, stages: int = 2, phase_ms: float = 20.0, **changes: Any
+    *, steps: int, stages: int = 2, microbatches: int = 4, phase_ms: float = 20.0, **changes: Any
 ) -> RunConfig:
-    """A 1F1B run of ``stages`` synthetic stages, 4 microbatches, each F, B and W phase
-    sleeping ``phase_ms``, a tiny model, a 5 s stop grace; ``changes`` replace any field."""
+    """A 1F1B run of ``stages`` synthetic stages, each F, B and W phase sleeping ``phase_ms``, a
+    tiny model (micro-batches of 2), a 5 s stop grace; ``changes`` replace any field."""
     fields: dict[str, Any] = {
         "schedule": "1F1B",
         "stages": stages,
-        "microbatches": 4,
+        "microbatches": microbatches,
         "steps": steps,
         "workload": "synthetic",
         "t_forward_ms": phase_ms,
@@ -44,7 +44,6 @@ def synthetic_config(
         "d_model": 16,
         "seq_len": 8,
         "microbatch_size": 2,
-        "seed": seed,
         "extra": {"stop_grace_s": 5},
     }
     return RunConfig(**{**fields, **changes})
