@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,12 +23,14 @@ import psutil
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.config import RunConfig
+from freeride_lab.io.rundir import RunDir
 
 if TYPE_CHECKING:
     from freeride_lab.lab.session import Session
 
+REPO = Path(__file__).resolve().parents[1]
 #: The toy side tasks (no torch): ``f"{TOYS}:Counting"``.
-TOYS = Path(__file__).resolve().parent / "sidetasks" / "tasks_for_tests.py"
+TOYS = REPO / "tests" / "sidetasks" / "tasks_for_tests.py"
 
 
 def synthetic_config(
@@ -132,3 +138,33 @@ def read_events(path: Path) -> list[ev.Event]:
             with contextlib.suppress(ValueError):
                 out.append(ev.from_json(line))
     return out
+
+
+def start_torchrun(path: Path, config: RunConfig) -> subprocess.Popen[bytes]:
+    """Start the ranks of ``config`` under ``torchrun`` in a new run directory ``path``, without
+    a Session (the run directory holds only run.json); its output goes to logs/torchrun.log."""
+    run_dir = RunDir(path)
+    run_dir.create()
+    run_dir.write_json(run_dir.run_json, {"config": config.to_dict(), "run_id": path.name})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={config.stages}", "-m", "freeride_lab.pipeline.rank"]
+    cmd += ["--run-dir", str(path)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env["FREERIDE_LOG_LEVEL"] = "WARNING"
+    log = open(run_dir.logs_dir / "torchrun.log", "wb")  # noqa: SIM115
+    return subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def finish_torchrun(proc: subprocess.Popen[bytes], path: Path, timeout_s: float) -> None:
+    """Wait for a ``start_torchrun`` job; kill its process group after ``timeout_s``; assert it
+    exited 0, showing the tails of its logs when not."""
+    try:
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own job's process group
+        proc.wait()
+        code = None
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (path / "logs").glob("*.log"))
+    assert code == 0, f"{path.name}: torchrun exit {code}\n{logs}"
