@@ -168,3 +168,12 @@ def finish_torchrun(proc: subprocess.Popen[bytes], path: Path, timeout_s: float)
         code = None
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (path / "logs").glob("*.log"))
     assert code == 0, f"{path.name}: torchrun exit {code}\n{logs}"
+
+
+def log_tails(session: Session, chars: int = 1500) -> str:
+    """The last ``chars`` of each of a run's log files, headed by its name: for assertion
+    messages about a run that did not do what it should."""
+    logs = session.run_dir.logs_dir
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in sorted(logs.glob("*"))
+    )
