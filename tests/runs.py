@@ -27,6 +27,7 @@ from freeride_lab.io.rundir import RunDir
 
 if TYPE_CHECKING:
     from freeride_lab.lab.session import Session
+    from freeride_lab.sidetasks.process import TaskProcess
 
 REPO = Path(__file__).resolve().parents[1]
 #: The toy side tasks (no torch): ``f"{TOYS}:Counting"``.
@@ -177,3 +178,19 @@ def log_tails(session: Session, chars: int = 1500) -> str:
     return "\n".join(
         f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in sorted(logs.glob("*"))
     )
+
+
+def start_task_host(
+    run_dir: RunDir, hosts: list[TaskProcess], task: str, task_id: str = "t1", **fields: Any
+) -> TaskProcess:
+    """Start one side-task process for rank 0 / stage 0 of ``run_dir`` (``fields``: the rest of
+    its ``TaskSpec``) and add it to ``hosts`` (the conftest fixture cleans them up)."""
+    from freeride_lab.sidetasks.process import TaskProcess
+    from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
+
+    spec = TaskSpec.from_dict({"task": task, "task_id": task_id, **fields})
+    proc = TaskProcess(spec)
+    host = HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0)
+    proc.start(host, log_path=run_dir.logs_dir / f"task-{task_id}.log")
+    hosts.append(proc)
+    return proc

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs import start_task_host
 from unruly_tasks import ref
 
 from freeride_lab.core import events as ev
@@ -21,7 +22,6 @@ from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 
 EXITS = {
     "exit": "SystemExit: 3",
@@ -32,16 +32,9 @@ EXITS = {
 
 
 def start_host(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:
-    spec = TaskSpec(
-        task=ref("Misbehaves"), task_id="t1", options=options, limits={"budget_s": 0.001}
+    return start_task_host(
+        run_dir, hosts, ref("Misbehaves"), options=options, limits={"budget_s": 0.001}
     )
-    proc = TaskProcess(spec)
-    proc.start(
-        HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-        log_path=run_dir.logs_dir / "task-t1.log",
-    )
-    hosts.append(proc)
-    return proc
 
 
 def serve_until(proc: TaskProcess, *states: SideTaskState, timeout_s: float = 60.0) -> None:

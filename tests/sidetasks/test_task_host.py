@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from runs import start_task_host
 from tasks_for_tests import ref
 
 from freeride_lab.core import events as ev
@@ -22,21 +22,10 @@ from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.loader import load_task_class, parse_task_ref
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
+from freeride_lab.sidetasks.spec import TaskSpec, checkpoint_path
 
 R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
-
-
-def start_host(
-    run_dir: RunDir, hosts: list[TaskProcess], task: str, task_id: str = "t1", **fields: Any
-) -> TaskProcess:
-    spec = TaskSpec.from_dict({"task": task, "task_id": task_id, **fields})
-    proc = TaskProcess(spec)
-    host = HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0)
-    proc.start(host, log_path=run_dir.logs_dir / f"task-{task_id}.log")
-    hosts.append(proc)
-    return proc
 
 
 def wait_state(proc: TaskProcess, *states: S, timeout_s: float = 60.0) -> None:
@@ -111,7 +100,7 @@ def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[in
 def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(
+    proc = start_task_host(
         run_dir, hosts, ref("Counting"), options={"step_s": 0.003}, limits={"budget_s": 0.005}
     )
     activate(proc)
@@ -130,7 +119,7 @@ def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
 def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
+    proc = start_task_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
     activate(proc)
     bubbles = drive_bubbles(edges, 3, length_s=0.03, predicted_s=10.0, gap_s=0.2)
     assert stop(proc) == 0
@@ -143,14 +132,14 @@ def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
 def test_stop_saves_a_checkpoint_that_a_new_host_restores(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    first = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    first = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     activate(first)
     drive_bubbles(edges, 3)
     assert stop(first) == 0
     saved = json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"]
     assert saved > 0
 
-    second = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    second = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     activate(second)
     drive_bubbles(edges, 3, first_step=3)
     assert stop(second) == 0
@@ -162,7 +151,7 @@ def test_stop_saves_a_checkpoint_that_a_new_host_restores(
 def test_error_in_setup_fails_the_task_and_its_process_only(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("RaisingInSetup"))
+    proc = start_task_host(run_dir, hosts, ref("RaisingInSetup"))
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
     assert failed.state == "FAILED"
@@ -173,7 +162,7 @@ def test_error_in_setup_fails_the_task_and_its_process_only(
 def test_error_in_step_fails_the_task_with_its_reason(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
+    proc = start_task_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
     activate(proc)
     drive_bubbles(edges, 2)
     assert wait_exit(proc) == 1
@@ -184,7 +173,7 @@ def test_error_in_step_fails_the_task_with_its_reason(
 def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(
+    proc = start_task_host(
         run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
     )
     activate(proc)
@@ -198,7 +187,7 @@ def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
 def test_cpu_task_reports_that_gpu_limits_do_not_apply(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
+    proc = start_task_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
     wait_state(proc, S.CREATED)
     assert stop(proc) == 0
     created = next(s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED")
@@ -208,7 +197,7 @@ def test_cpu_task_reports_that_gpu_limits_do_not_apply(
 def test_unknown_class_fails_with_the_classes_that_exist(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Nope"))
+    proc = start_task_host(run_dir, hosts, ref("Nope"))
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
     assert "has no class 'Nope'" in failed.reason
