@@ -33,8 +33,7 @@ def save_task_cell(line: str, cell: str, tasks_dir: Path) -> tuple[str, type[Sid
             it runs (``sys.exit()``, ``KeyboardInterrupt`` and endless recursion included), or
             not exactly one side-task class; the message says which, in one line.
     """
-    from freeride_lab.sidetasks.loader import load_task_class
-    from freeride_lab.tasks import BUILTIN_TASKS
+    from freeride_lab.tasks import registry
     from freeride_lab.ui.dashboard import UserTask
 
     name = line.strip()
@@ -42,10 +41,10 @@ def save_task_cell(line: str, cell: str, tasks_dir: Path) -> tuple[str, type[Sid
         raise ValueError(
             f"%%freeride_task needs one NAME (letters, digits, _ or -), got {line.strip()!r}"
         )
-    if name.lower().replace("-", "_") in BUILTIN_TASKS:
+    if name.lower().replace("-", "_") in registry.BUILTIN_TASKS:
         raise ValueError(
             f"{name!r} is a built-in side task; pick another NAME "
-            f"(built-in: {', '.join(BUILTIN_TASKS)})"
+            f"(built-in: {', '.join(registry.BUILTIN_TASKS)})"
         )
     try:
         compile(cell, f"<%%freeride_task {name}>", "exec")
@@ -61,11 +60,12 @@ def save_task_cell(line: str, cell: str, tasks_dir: Path) -> tuple[str, type[Sid
     cls = _the_task_class(name, path)
     ref = f"{path}:{cls.__name__}"
     try:
-        load_task_class(ref)  # what the side-task process will do
+        registry.load(ref)  # what the side-task process will do
     except ValueError:
         raise
     except BaseException as exc:  # see _the_task_class
         raise ValueError(_cell_failure(name, exc)) from None
+    registry.register(name, ref)
     UserTask(name=name, ref=ref, unit=str(cls.unit), title=name).save(tasks_dir)
     return name, cls, path
 

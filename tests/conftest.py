@@ -1,10 +1,17 @@
-"""Shared test configuration: marker-based skips with reasons."""
+"""Shared test configuration: marker-based skips with reasons, and the fixtures many test
+folders use (a fresh run directory, a rank's edge writer, task processes to clean up)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.process import TaskProcess
 
 
 def _cuda_count() -> int:
@@ -29,3 +36,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(
                 pytest.mark.skip(reason="needs the system Chromium (apt-get install -y chromium)")
             )
+
+
+@pytest.fixture(autouse=True)
+def _task_names_registered_by_a_test_are_forgotten_after_it() -> Iterator[None]:
+    """``%%freeride_task`` and ``registry.register`` name tasks for the whole process (a
+    kernel); tests share one process, so each test starts from the names it found."""
+    from freeride_lab.tasks import registry
+
+    before = registry.registered()
+    yield
+    for name in set(registry.registered()) - set(before):
+        registry.unregister(name)
+    for name, ref in before.items():
+        if registry.registered().get(name) != ref:
+            registry.register(name, ref)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> RunDir:
+    """A fresh, empty run directory (a test that needs a live run defines its own)."""
+    run = RunDir(tmp_path / "run")
+    run.create()
+    return run
+
+
+@pytest.fixture
+def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
+    """The bubble-edge writer of rank 0 in ``run_dir``, as a training rank would own it."""
+    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[TaskProcess]]:
+    """Task processes a test starts (append them); killed and closed after the test."""
+    started: list[TaskProcess] = []
+    yield started
+    for proc in started:
+        if proc.alive:
+            proc.kill("test teardown")
+            proc.wait_exit(10)
+        proc.close()

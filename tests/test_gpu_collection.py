@@ -16,7 +16,8 @@ def test_gpu_tests_collect_without_the_notebook_packages(tmp_path: Path) -> None
     hidden = tmp_path / "hidden"
     for name in UI_PACKAGES:  # each import fails as if the package were not installed
         (hidden / name).mkdir(parents=True)
-        (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError('{name} is hidden')\n")
+        hide = f"raise ModuleNotFoundError('{name} is hidden')\n"
+        (hidden / name / "__init__.py").write_text(hide)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), str(REPO)])}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",

@@ -10,16 +10,23 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
+T = TypeVar("T")
+
 
 def wait_until(
-    predicate: Callable[[], object], *, timeout_s: float, what: str, poll_s: float = 0.02
-) -> None:
-    """Poll ``predicate`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
+    predicate: Callable[[], T], *, timeout_s: float, what: str, poll_s: float = 0.05
+) -> T:
+    """Poll ``predicate`` until it returns something true, and return that; AssertionError
+    naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(poll_s)

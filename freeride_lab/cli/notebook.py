@@ -107,7 +107,7 @@ def notebook_parser() -> argparse.ArgumentParser:
 def help_text() -> str:
     """The magic's docstring (``%freeride?``): for notebook users, built from the grammar."""
     from freeride_lab.cli.hints import subcommands
-    from freeride_lab.tasks import BUILTIN_TASKS
+    from freeride_lab.tasks import registry
 
     parser = notebook_parser()
     helps: dict[str, str] = {}
@@ -125,7 +125,7 @@ def help_text() -> str:
             words.append("[--options]")
         rows.append((" ".join(words), _NOTEBOOK_HELP.get(name, helps.get(name, ""))))
     commands = "\n".join(f"    {usage}\n        {what}" for usage, what in rows)
-    return _HELP.format(commands=commands, tasks=", ".join(BUILTIN_TASKS))
+    return _HELP.format(commands=commands, tasks=", ".join(registry.names()))
 
 
 def run_dir_commands(parser: argparse.ArgumentParser) -> set[str]:
@@ -243,9 +243,9 @@ def completions(
     from freeride_lab.cli.hints import subcommands
     from freeride_lab.core.budget import OverrunPolicy
     from freeride_lab.core.schedule import SCHEDULES
-    from freeride_lab.tasks import BUILTIN_TASKS
+    from freeride_lab.tasks import registry
 
-    tasks = [*BUILTIN_TASKS, *user_task_names(tasks_dir)]
+    tasks = list(dict.fromkeys([*registry.names(), *user_task_names(tasks_dir)]))
     values = {
         "task": tasks,
         "task_id": list(task_ids),
@@ -293,23 +293,23 @@ def task_ref(name: str, tasks_dir: Path, task_ids: Sequence[str]) -> str:
         freeride_lab.cli.app.UsageError: a near miss of a known name, with a "did you mean".
     """
     from freeride_lab.cli.hints import did_you_mean
-    from freeride_lab.tasks import BUILTIN_TASKS
+    from freeride_lab.tasks import registry
     from freeride_lab.ui.dashboard import user_tasks
 
     mine = user_tasks(tasks_dir)
     task = mine.get(name)
     if task is not None:
         return task.ref
-    if ":" in name or name.lower().replace("-", "_") in BUILTIN_TASKS:
-        return name
+    if ":" in name or registry.is_known(name):
+        return name  # Session.attach resolves it through the registry
     if name in task_ids:
         return name  # a detached task's id: attach resumes it
-    suggestion = did_you_mean(name, [*BUILTIN_TASKS, *mine])
+    known = list(dict.fromkeys([*registry.names(), *mine]))
+    suggestion = did_you_mean(name, known)
     if suggestion:
         from freeride_lab.cli.app import UsageError
 
         raise UsageError(
-            f"attach: unknown side task {name!r}; {suggestion} (built-in: "
-            f"{', '.join(BUILTIN_TASKS)}; from %%freeride_task: {', '.join(mine) or 'none'})"
+            f"attach: unknown side task {name!r}; {suggestion} (known: {', '.join(known)})"
         )
     return name

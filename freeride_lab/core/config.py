@@ -133,7 +133,7 @@ class RunConfig:
     extra: InitVar[dict[str, Any] | None] = None
     check_plan: InitVar[bool] = True
 
-    def __post_init__(self, extra: dict[str, Any] | None = None, check_plan: bool = True) -> None:
+    def __post_init__(self, extra: dict[str, Any] | None, check_plan: bool) -> None:
         if extra is not None:
             raise TypeError(
                 f"RunConfig(extra={extra!r}): extra is split in two; pass runtime options as "
@@ -261,11 +261,8 @@ class RunConfig:
             )
         if check_plan:
             # a new run (run.json of an old one may name a file that has moved since)
-            if (
-                self.workload == "text"
-                and self.text_path is not None
-                and not os.path.isfile(self.text_path)
-            ):
+            text = self.text_path if self.workload == "text" else None
+            if text is not None and not os.path.isfile(text):
                 raise ValueError(
                     f"text_path={self.text_path!r} is not a file; pass an existing text "
                     "file, or None for the built-in text"

@@ -65,7 +65,6 @@ from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.harvest import free_bytes_by_rank, predicted_bubbles_by_rank
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.sidetasks.limits import GpuLimits, parse_bytes
-from freeride_lab.sidetasks.loader import BUILTIN_TASKS, check_task_ref, load_task_class
 from freeride_lab.sidetasks.proctree import kill_tree
 from freeride_lab.sidetasks.spec import GATINGS, TaskSpec, parse_overrun_policy
 from freeride_lab.sidetasks.watchdog import worker_hang_reason
@@ -670,26 +669,28 @@ def _process_alive(pid: int) -> bool:
 
 
 def _check_task(task: object) -> tuple[str, str, str, float | None]:
-    """(reference to send, display name, unit, declared reference throughput) of a task
-    reference, or ValueError."""
+    """(reference to send, display name, unit, declared reference throughput) of a task name
+    or reference, or ValueError."""
+    from freeride_lab.tasks import registry
+
     if not isinstance(task, str) or not task.strip():
         raise ValueError(
-            f"task={task!r} must be a built-in name ({', '.join(BUILTIN_TASKS)}), "
+            f"task={task!r} must be a task name ({', '.join(registry.names())}), "
             "'pkg.module:Class' or 'path/file.py:Class'"
         )
     key = task.strip().lower().replace("-", "_")
-    if key in BUILTIN_TASKS:
-        check_task_ref(key)
+    if key in registry.BUILTIN_TASKS:
         from freeride_lab.core.accounting import FREERIDE_UNITS
-        from freeride_lab.tasks import REFERENCE_KEYS
 
-        return key, key, FREERIDE_UNITS.get(REFERENCE_KEYS.get(key, key), ""), None
-    ref = task.strip()
+        ref = registry.check(key)
+        return ref, key, FREERIDE_UNITS.get(registry.reference_key(key), ""), None
+    name = task.strip() if registry.is_known(task) else ""
+    ref = registry.resolve(task)
     where, _, cls_name = ref.rpartition(":")
     if where.endswith(".py"):
         ref = f"{Path(where).expanduser().resolve()}:{cls_name}"  # task processes run elsewhere
-    cls = load_task_class(ref)  # ValueError names what is wrong
-    return ref, cls_name, str(getattr(cls, "unit", "")), _reference_throughput(cls)
+    cls = registry.load(ref)  # ValueError names what is wrong
+    return ref, name or cls_name, str(getattr(cls, "unit", "")), _reference_throughput(cls)
 
 
 def _reference_throughput(cls: type) -> float | None:

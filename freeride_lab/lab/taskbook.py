@@ -68,9 +68,12 @@ class TaskRecord:
     placement: str = ""
 
     def spec(self) -> TaskSpec:
-        """The ``TaskSpec`` a worker gets for this record."""
+        """The ``TaskSpec`` a worker gets for this record (a task name, as older run
+        directories recorded it, resolved into its reference)."""
+        from freeride_lab.tasks import registry
+
         return TaskSpec(
-            task=self.task,
+            task=registry.resolve(self.task),
             task_id=self.id,
             name=self.name,
             options=dict(self.options),

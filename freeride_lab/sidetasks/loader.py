@@ -1,16 +1,15 @@
-"""Find a side-task class from text: a built-in name, an import path or a file path.
+"""Find a side-task class from a reference: an import path or a file path.
 
-    >>> resolve_task_ref("ResNet18")
-    'freeride_lab.tasks.vision:ResNet18Task'
-    >>> resolve_task_ref("my_tasks.counting:Counter")
+    >>> parse_task_ref("my_tasks.counting:Counter")
     'my_tasks.counting:Counter'
 
-    cls = load_task_class("resnet18")                        # built-in (case-insensitive)
     cls = load_task_class("my_pkg.tasks:MyTask")             # importable module
     cls = load_task_class("notebooks/tasks/mine.py:MyTask")  # a file (e.g. written by a cell magic)
 
-Task processes are started by spawn, which cannot unpickle a class defined in a notebook cell,
-so user code always travels as one of these strings.
+Names ("resnet18", a task a notebook registered) are not known on this floor: they resolve into
+references in ``freeride_lab.tasks.registry``, above it. Task processes are started by spawn,
+which cannot unpickle a class defined in a notebook cell, so user code always travels as one of
+these strings.
 """
 
 from __future__ import annotations
@@ -24,44 +23,26 @@ from types import ModuleType
 
 from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask, SideTaskBase
 
-__all__ = ["BUILTIN_TASKS", "check_task_ref", "load_task_class", "resolve_task_ref"]
+__all__ = ["check_task_ref", "load_task_class", "parse_task_ref"]
 
-#: Built-in side tasks (paper notes §12), by the name users type.
-BUILTIN_TASKS: dict[str, str] = {
-    "resnet18": "freeride_lab.tasks.vision:ResNet18Task",
-    "resnet50": "freeride_lab.tasks.vision:ResNet50Task",
-    "vgg19": "freeride_lab.tasks.vision:VGG19Task",
-    "pagerank": "freeride_lab.tasks.graph:PageRankTask",
-    "sgd_mf": "freeride_lab.tasks.graph:SGDMFTask",
-    "image": "freeride_lab.tasks.image:ImageTask",
-}
-
-_FORMS = (
-    "a built-in name ({builtins}), an import path 'pkg.module:Class' or a file path "
-    "'path/to/file.py:Class'"
-)
+_FORMS = "an import path 'pkg.module:Class' or a file path 'path/to/file.py:Class'"
 
 
-def _forms() -> str:
-    return _FORMS.format(builtins=", ".join(BUILTIN_TASKS))
-
-
-def resolve_task_ref(ref: str) -> str:
-    """The "module:Class" or "file.py:Class" form of ``ref`` (built-in names looked up).
+def parse_task_ref(ref: str) -> str:
+    """``ref`` stripped, once it is of the form "module:Class" or "file.py:Class".
 
     Raises:
-        ValueError: ``ref`` is none of the three forms.
+        ValueError: ``ref`` is neither form (a task name is one: resolve it with
+            ``freeride_lab.tasks.registry.resolve`` first).
     """
     if not isinstance(ref, str) or not ref.strip():
-        raise ValueError(f"task {ref!r} is empty; give {_forms()}")
+        raise ValueError(f"task {ref!r} is empty; give {_FORMS}")
     ref = ref.strip()
-    builtin = BUILTIN_TASKS.get(ref.lower().replace("-", "_"))
-    if builtin is not None:
-        return builtin
     where, sep, cls_name = ref.rpartition(":")
     if not sep or not where or not cls_name.isidentifier():
         raise ValueError(
-            f"task {ref!r} is not a known name or a 'where:Class' reference; give {_forms()}"
+            f"task {ref!r} is not a 'where:Class' reference; give {_FORMS} (a task name "
+            "such as 'resnet18' resolves through freeride_lab.tasks.registry.resolve)"
         )
     return ref
 
@@ -75,7 +56,7 @@ def check_task_ref(ref: str) -> str:
     Raises:
         ValueError: unknown form, missing file or unfindable module.
     """
-    resolved = resolve_task_ref(ref)
+    resolved = parse_task_ref(ref)
     where, _, _ = resolved.rpartition(":")
     if where.endswith(".py"):
         if not Path(where).expanduser().is_file():
@@ -102,7 +83,7 @@ def load_task_class(ref: str) -> type[SideTaskBase]:
         ValueError: unknown form, missing file or module, an import error inside the module,
             no such class, or a class that is not an ``IterativeSideTask``/``ImperativeSideTask``.
     """
-    resolved = resolve_task_ref(ref)
+    resolved = parse_task_ref(ref)
     where, _, cls_name = resolved.rpartition(":")
     module = _load_file(ref, where) if where.endswith(".py") else _load_module(ref, where)
     cls = getattr(module, cls_name, None)

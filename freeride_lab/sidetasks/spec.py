@@ -1,6 +1,7 @@
 """What a side task is, as it travels: ``TaskSpec`` (what users attach) and ``HostSpec``.
 
-    >>> spec = TaskSpec(task="resnet18", task_id="r18", limits={"memory_bytes": "4GiB"})
+    >>> ref = "freeride_lab.tasks.vision:ResNet18Task"
+    >>> spec = TaskSpec(task=ref, task_id="r18", limits={"memory_bytes": "4GiB"})
     >>> TaskSpec.from_dict(spec.to_dict()) == spec
     True
     >>> spec.limits.memory_bytes
@@ -27,7 +28,7 @@ from typing import Any
 from freeride_lab.core.budget import OverrunPolicy
 from freeride_lab.sidetasks.edges import edge_path
 from freeride_lab.sidetasks.limits import GpuLimits
-from freeride_lab.sidetasks.loader import resolve_task_ref
+from freeride_lab.sidetasks.loader import parse_task_ref
 
 __all__ = [
     "GATINGS",
@@ -50,7 +51,8 @@ class TaskSpec:
     """A side task as it is attached to a worker (plain JSON through ``to_dict``).
 
     Args:
-        task: a built-in name ("resnet18"), "pkg.module:Class" or "path/file.py:Class".
+        task: "pkg.module:Class" or "path/file.py:Class" (names resolve above this floor, in
+            ``freeride_lab.tasks.registry``).
         task_id: unique per run; "" lets the worker assign one. Names the checkpoint folder.
         name: display name; "" uses ``task``.
         options: keyword arguments of the task class.
@@ -81,7 +83,7 @@ class TaskSpec:
     profile_steps: int = 5
 
     def __post_init__(self) -> None:
-        resolve_task_ref(self.task)
+        parse_task_ref(self.task)
         if self.task_id and not _TASK_ID.match(self.task_id):
             raise ValueError(
                 f"task_id={self.task_id!r} must be 1-64 letters, digits, '_', '.' or '-', "
@@ -134,9 +136,7 @@ class TaskSpec:
             keys = ", ".join(map(repr, unknown))
             raise ValueError(f"unknown task spec key(s) {keys}; valid: {', '.join(names)}")
         if "task" not in data:
-            raise ValueError(
-                "task spec needs 'task': a built-in name, 'pkg.module:Class' or 'file.py:Class'"
-            )
+            raise ValueError("task spec needs 'task': 'pkg.module:Class' or 'path/file.py:Class'")
         return cls(**dict(data))
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from runs import log_tails
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -83,11 +84,7 @@ class FinishedRun:
 
     def explain(self) -> str:
         """The run's state, failure and log tails, for assertion messages."""
-        logs = self.session.run_dir.logs_dir
-        tails = "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*"))
-        )
-        return f"{self.shape}: {self.state} ({self.session.failure})\n{tails}"
+        return f"{self.shape}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
 
 
 class RunFarm:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from runs import log_tails
 from start_gate import GATE, go_file, ready_file
 
 from freeride_lab.core.config import CostMs, RunConfig, RuntimeOptions
@@ -87,11 +88,7 @@ class GatedResult:
 
     def explain(self) -> str:
         """The run's state, failure and log tails, for assertion messages."""
-        logs = self.session.run_dir.logs_dir
-        tails = "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*"))
-        )
-        return f"{self.run}: {self.state} ({self.session.failure})\n{tails}"
+        return f"{self.run}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
 
 
 class GatedFarm:

@@ -270,7 +270,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     """A running JupyterLab serving a temp root that holds a copy of ``notebooks/``."""
     if chromium_executable() is None:
         pytest.skip("needs the system Chromium (apt-get install -y chromium)")
-    pytest.importorskip("jupyterlab", reason="needs jupyterlab (pip install -e .[lab])")
+    pytest.importorskip("jupyterlab", reason="needs jupyterlab (pip install -e .[notebook])")
     base = tmp_path_factory.mktemp("jupyterlab")
     root = base / "root"
     root.mkdir()

@@ -102,7 +102,7 @@ def test_attach_status_and_detach_work_from_separate_invocations(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["attach", "{run}", "no_such_task"], "'no_such_task' is not a known name"),
+        (["attach", "{run}", "no_such_task"], "unknown side task 'no_such_task'"),
         (["attach", "{run}", f"{TOYS}:Counting", "--option", "oops"], "is not KEY=VALUE"),
         (["status", "/nonexistent/run"], "is not a run directory"),
     ],

@@ -2,7 +2,8 @@
 reaches the user and nothing is started on a refused input.
 
 Property-based (hypothesis) over the command-line grammar (``freeride_lab.cli.app``), ``RunConfig``,
-``GpuLimits`` and side-task references (``sidetasks/loader.py``). Nothing here launches a real run:
+``GpuLimits`` and side-task names and references (``tasks/registry.py``). Nothing here launches a
+real run:
 ``Session._start`` (the one place that starts processes, after every check) is replaced by a
 stub that records the accepted config, so validation runs for real and a refusal is proven to
 come before any process. A refused input must raise ``ValueError``/``TypeError`` (API) or exit
@@ -45,8 +46,9 @@ from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.lab.session import Session
 from freeride_lab.sidetasks.api import ImperativeSideTask, IterativeSideTask
 from freeride_lab.sidetasks.limits import GpuLimits, env_for, parse_bytes
-from freeride_lab.sidetasks.loader import BUILTIN_TASKS, load_task_class
 from freeride_lab.sidetasks.spec import TaskSpec
+from freeride_lab.tasks.registry import BUILTIN_TASKS
+from freeride_lab.tasks.registry import load as load_task_class
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = settings(

@@ -20,53 +20,22 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import psutil
 import pytest
+from runs import TOYS, synthetic_config, task, wait_in_run
 
-from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 COUNTING = f"{TOYS}:Counting"
 STARTUP_S = 240.0
 LIVE_S = 120.0
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=2,
-    microbatches=4,
-    steps=1_000_000,  # stopped by the test
-    workload="synthetic",
-    t_forward_ms=20.0,
-    t_backward_input_ms=20.0,
-    t_backward_weight_ms=20.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=3,
-    runtime=RuntimeOptions(stop_grace_s=5),
-)
+CONFIG = synthetic_config(steps=1_000_000, seed=3)  # stopped by the test
 log = logging.getLogger(__name__)
 FD_SLACK, THREAD_SLACK = 6, 3  # sockets/threads that come and go with a command in flight
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, run: Session) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if run.state.done:
-            raise AssertionError(f"the run ended ({run.state}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def task(run: Session, task_id: str) -> dict[str, Any]:
-    return next(t for t in run.tasks if t["id"] == task_id)
 
 
 def created(run: Session, task_id: str) -> pd.DataFrame:
@@ -103,13 +72,13 @@ def churn(run: Session, cycles: int) -> None:
         if cycle:
             processes = len(created(run, tid))
             assert run.attach(tid)["id"] == tid
-            wait_until(
+            wait_in_run(
                 lambda p=processes: len(created(run, tid)) > p, LIVE_S, "the new process", run
             )
             back = restored(created(run, tid).iloc[-1]["reason"])
             assert back >= detached_at, f"cycle {cycle}: restored {back} < {detached_at}"
         start = task(run, tid)["progress"]
-        wait_until(lambda s=start: task(run, tid)["progress"] > s, LIVE_S, "progress", run)
+        wait_in_run(lambda s=start: task(run, tid)["progress"] > s, LIVE_S, "progress", run)
         run.tune(tid, budget_ms=5.0 + cycle % 2)  # no restart: cycles stay cheap
         detached = run.detach(tid)
         assert detached["state"] == "STOPPED"
@@ -134,7 +103,7 @@ def test_attach_tune_detach_churn_loses_no_progress_and_leaks_nothing(
     shm_before = shm_entries()
     run = Session.launch(CONFIG, run_dir=tmp_path / "churn", grace_s=3)
     try:
-        wait_until(lambda: run.steps_done >= 1, STARTUP_S, "the first training step", run)
+        wait_in_run(lambda: run.steps_done >= 1, STARTUP_S, "the first training step", run)
         churn(run, cycles)
         steps = run.steps
         assert run.failure is None
@@ -175,7 +144,7 @@ def test_soak_keeps_memory_fds_and_threads_flat(
 ) -> None:
     run = Session.launch(CONFIG, run_dir=tmp_path / "soak", grace_s=3)
     try:
-        wait_until(lambda: run.steps_done >= 1, STARTUP_S, "the first training step", run)
+        wait_in_run(lambda: run.steps_done >= 1, STARTUP_S, "the first training step", run)
         samples = soak(run, duration_s, period_s)
     finally:
         run.stop()

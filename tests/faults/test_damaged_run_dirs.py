@@ -18,25 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs import synthetic_config
 
 from freeride_lab import cli
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
 STARTUP_S = 240.0  # a fresh run on a loaded two-core box
-CONFIG = RunConfig(
-    workload="synthetic",
-    stages=2,
-    microbatches=2,
-    steps=3,
-    t_forward_ms=5.0,
-    t_backward_input_ms=5.0,
-    t_backward_weight_ms=5.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-)
+CONFIG = synthetic_config(steps=3, microbatches=2, phase_ms=5.0, runtime=RuntimeOptions())
 RANK_0 = "events/rank-0.jsonl"
 
 

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runs import synthetic_config
 from waits import run_processes, wait_until
 
-from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import StepTimed
+from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.io.sink import EventSink
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
@@ -31,21 +32,7 @@ DISK_BYTES = 80 << 20  # above the 64 MiB a launch asks for (lab/preflight.py MI
 STARTUP_S = 180.0  # first step of a fresh run on a loaded two-core box
 FULL_FOR_S = 3.0  # how long the run trains on a full disk
 STEPS = 120
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=2,
-    microbatches=4,
-    steps=STEPS,
-    workload="synthetic",
-    t_forward_ms=10.0,
-    t_backward_input_ms=10.0,
-    t_backward_weight_ms=10.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=5,
-    side_tasks=False,
-)
+CONFIG = synthetic_config(steps=STEPS, phase_ms=10.0, seed=5, side_tasks=False, runtime=RuntimeOptions())
 
 
 @pytest.fixture

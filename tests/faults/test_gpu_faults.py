@@ -14,9 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import synthetic_config
 from waits import run_processes, wait_until
 
-from freeride_lab.core.config import RunConfig
+from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
@@ -24,21 +25,8 @@ pytestmark = pytest.mark.gpu
 
 STARTUP_S = 240.0  # CUDA init under MPS plus torchrun on a busy box
 REPORTED_S = 10.0  # the promise: failing rank reported and everything reaped within this
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=1,  # one CUDA rank on one GPU
-    microbatches=4,
-    steps=100_000,
-    workload="synthetic",
-    device="cuda",
-    mps=True,
-    t_forward_ms=10.0,
-    t_backward_input_ms=10.0,
-    t_backward_weight_ms=10.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=3,
+CONFIG = synthetic_config(  # one CUDA rank on one GPU
+    steps=100_000, stages=1, phase_ms=10.0, device="cuda", mps=True, seed=3, runtime=RuntimeOptions()
 )
 MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import read_events
 from unruly_tasks import read_marker, ref
 from waits import wait_until
 
@@ -33,13 +34,6 @@ STARTUP_S = 60.0  # a task process starting on a loaded two-core box
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
 def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
     process = start_worker(run_dir.path, 0)
     yield process
@@ -52,15 +46,6 @@ def worker(run_dir: RunDir) -> Iterator[WorkerProcess]:
 @pytest.fixture
 def client(worker: WorkerProcess) -> WorkerClient:
     return worker.client(timeout_s=60)
-
-
-def read_events(path: Path) -> list[ev.Event]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a line still being written
-                out.append(ev.from_json(line))
-    return out
 
 
 def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:

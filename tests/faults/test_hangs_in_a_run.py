@@ -10,20 +10,17 @@ Processes are found by walking the process table (psutil); waits are for named c
 
 from __future__ import annotations
 
-import json
 import re
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
+from runs import failed_in, processes, synthetic_config, task, wait_in_run
 from unruly_tasks import read_marker, ref
 
-from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
@@ -33,21 +30,7 @@ pytestmark = pytest.mark.slow  # one training run of about two minutes on two CP
 STARTUP_S = 240.0  # the first step of a fresh run on a loaded two-core box
 LIVE_S = 120.0
 STEPS = 200
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=2,
-    microbatches=4,
-    steps=STEPS,
-    workload="synthetic",
-    t_forward_ms=20.0,
-    t_backward_input_ms=20.0,
-    t_backward_weight_ms=20.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=11,
-    runtime=RuntimeOptions(stop_grace_s=5),
-)
+CONFIG = synthetic_config(steps=STEPS, seed=11)
 
 
 @dataclass
@@ -57,58 +40,11 @@ class Run:
     marker: Path
 
 
-def wait_until(
-    predicate: Callable[[], object], timeout_s: float, what: str, run: Session | None = None
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if run is not None and run.state.done:
-            raise AssertionError(
-                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
-                "raise STEPS if this machine is slower"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def task(run: Session, task_id: str) -> dict[str, Any]:
-    return next(t for t in run.tasks if t["id"] == task_id)
-
-
-def processes(*words: str) -> list[psutil.Process]:
-    """Live descendants of this process whose command line holds every word."""
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmdline = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        if all(w in cmdline for w in words):
-            found.append(p)
-    return found
-
-
 def gone(process: psutil.Process) -> bool:
     try:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
-    """The FAIL event of ``task_id`` in an event file, if it holds one."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    for line in text.splitlines():
-        event = json.loads(line)
-        if event.get("task_id") == task_id and event.get("event") == "FAIL":
-            return dict(event)
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +53,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     session = Session.launch(CONFIG, run_dir=root / "run", grace_s=3)
     marker = root / "hog-started"
     try:
-        wait_until(lambda: session.steps_done >= 1, STARTUP_S, "the first training step", session)
+        wait_in_run(lambda: session.steps_done >= 1, STARTUP_S, "the first training step", session)
         ids = {  # stage 0 runs the first two in this order, one at a time
             "hog": session.attach(
                 ref("GilHog"),
@@ -137,8 +73,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 def test_a_step_holding_the_gil_fails_hung_while_training_goes_on(run: Run) -> None:
     session, tid = run.session, run.ids["hog"]
-    wait_until(lambda: read_marker(run.marker), LIVE_S, "the GIL-holding step", session)
-    wait_until(lambda: task(session, tid)["state"] == "FAILED", 30.0, "the hog to fail", session)
+    wait_in_run(lambda: read_marker(run.marker), LIVE_S, "the GIL-holding step", session)
+    wait_in_run(lambda: task(session, tid)["state"] == "FAILED", 30.0, "the hog to fail", session)
     error = task(session, tid)["error"]
     assert re.match(r"^hung: step \d+ ran [\d.]+ s, over 2 x budget \+ 1 s = 1\.02 s", error)
     assert not processes("freeride_lab.sidetasks.host", tid)
@@ -146,7 +82,7 @@ def test_a_step_holding_the_gil_fails_hung_while_training_goes_on(run: Run) -> N
 
 def test_a_task_calling_sys_exit_in_its_step_fails_with_the_reason(run: Run) -> None:
     session, tid = run.session, run.ids["exits"]
-    wait_until(lambda: task(session, tid)["state"] == "FAILED", LIVE_S, "sys.exit()", session)
+    wait_in_run(lambda: task(session, tid)["state"] == "FAILED", LIVE_S, "sys.exit()", session)
     assert task(session, tid)["error"] == "step raised SystemExit: 3"
 
 
@@ -160,9 +96,9 @@ def test_a_task_printing_100_mib_keeps_10_mb_of_log_and_the_dashboard_goes_on(ru
         tid = run.ids["loud"] = session.attach(  # it prints 100 MiB as it starts
             ref("Flood"), stage=1, budget_ms=5, options={"total_mib": 100}, policy="WARN"
         )["id"]
-        wait_until(lambda: task(session, tid)["progress"] >= 3, LIVE_S, "the loud task", session)
+        wait_in_run(lambda: task(session, tid)["progress"] >= 3, LIVE_S, "the loud task", session)
         steps_then, ticks_then = session.steps_done, dashboard.ticks
-        wait_until(
+        wait_in_run(
             lambda: session.steps_done > steps_then + 2 and dashboard.ticks > ticks_then + 2,
             30.0,
             "training and the dashboard to go on",
@@ -188,7 +124,7 @@ def test_a_sigstopped_worker_is_killed_and_its_task_fails_hung_without_anyone_re
     worker.send_signal(signal.SIGSTOP)
     # Nobody reads session.tasks from here on: the session's watchdog must notice by itself.
     lab_events = session.run_dir.events_dir / "lab-1.jsonl"
-    wait_until(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
+    wait_in_run(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
     recorded = failed_in(lab_events, tid)
     assert recorded is not None
     assert re.match(
@@ -196,12 +132,12 @@ def test_a_sigstopped_worker_is_killed_and_its_task_fails_hung_without_anyone_re
         r"missed, one every 0\.5 s\); killed it and its task processes \(SIGKILL\)",
         recorded["reason"],
     ), recorded
-    wait_until(
+    wait_in_run(
         lambda: not processes("freeride_lab.sidetasks.worker", path, "--rank 1 "),
         10.0,
         "the hung worker to be gone",
     )
-    wait_until(lambda: gone(host), 10.0, "its task process to be gone")
+    wait_in_run(lambda: gone(host), 10.0, "its task process to be gone")
     assert task(session, tid)["state"] == "FAILED"
 
 
@@ -218,4 +154,4 @@ def test_training_completes_every_step(run: Run) -> None:
 def test_no_process_of_the_run_is_left_after_stop(run: Run) -> None:
     run.session.stop()
     path = str(run.session.run_dir.path)
-    wait_until(lambda: not processes(path), 10.0, "every process of the run to exit")
+    wait_in_run(lambda: not processes(path), 10.0, "every process of the run to exit")

@@ -10,49 +10,21 @@ must not grow the file past the cap either. The same flood during a real trainin
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
+from runs import start_task_host
 from unruly_tasks import ref
 
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 MB = 1_000_000
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close()
-
-
 def start_flood(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:
-    spec = TaskSpec(task=ref("Flood"), task_id="loud", options=options)
-    proc = TaskProcess(spec)
-    proc.start(
-        HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-        log_path=run_dir.logs_dir / "task-loud.log",
-    )
-    hosts.append(proc)
-    return proc
+    return start_task_host(run_dir, hosts, ref("Flood"), "loud", options=options)
 
 
 def serve_until(proc: TaskProcess, state: SideTaskState, timeout_s: float = 120.0) -> None:

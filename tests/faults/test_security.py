@@ -361,13 +361,6 @@ def test_every_run_gets_its_own_secret(tmp_path: Path) -> None:
 # -- the worker's control channel ----------------------------------------------------------------
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
 def start(run_dir: RunDir, rank: int) -> tuple[WorkerProcess, WorkerClient]:
     worker = start_worker(run_dir.path, rank)
     return worker, worker.client(timeout_s=60)

@@ -11,46 +11,34 @@ table (psutil), not through our own bookkeeping. Waits are for named conditions 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
+from runs import (
+    failed_in,
+    launch_with_vanilla,
+    processes,
+    synthetic_config,
+    task,
+    toy,
+    wait_in_run,
+)
 
-from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 HTML_TASK = "<img src=x onerror=alert(1)>"  # tasks_for_tests.HTML
 HTML_CONFIG = "<script>alert(1)</script>"
 KILLED_WORKER = "worker for rank 1 died: killed by SIGKILL"  # as its rank recorded it
 STARTUP_S = 240.0  # the first step of two fresh runs on a loaded two-core box
 LIVE_S = 120.0
 STEPS = 150
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=2,
-    microbatches=4,
-    steps=STEPS,
-    workload="synthetic",
-    t_forward_ms=20.0,
-    t_backward_input_ms=20.0,
-    t_backward_weight_ms=20.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=11,
-    runtime=RuntimeOptions(stop_grace_s=5),
-    notes={"note": HTML_CONFIG},
-)
+CONFIG = synthetic_config(steps=STEPS, seed=11, notes={"note": HTML_CONFIG})
 
 
 @dataclass
@@ -60,52 +48,12 @@ class Runs:
     ids: dict[str, str]
 
 
-def toy(name: str) -> str:
-    return f"{TOYS}:{name}"
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout_s: float, what: str, run: Session | None = None
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if run is not None and run.state.done:
-            raise AssertionError(
-                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
-                "raise STEPS if this machine is slower"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def task(run: Session, task_id: str) -> dict[str, Any]:
-    return next(t for t in run.tasks if t["id"] == task_id)
-
-
-def processes(*words: str) -> list[psutil.Process]:
-    """This process's descendants whose command line holds every word."""
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmdline = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        if all(w in cmdline for w in words):
-            found.append(p)
-    return found
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-task-faults")
-    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
-    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
-    vanilla = Session.launch(
-        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
-    )
+    main, vanilla = launch_with_vanilla(CONFIG, root)
     try:
-        wait_until(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
+        wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
         ids = {  # stage 0 runs them in this order, one at a time
             "teardown": main.attach(toy("RaisingInTeardown"), stage=0, policy="WARN")["id"],
             "victim": main.attach(
@@ -129,61 +77,48 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
 
 def test_a_task_raising_in_teardown_ends_failed_with_its_reason(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["teardown"]
-    wait_until(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, "the teardown failure", run)
+    wait_in_run(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, "the teardown failure", run)
     assert re.search(r"teardown raised RuntimeError: boom in teardown", task(run, tid)["error"])
     assert task(run, tid)["progress"] >= 3
 
 
 def test_a_side_task_killed_with_sigkill_ends_failed_with_its_reason(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["victim"]
-    wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the victim's progress", run)
+    wait_in_run(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the victim's progress", run)
     (victim,) = processes("freeride_lab.sidetasks.host", tid)
     victim.send_signal(signal.SIGKILL)
-    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the victim to fail", run)
+    wait_in_run(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the victim to fail", run)
     error = task(run, tid)["error"]
     assert re.search(r"exited with code -9|SIGKILL", error), error
     # the worker goes on with the next task in its queue
     html = runs.ids["html"]
-    wait_until(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the next task", run)
-
-
-def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
-    """The FAIL event of ``task_id`` in an event file, if it holds one."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    for line in text.splitlines():
-        event = json.loads(line)
-        if event.get("task_id") == task_id and event.get("event") == "FAIL":
-            return dict(event)
-    return None
+    wait_in_run(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the next task", run)
 
 
 def test_a_worker_killed_with_sigkill_fails_its_tasks_without_anyone_reading_them(
     runs: Runs,
 ) -> None:
     run, tid = runs.main, runs.ids["orphan"]
-    wait_until(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the orphan's progress", run)
+    wait_in_run(lambda: task(run, tid)["progress"] >= 2, LIVE_S, "the orphan's progress", run)
     (worker,) = processes("freeride_lab.sidetasks.worker", str(run.run_dir.path), "--rank 1 ")
     worker.send_signal(signal.SIGKILL)
     # Nobody reads run.tasks from here on: the session's watchdog must notice by itself.
     lab_events = run.run_dir.events_dir / "lab-1.jsonl"
-    wait_until(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
+    wait_in_run(lambda: failed_in(lab_events, tid), 30.0, "the watchdog to record the failure")
     recorded = failed_in(lab_events, tid)
     assert recorded is not None and KILLED_WORKER in recorded["reason"], recorded
     events = run.events  # the session's own tables show it too
     fails = events[(events["task_id"] == tid) & (events["event"] == "FAIL")]
     assert fails["reason"].str.contains(KILLED_WORKER).any(), fails
     # its task process does not outlive it
-    wait_until(
+    wait_in_run(
         lambda: not processes("freeride_lab.sidetasks.host", tid), 30.0, "the orphan to exit"
     )
 
 
 def test_a_task_of_a_killed_worker_names_the_worker_in_its_error(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["orphan"]
-    wait_until(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
+    wait_in_run(lambda: task(run, tid)["state"] == "FAILED", 30.0, "the orphan to fail", run)
     error = task(run, tid)["error"]
     assert re.search(KILLED_WORKER, error), error
 
@@ -223,7 +158,7 @@ def test_html_in_a_task_and_in_the_config_renders_inert_in_the_report(
 ) -> None:
     run = runs.main
     html = runs.ids["html"]
-    wait_until(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the HTML task")
+    wait_in_run(lambda: task(run, html)["state"] == "FINISHED", LIVE_S, "the HTML task")
     assert task(run, html)["unit"] == HTML_TASK
     page = run.report(tmp_path / "report.html").read_text()
     for raw, escaped in [
@@ -238,5 +173,5 @@ def test_no_process_of_the_run_is_left_after_stop(runs: Runs) -> None:
     runs.main.stop()
     runs.vanilla.stop()
     path = str(runs.main.run_dir.path)
-    wait_until(lambda: not processes(path), 10.0, "every process of the run to exit")
+    wait_in_run(lambda: not processes(path), 10.0, "every process of the run to exit")
     assert os.access(path, os.R_OK)

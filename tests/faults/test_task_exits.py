@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs import start_task_host
 from unruly_tasks import ref
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 
 EXITS = {
     "exit": "SystemExit: 3",
@@ -31,42 +31,10 @@ EXITS = {
 }
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
-    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
-    yield writer
-    writer.close()
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close()
-
-
 def start_host(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:
-    spec = TaskSpec(
-        task=ref("Misbehaves"), task_id="t1", options=options, limits={"budget_s": 0.001}
+    return start_task_host(
+        run_dir, hosts, ref("Misbehaves"), options=options, limits={"budget_s": 0.001}
     )
-    proc = TaskProcess(spec)
-    proc.start(
-        HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-        log_path=run_dir.logs_dir / "task-t1.log",
-    )
-    hosts.append(proc)
-    return proc
 
 
 def serve_until(proc: TaskProcess, *states: SideTaskState, timeout_s: float = 60.0) -> None:

@@ -75,13 +75,6 @@ class EventFiles:
         return self.seen[start:]
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
 def manager_for(
     run_dir: RunDir,
     *task_ids: str,

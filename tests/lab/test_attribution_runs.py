@@ -15,20 +15,17 @@ their bound, so one descheduled process on a busy two-core box does not decide a
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from runs import finish_torchrun, start_torchrun
 
 from freeride_lab.core.attribution import PART_COLUMNS, attribution_by_step
 from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.plan import Costs, simulate_summary
-from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,28 +64,7 @@ def launch(path: Path, schedule: str, fault: dict[str, object]) -> subprocess.Po
         runtime=RuntimeOptions(edges_factory=HOOKS),
         notes=fault,
     )
-    run_dir = RunDir(path)
-    run_dir.create()
-    run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": path.name})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node=2", "-m", "freeride_lab.pipeline.rank", "--run-dir", str(path)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env["FREERIDE_LOG_LEVEL"] = "WARNING"
-    log = open(run_dir.logs_dir / "torchrun.log", "wb")  # noqa: SIM115
-    return subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def finish(proc: subprocess.Popen[bytes], path: Path) -> None:
-    try:
-        code = proc.wait(JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own job's process group
-        proc.wait()
-        code = None
-    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (path / "logs").glob("*.log"))
-    assert code == 0, f"{path.name}: torchrun exit {code}\n{logs}"
+    return start_torchrun(path, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     root = tmp_path_factory.mktemp("attribution")
     started = {name: launch(root / name, *spec) for name, spec in FAULT_RUNS.items()}
     for name, proc in started.items():
-        finish(proc, root / name)
+        finish_torchrun(proc, root / name, JOB_TIMEOUT_S)
     return {name: Session.open(root / name) for name in FAULT_RUNS}
 
 

@@ -9,10 +9,7 @@ would, and checks the table against ``tests/bubble_table.py``'s invariants.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +18,11 @@ import pandas as pd
 import pytest
 import torch
 from bubble_table import assert_complete_and_exact, busy_intervals, merged_ms, step_spans
+from runs import finish_torchrun, start_torchrun
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES
-from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import run_start_ns
 
@@ -71,29 +68,7 @@ def launch(path: Path, name: str) -> subprocess.Popen[bytes]:
         microbatch_size=2,
         runtime=RuntimeOptions(edges_factory=EDGES),
     )
-    run_dir = RunDir(path)
-    run_dir.create()
-    run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": path.name})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={stages}", "-m", "freeride_lab.pipeline.rank"]
-    cmd += ["--run-dir", str(path)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env["FREERIDE_LOG_LEVEL"] = "WARNING"
-    log = open(run_dir.logs_dir / "torchrun.log", "wb")  # noqa: SIM115
-    return subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def finish(proc: subprocess.Popen[bytes], path: Path) -> None:
-    try:
-        code = proc.wait(JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # our own job's process group
-        proc.wait()
-        code = None
-    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (path / "logs").glob("*.log"))
-    assert code == 0, f"{path.name}: torchrun exit {code}\n{logs}"
+    return start_torchrun(path, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     root = tmp_path_factory.mktemp("bubble-table")
     started = {name: launch(root / name, name) for name in NAMES}
     for name, proc in started.items():
-        finish(proc, root / name)
+        finish_torchrun(proc, root / name, JOB_TIMEOUT_S)
     out = {}
     for name in NAMES:
         lines = []

@@ -147,7 +147,7 @@ def task_dirs(run: Run) -> list[str]:
 @pytest.mark.parametrize(
     ("request_", "match"),
     [
-        ({"task": "nosuchtask"}, "'nosuchtask' is not a known name"),
+        ({"task": "nosuchtask"}, "unknown side task 'nosuchtask'"),
         ({"task": f"{TOYS}:NoSuchClass"}, "has no class 'NoSuchClass'"),
         ({"task": "/nowhere/tasks.py:Task"}, "does not exist"),
         ({"task": COUNTING, "budget_ms": -5}, "budget_ms=-5 must be"),

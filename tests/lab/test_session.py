@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 import psutil
 import pytest
+from runs import synthetic_config
 from waits import run_processes, wait_until
 
 from freeride_lab.core.attribution import PART_COLUMNS
@@ -43,19 +44,8 @@ STARTUP_S = 240.0  # first step of a fresh run on a loaded box (a torch import p
 
 def tiny(steps: int, *, cost_ms: float = 5.0, **runtime: Any) -> RunConfig:
     """Two sleep-timed ranks, 1F1B, two micro-batches: exact costs on a busy CPU."""
-    return RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
-        steps=steps,
-        workload="synthetic",
-        t_forward_ms=cost_ms,
-        t_backward_input_ms=cost_ms,
-        t_backward_weight_ms=cost_ms,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
-        runtime=RuntimeOptions(**runtime),
+    return synthetic_config(
+        steps=steps, microbatches=2, phase_ms=cost_ms, runtime=RuntimeOptions(**runtime)
     )
 
 

@@ -11,8 +11,7 @@ with deadlines; a wait fails at once, with a hint, if the run ends first.
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,31 +19,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from runs import launch_with_vanilla, synthetic_config, task, toy, wait_in_run
 
 from freeride_lab.core.budget import memory_request_gib, step_budget_s
-from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
-TOYS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
 STARTUP_S = 240.0  # first step of two fresh runs on a loaded two-core box
 LIVE_S = 120.0  # the longest a live behaviour may take to show
 STEPS = 150  # long enough for every live test below on a busy two-core box
-CONFIG = RunConfig(
-    schedule="1F1B",
-    stages=4,
-    microbatches=4,
-    steps=STEPS,
-    workload="synthetic",
-    t_forward_ms=10.0,
-    t_backward_input_ms=10.0,
-    t_backward_weight_ms=10.0,
-    d_model=16,
-    seq_len=8,
-    microbatch_size=2,
-    seed=7,
-    runtime=RuntimeOptions(stop_grace_s=5),
-)
+CONFIG = synthetic_config(steps=STEPS, seed=7, stages=4, phase_ms=10.0)
 PAGERANK = {"n_nodes": 2000, "n_edges": 10000, "tol": 0.0, "max_iterations": None}
 TOLERANCE_MS = 5.0  # run-clock stamps of a rank and of a task process, same host
 
@@ -56,20 +40,12 @@ class Runs:
     ids: dict[str, str]
 
 
-def toy(name: str) -> str:
-    return f"{TOYS}:{name}"
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-tasks")
-    main = Session.launch(CONFIG, run_dir=root / "main", grace_s=3)
-    zero = {"t_forward_ms": 0.0, "t_backward_input_ms": 0.0, "t_backward_weight_ms": 0.0}
-    vanilla = Session.launch(
-        CONFIG.replace(side_tasks=False, **zero), run_dir=root / "vanilla", grace_s=3
-    )
+    main, vanilla = launch_with_vanilla(CONFIG, root)
     try:
-        wait_until(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
+        wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
         ids = {
             "pagerank": main.attach("pagerank", stage=1, options=PAGERANK, policy="WARN")["id"],
             "counting": main.attach(
@@ -84,25 +60,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     finally:
         main.stop()
         vanilla.stop()
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout_s: float, what: str, run: Session | None = None
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if run is not None and run.state.done:
-            raise AssertionError(
-                f"the run ended ({run.state}, step {run.steps_done}) while waiting for {what}; "
-                f"raise STEPS if this machine is slower"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def task(run: Session, task_id: str) -> dict[str, Any]:
-    return next(t for t in run.tasks if t["id"] == task_id)
 
 
 def created(run: Session, task_id: str) -> pd.DataFrame:
@@ -124,7 +81,7 @@ def restored(reason: str) -> float | None:
 
 def new_process(run: Session, task_id: str, before: int) -> pd.Series:
     """Wait for the task's next process to come up; its CREATED event."""
-    wait_until(
+    wait_in_run(
         lambda: len(created(run, task_id)) > before, LIVE_S, f"a new process of {task_id}", run
     )
     return created(run, task_id).iloc[-1]
@@ -137,7 +94,7 @@ def wait_steps_after(run: Session, task_id: str, t_ms: float) -> pd.DataFrame:
         steps = run.side_task_steps
         return steps[(steps["task_id"] == task_id) & (steps["start_ms"] > t_ms)]
 
-    wait_until(lambda: len(since()) > 0, LIVE_S, f"a step of {task_id} after {t_ms:.0f} ms", run)
+    wait_in_run(lambda: len(since()) > 0, LIVE_S, f"a step of {task_id} after {t_ms:.0f} ms", run)
     return since()
 
 
@@ -148,7 +105,7 @@ def wait_steps_after(run: Session, task_id: str, t_ms: float) -> pd.DataFrame:
     ("request_", "match"),
     [
         ({"task": toy("Counting"), "stage": 3, "memory": "100TB"}, "stage 3 cannot host"),
-        ({"task": "no_such_task"}, "'no_such_task' is not a known name"),
+        ({"task": "no_such_task"}, "unknown side task 'no_such_task'"),
         ({"task": toy("Counting"), "stage": 3, "budget_ms": -1.0}, "budget_ms=-1.0 must be"),
         ({"task": toy("Counting"), "stage": 4}, "stage=4 is out of range"),
     ],
@@ -175,7 +132,7 @@ def test_side_tasks_report_progress_and_a_profile(runs: Runs) -> None:
             for k in ("pagerank", "counting")
         )
 
-    wait_until(profiled, LIVE_S, "progress and a profile of pagerank and counting", run)
+    wait_in_run(profiled, LIVE_S, "progress and a profile of pagerank and counting", run)
     for key in ("pagerank", "counting"):
         t = task(run, runs.ids[key])
         profile = t["profile"]
@@ -201,14 +158,14 @@ def test_a_restart_for_new_limits_profiles_the_task_again(runs: Runs) -> None:
     processes = len(created(run, tid))
     run.tune(tid, sm_pct=40)
     new_process(run, tid, processes)  # the old profile was measured under other limits
-    wait_until(lambda: task(run, tid)["profile"], LIVE_S, "a new profile", run)
+    wait_in_run(lambda: task(run, tid)["profile"], LIVE_S, "a new profile", run)
     profile = task(run, tid)["profile"]
     assert (profile["sm_pct"], profile["n_steps"], profile["budget_in_force_s"]) == (40.0, 5, 0.02)
 
 
 def test_move_changes_stage_and_keeps_progress(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["counting"]
-    wait_until(lambda: task(run, tid)["progress"] > 0, LIVE_S, "counting's progress", run)
+    wait_in_run(lambda: task(run, tid)["progress"] > 0, LIVE_S, "counting's progress", run)
     processes = len(created(run, tid))
     moved = run.move(tid, 3)
     assert (moved["id"], moved["stage"]) == (tid, 3)
@@ -221,7 +178,7 @@ def test_move_changes_stage_and_keeps_progress(runs: Runs) -> None:
 
 def test_detach_and_reattach_continue_from_the_checkpoint(runs: Runs) -> None:
     run, tid = runs.main, runs.ids["pagerank"]
-    wait_until(lambda: task(run, tid)["progress"] >= 3, LIVE_S, "pagerank's progress", run)
+    wait_in_run(lambda: task(run, tid)["progress"] >= 3, LIVE_S, "pagerank's progress", run)
     detached = run.detach(tid)
     assert (detached["state"], detached["detached"]) == ("STOPPED", True)
     processes = len(created(run, tid))
@@ -243,14 +200,14 @@ def test_detach_and_reattach_continue_from_the_checkpoint(runs: Runs) -> None:
 )
 def test_failing_task_ends_failed_with_its_reason(runs: Runs, key: str, reason: str) -> None:
     run, tid = runs.main, runs.ids[key]
-    wait_until(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, f"{key} to fail", run)
+    wait_in_run(lambda: task(run, tid)["state"] == "FAILED", LIVE_S, f"{key} to fail", run)
     assert re.search(reason, task(run, tid)["error"]), task(run, tid)["error"]
 
 
 def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
     run = runs.main
     failed = [runs.ids[k] for k in ("raises", "hog", "hangs")]
-    wait_until(
+    wait_in_run(
         lambda: all(task(run, t)["state"] == "FAILED" for t in failed),
         LIVE_S,
         "stage 0's failing tasks to end",
@@ -258,7 +215,7 @@ def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
     )
     tid = run.attach(toy("Counting"), stage=0, options={"step_s": 0.003}, gating="none")["id"]
     runs.ids["naive"] = tid
-    wait_until(lambda: task(run, tid)["steps"] >= 100, LIVE_S, "100 naive steps", run)
+    wait_in_run(lambda: task(run, tid)["steps"] >= 100, LIVE_S, "100 naive steps", run)
     run.detach(tid)
     steps = run.side_task_steps
     steps = steps[steps["task_id"] == tid]
@@ -277,7 +234,7 @@ def test_governor_tunes_live_tasks_and_logs_its_decisions(runs: Runs) -> None:
         target_frac=0.01, baseline_step_s=period_s / 2, window=2, settle_steps=0
     )
     try:
-        wait_until(lambda: len(run.governor_log) > 0, LIVE_S, "a governor decision", run)
+        wait_in_run(lambda: len(run.governor_log) > 0, LIVE_S, "a governor decision", run)
     finally:
         run.disable_governor()
     assert not loop.running
@@ -434,7 +391,7 @@ def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         pytest.skip(f"MPS unavailable: {available.reason}")
     run = Session.launch(GPU_CONFIG, run_dir=tmp_path_factory.mktemp("gpu") / "run", grace_s=5)
     try:
-        wait_until(lambda: run.steps_done >= 2, STARTUP_S, "two CUDA training steps", run)
+        wait_in_run(lambda: run.steps_done >= 2, STARTUP_S, "two CUDA training steps", run)
         yield run
     finally:
         run.stop()
@@ -451,7 +408,7 @@ def task_process(run: Session, task_id: str) -> Any:
         found = [t["pid"] for t in status["tasks"] if t["task_id"] == task_id]
         return found[0] if found else None
 
-    wait_until(pid, LIVE_S, f"the process of {task_id}", run)
+    wait_in_run(pid, LIVE_S, f"the process of {task_id}", run)
     return psutil.Process(pid())
 
 
@@ -463,10 +420,10 @@ def test_side_task_over_its_mps_memory_cap_fails_alone_and_training_goes_on(
     hog = run.attach(f"{GPU_TASKS}:CudaHog", stage=0, memory="1GiB", budget_ms=5, gating="none")[
         "id"
     ]
-    wait_until(lambda: task(run, hog)["state"] == "FAILED", LIVE_S, "the hog to fail", run)
+    wait_in_run(lambda: task(run, hog)["state"] == "FAILED", LIVE_S, "the hog to fail", run)
     assert task(run, hog)["error"].startswith("out of memory:"), task(run, hog)["error"]
     steps = run.steps_done
-    wait_until(lambda: run.steps_done >= steps + 3, LIVE_S, "three more training steps", run)
+    wait_in_run(lambda: run.steps_done >= steps + 3, LIVE_S, "three more training steps", run)
     assert run.failure is None
 
 
@@ -498,10 +455,10 @@ def test_a_smaller_sm_share_is_profiled_again_and_lengthens_the_step(gpu_run: Se
     run = gpu_run
     spin = run.attach(f"{GPU_TASKS}:CudaSpin", stage=0, budget_ms=5, gating="none")["id"]
     try:
-        wait_until(lambda: task(run, spin)["profile"], LIVE_S, "a profile at full share", run)
+        wait_in_run(lambda: task(run, spin)["profile"], LIVE_S, "a profile at full share", run)
         full = task(run, spin)["profile"]["median_step_s"]
         run.tune(spin, sm_pct=20)
-        wait_until(lambda: task(run, spin)["profile"], LIVE_S, "a profile at 20% of SMs", run)
+        wait_in_run(lambda: task(run, spin)["profile"], LIVE_S, "a profile at 20% of SMs", run)
         capped = task(run, spin)["profile"]
         assert capped["sm_pct"] == 20.0
         assert capped["median_step_s"] > 1.5 * full, (full, capped["median_step_s"])
@@ -516,7 +473,7 @@ def test_a_step_lasts_until_its_gpu_work_is_done(gpu_run: Session) -> None:
     run = gpu_run
     sleeper = run.attach(f"{GPU_TASKS}:CudaAsyncSleep", stage=0, gating="none")["id"]
     try:
-        wait_until(lambda: task(run, sleeper)["profile"], LIVE_S, "a profile", run)
+        wait_in_run(lambda: task(run, sleeper)["profile"], LIVE_S, "a profile", run)
         assert task(run, sleeper)["profile"]["median_step_s"] >= 0.045
     finally:
         run.detach(sleeper)

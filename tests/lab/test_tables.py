@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -65,13 +64,6 @@ def lines(*events: Event) -> bytes:
 
 def as_dicts(*events: Event) -> list[dict[str, Any]]:
     return [json.loads(to_json(e)) for e in events]
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    rd = RunDir(tmp_path / "run")
-    rd.create()
-    return rd
 
 
 def test_tailer_leaves_a_partial_last_line_for_the_next_poll(run_dir: RunDir) -> None:

@@ -7,7 +7,6 @@ Its process behaviour (watchdog, stop, SIGINT) is tested through ``Session`` wit
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -40,13 +39,6 @@ def torchrun_log(root: tuple[int, int], *others: tuple[int, int]) -> str:
         + "\nRoot Cause (first observed failure):\n"
         + FAILURE.format(idx=0, rank=root[0], code=root[1]) + "\n" + "=" * 60 + "\n"
     )  # fmt: skip
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    rd = RunDir(tmp_path / "run")
-    rd.create()
-    return rd
 
 
 def rank_failed(rd: RunDir, rank: int, t_ns: int, error: str) -> None:

@@ -33,6 +33,8 @@ from freeride_lab.sidetasks.messages import (
 from freeride_lab.sidetasks.process import TaskProcess, worker_end
 from freeride_lab.sidetasks.spec import TaskSpec
 
+PAGERANK = "freeride_lab.tasks.graph:PageRankTask"
+
 FAST = settings(
     max_examples=40,
     deadline=None,
@@ -167,7 +169,7 @@ def test_any_bytes_after_authentication_are_answered_and_the_worker_goes_on(
 def channel() -> Iterator[tuple[TaskProcess, socket.socket]]:
     """A TaskProcess handle whose channel's other end is ours, as a task's code would see it."""
     ours, theirs = socket.socketpair()
-    handle = TaskProcess(TaskSpec(task="pagerank", task_id="t-junk"))
+    handle = TaskProcess(TaskSpec(task=PAGERANK, task_id="t-junk"))
     handle.conn = worker_end(ours)
     yield handle, theirs
     handle.close_channel()
@@ -224,7 +226,7 @@ def test_a_frame_cut_short_on_the_task_channel_does_not_block_the_worker(
 @given(raw=st.binary(max_size=256) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_any_frame_on_the_task_channel_is_read_or_dropped(raw: bytes) -> None:
     ours, theirs = socket.socketpair()
-    handle = TaskProcess(TaskSpec(task="pagerank", task_id="t-any"))
+    handle = TaskProcess(TaskSpec(task=PAGERANK, task_id="t-any"))
     handle.conn = worker_end(ours)
     try:
         send_frame(theirs, raw)

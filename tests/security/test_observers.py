@@ -235,7 +235,7 @@ def test_an_observer_of_a_detached_run_commands_it_through_its_keeper(kept: Path
 
 def test_the_keeper_passes_its_refusals_on_unchanged(kept: Path) -> None:
     observer = Session.open(kept)
-    with pytest.raises(ValueError, match="'no_such_task' is not a known name"):
+    with pytest.raises(ValueError, match="unknown side task 'no_such_task'"):
         observer.attach("no_such_task")
     with pytest.raises(ValueError, match="no side task 'nope' in this run"):
         observer.tune("nope", budget_ms=5)

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import synthetic_config
 
 from freeride_lab.core.config import RunConfig
+from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.io.rundir import RunDir, check_private_dir
 from freeride_lab.io.sink import EventSink
 from freeride_lab.lab.archive import pack
@@ -33,18 +35,7 @@ STARTUP_S = 240.0  # first step of a fresh run on a loaded box (a torch import p
 
 
 def tiny(steps: int = 3) -> RunConfig:
-    return RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
-        steps=steps,
-        workload="synthetic",
-        t_forward_ms=5.0,
-        t_backward_input_ms=5.0,
-        t_backward_weight_ms=5.0,
-        d_model=16,
-        seq_len=8,
-    )
+    return synthetic_config(steps=steps, microbatches=2, phase_ms=5.0, microbatch_size=4, runtime=RuntimeOptions())
 
 
 def children() -> set[int]:

@@ -9,59 +9,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from runs import start_task_host
 from tasks_for_tests import ref
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.budget import OverrunPolicy
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
-from freeride_lab.sidetasks.loader import BUILTIN_TASKS, load_task_class, resolve_task_ref
+from freeride_lab.sidetasks.edges import EdgeWriter
+from freeride_lab.sidetasks.loader import load_task_class, parse_task_ref
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import HostSpec, TaskSpec, checkpoint_path
+from freeride_lab.sidetasks.spec import TaskSpec, checkpoint_path
 
+R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
-
-
-@pytest.fixture
-def edges(run_dir: RunDir) -> Iterator[EdgeWriter]:
-    writer = EdgeWriter.create(edge_path(run_dir.path, 0))
-    yield writer
-    writer.close()
-
-
-@pytest.fixture
-def hosts() -> Iterator[list[TaskProcess]]:
-    started: list[TaskProcess] = []
-    yield started
-    for proc in started:
-        if proc.alive:
-            proc.kill("test teardown")
-            proc.wait_exit(10)
-        proc.close_channel()
-
-
-def start_host(
-    run_dir: RunDir, hosts: list[TaskProcess], task: str, task_id: str = "t1", **fields: Any
-) -> TaskProcess:
-    spec = TaskSpec.from_dict({"task": task, "task_id": task_id, **fields})
-    proc = TaskProcess(spec)
-    host = HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0)
-    proc.start(host, log_path=run_dir.logs_dir / f"task-{task_id}.log")
-    hosts.append(proc)
-    return proc
 
 
 def wait_state(proc: TaskProcess, *states: S, timeout_s: float = 60.0) -> None:
@@ -136,7 +100,7 @@ def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[in
 def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(
+    proc = start_task_host(
         run_dir, hosts, ref("Counting"), options={"step_s": 0.003}, limits={"budget_s": 0.005}
     )
     activate(proc)
@@ -155,7 +119,7 @@ def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
 def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
+    proc = start_task_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
     activate(proc)
     bubbles = drive_bubbles(edges, 3, length_s=0.03, predicted_s=10.0, gap_s=0.2)
     assert stop(proc) == 0
@@ -168,14 +132,14 @@ def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
 def test_stop_saves_a_checkpoint_that_a_new_host_restores(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    first = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    first = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     activate(first)
     drive_bubbles(edges, 3)
     assert stop(first) == 0
     saved = json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"]
     assert saved > 0
 
-    second = start_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
+    second = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     activate(second)
     drive_bubbles(edges, 3, first_step=3)
     assert stop(second) == 0
@@ -187,7 +151,7 @@ def test_stop_saves_a_checkpoint_that_a_new_host_restores(
 def test_error_in_setup_fails_the_task_and_its_process_only(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("RaisingInSetup"))
+    proc = start_task_host(run_dir, hosts, ref("RaisingInSetup"))
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
     assert failed.state == "FAILED"
@@ -198,7 +162,7 @@ def test_error_in_setup_fails_the_task_and_its_process_only(
 def test_error_in_step_fails_the_task_with_its_reason(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
+    proc = start_task_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
     activate(proc)
     drive_bubbles(edges, 2)
     assert wait_exit(proc) == 1
@@ -209,7 +173,7 @@ def test_error_in_step_fails_the_task_with_its_reason(
 def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(
+    proc = start_task_host(
         run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
     )
     activate(proc)
@@ -227,7 +191,7 @@ def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
 def test_cpu_task_reports_that_gpu_limits_do_not_apply(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
+    proc = start_task_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
     wait_state(proc, S.CREATED)
     assert stop(proc) == 0
     created = next(s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED")
@@ -237,7 +201,7 @@ def test_cpu_task_reports_that_gpu_limits_do_not_apply(
 def test_unknown_class_fails_with_the_classes_that_exist(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_host(run_dir, hosts, ref("Nope"))
+    proc = start_task_host(run_dir, hosts, ref("Nope"))
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
     assert "has no class 'Nope'" in failed.reason
@@ -247,9 +211,10 @@ def test_unknown_class_fails_with_the_classes_that_exist(
 # --- loader and specs (no processes) ------------------------------------------------------
 
 
-def test_builtin_names_resolve_without_regard_to_case() -> None:
-    assert resolve_task_ref("ResNet18") == BUILTIN_TASKS["resnet18"]
-    assert resolve_task_ref("sgd-mf") == "freeride_lab.tasks.graph:SGDMFTask"
+def test_the_loader_knows_no_names_and_points_to_the_registry() -> None:
+    with pytest.raises(ValueError, match=r"'resnet18' is not a 'where:Class'.*tasks\.registry"):
+        load_task_class("resnet18")
+    assert load_task_class("freeride_lab.tasks.graph:SGDMFTask").__name__ == "SGDMFTask"
 
 
 def test_task_class_loads_from_a_file_path() -> None:
@@ -275,25 +240,25 @@ def test_loading_names_an_unfindable_module() -> None:
 
 
 def test_reference_without_a_class_lists_the_forms() -> None:
-    with pytest.raises(ValueError, match=r"'resnet19' is not a known name.*resnet18"):
-        resolve_task_ref("resnet19")
+    with pytest.raises(ValueError, match=r"'resnet19' is not a 'where:Class' reference; give"):
+        parse_task_ref("resnet19")
 
 
 def test_task_spec_round_trips_through_json() -> None:
-    spec = TaskSpec.from_dict({"task": "resnet18", "task_id": "r18", "limits": {"sm_pct": 50}})
+    spec = TaskSpec.from_dict({"task": R18, "task_id": "r18", "limits": {"sm_pct": 50}})
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
 def test_task_spec_names_unknown_keys_and_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"'budget'.*valid: task, task_id"):
-        TaskSpec.from_dict({"task": "resnet18", "budget": 1})
+        TaskSpec.from_dict({"task": R18, "budget": 1})
 
 
 def test_overrun_policy_is_matched_without_regard_to_case() -> None:
-    spec = TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "kill"})
+    spec = TaskSpec.from_dict({"task": R18, "overrun_policy": "kill"})
     assert spec.overrun_policy is OverrunPolicy.KILL
     with pytest.raises(ValueError, match=r"overrun_policy='explode' is unknown; valid: WARN"):
-        TaskSpec.from_dict({"task": "resnet18", "overrun_policy": "explode"})
+        TaskSpec.from_dict({"task": R18, "overrun_policy": "explode"})
 
 
 # -- a step ends when its GPU work does ---------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from runs import read_events
 from tasks_for_tests import read_counter, ref
 
 from freeride_lab.core import events as ev
@@ -24,13 +25,6 @@ from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.client import WorkerClient, WorkerProcess, start_worker
 from freeride_lab.sidetasks.process import child_env
 from freeride_lab.sidetasks.spec import checkpoint_path
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> RunDir:
-    run = RunDir(tmp_path / "run")
-    run.create()
-    return run
 
 
 @pytest.fixture
@@ -51,15 +45,6 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float = 60.0, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.02)
-
-
-def read_events(path: Path) -> list[ev.Event]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a line still being written
-                out.append(ev.from_json(line))
-    return out
 
 
 def events(run_dir: RunDir) -> list[ev.Event]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,15 +11,6 @@ import torch
 from freeride_lab.tasks.graph import PageRankTask, SGDMFTask, power_law_graph
 
 SMALL = {"n_nodes": 300, "n_edges": 1500, "seed": 3}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: spinning OpenMP workers crawl on a shared, contended box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _ready(cls: type, **options: object) -> PageRankTask:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -19,15 +17,6 @@ from freeride_lab.tasks.image import (
 )
 
 SMALL = {"source_size": 48, "output_size": 96, "logo_size": 24, "margin": 4, "n_sources": 2}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: spinning OpenMP workers crawl on a shared, contended box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _ready(**options: object) -> ImageTask:

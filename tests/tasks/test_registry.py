@@ -1,14 +1,24 @@
-"""The built-in task registry: names, lazy import, reference keys, option errors."""
+"""The task registry: built-in and registered names, lazy import, reference keys, errors."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from freeride_lab.sidetasks.api import IterativeSideTask
-from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS, load_task_class, task_path
+from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS, load_task_class, registry, task_path
+
+TOY_TASKS = Path(__file__).resolve().parents[1] / "sidetasks" / "tasks_for_tests.py"
+
+
+def ref(name: str) -> str:
+    """The file reference of a toy task class (no torch)."""
+    return f"{TOY_TASKS}:{name}"
+
 
 UNITS = {
     "resnet18": "samples",
@@ -50,16 +60,92 @@ def test_an_import_path_passes_through() -> None:
     assert task_path("pkg.mod:Task") == "pkg.mod:Task"
 
 
-def test_an_unknown_name_lists_the_builtins() -> None:
-    with pytest.raises(ValueError, match=r"'bert'; built-in: resnet18, resnet50, vgg19"):
+def test_an_unknown_name_lists_the_known_names_and_a_near_miss() -> None:
+    with pytest.raises(ValueError, match=r"'bert'; known: resnet18, resnet50, vgg19"):
         task_path("bert")
+    with pytest.raises(ValueError, match=r"'resnet19'; did you mean 'resnet18'\?"):
+        task_path("resnet19")
 
 
-def test_a_missing_class_is_an_import_error() -> None:
-    with pytest.raises(ImportError, match="'NoSuchTask'"):
+def test_a_missing_class_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="has no class 'NoSuchTask'"):
         load_task_class("freeride_lab.tasks.image:NoSuchTask")
 
 
-def test_the_runtime_loader_knows_the_same_builtins() -> None:
-    loader = pytest.importorskip("freeride_lab.sidetasks.loader")
-    assert dict(loader.BUILTIN_TASKS) == dict(BUILTIN_TASKS)
+@pytest.fixture
+def counting() -> Iterator[str]:
+    """The name ``counting`` registered for a test task file, forgotten afterwards."""
+    registry.register("Counting", ref("Counting"))
+    yield "Counting"
+    registry.unregister("Counting")
+
+
+def test_a_registered_name_resolves_loads_and_is_listed(counting: str) -> None:
+    assert registry.resolve("counting") == ref("Counting")
+    assert load_task_class(counting).__name__ == "Counting"
+    assert registry.names()[-1] == "Counting"
+    assert registry.is_known("COUNTING")
+    registry.unregister(counting)
+    assert not registry.is_known(counting)
+    with pytest.raises(ValueError, match="unknown side task 'counting'"):
+        registry.resolve("counting")
+
+
+def test_a_relative_file_reference_is_registered_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mine.py").write_text("x = 1\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert registry.register("mine", "mine.py:Mine") == f"{tmp_path / 'mine.py'}:Mine"
+    finally:
+        registry.unregister("mine")
+
+
+@pytest.mark.parametrize(
+    ("name", "ref_", "message"),
+    [
+        ("ResNet18", "pkg.mod:Task", "'ResNet18' is a built-in side task"),
+        ("two words", "pkg.mod:Task", "task name 'two words' must be 1-64 letters"),
+        ("mine", "mine", "'mine' is not a 'where:Class' reference"),
+        ("mine", "/no/such/file.py:Task", "file '/no/such/file.py' does not exist"),
+        ("mine", "no_such_pkg_zz.mod:Task", "module 'no_such_pkg_zz.mod' cannot be found"),
+    ],
+)
+def test_registering_a_bad_name_or_reference_is_refused_with_the_rule(
+    name: str, ref_: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        registry.register(name, ref_)
+    assert not registry.is_known("mine")
+
+
+def test_the_side_task_loader_below_knows_no_names() -> None:
+    """``sidetasks`` sits below ``tasks``: names resolve only here, references load there."""
+    from freeride_lab.sidetasks import loader
+
+    assert not hasattr(loader, "BUILTIN_TASKS")
+    with pytest.raises(ValueError, match=r"resolves through freeride_lab\.tasks\.registry"):
+        loader.load_task_class("pagerank")
+    assert loader.load_task_class(task_path("pagerank")) is load_task_class("PageRank")
+
+
+def test_attach_sends_the_resolved_reference_and_keeps_the_name() -> None:
+    """What ``Session.attach`` (CLI, magics, dashboard) sends a worker for a name."""
+    from freeride_lab.lab.manager import _check_task
+
+    assert _check_task("SGD-MF") == (BUILTIN_TASKS["sgd_mf"], "sgd_mf", "iterations")
+
+
+def test_attach_resolves_a_registered_name(counting: str) -> None:
+    from freeride_lab.lab.manager import _check_task
+
+    assert _check_task("counting") == (ref("Counting"), "counting", "iterations")
+
+
+def test_the_dashboard_palette_lists_registered_tasks(counting: str) -> None:
+    pytest.importorskip("ipywidgets")
+    from freeride_lab.ui.dashboard import builtin_palette
+
+    names = [entry["name"] for entry in builtin_palette()]
+    assert names == [*BUILTIN_TASKS, "Counting"]

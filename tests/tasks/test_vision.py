@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -12,15 +10,6 @@ from freeride_lab.tasks.vision import ResNet18Task, ResNet50Task, VGG19Task
 
 TASKS = [ResNet18Task, ResNet50Task, VGG19Task]
 TINY = {"batch_size": 4, "image_size": 32, "width_mult": 0.25, "n_batches": 1}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: spinning OpenMP workers crawl on a shared, contended box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _n_params(model: torch.nn.Module) -> int:

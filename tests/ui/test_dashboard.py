@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 for _ui_package in ("plotly", "anywidget"):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 from fake_session import GIB, FakeSession  # noqa: E402
+from waits import wait_until  # noqa: E402
 
 from freeride_lab.pipeline.launcher import RunState  # noqa: E402
 from freeride_lab.ui.dashboard import (  # noqa: E402
@@ -32,17 +33,6 @@ from freeride_lab.ui.dashboard import (  # noqa: E402
     stop_all,
     user_tasks,
 )
-
-
-def wait_until(probe: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def pump_threads() -> list[threading.Thread]:

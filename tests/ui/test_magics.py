@@ -12,8 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from IPython.core.completer import provisionalcompleter  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
+from waits import wait_until  # noqa: E402
 
 from freeride_lab.magics import FreerideMagics, _parser  # noqa: E402
 from freeride_lab.ui.dashboard import dashboard_for, mimebundle, user_tasks  # noqa: E402
@@ -51,17 +51,6 @@ COUNTER_CELL = textwrap.dedent(
             return 1.0
     """
 )
-
-
-def wait_until(probe: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

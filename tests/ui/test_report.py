@@ -12,6 +12,7 @@ for _ui_package in ("plotly",):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
+from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS  # noqa: E402
 from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report  # noqa: E402
 from freeride_lab.ui.report_format import percent  # noqa: E402
 
@@ -79,19 +80,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
         ),
         pd.DataFrame(
             side,
-            columns=[
-                "task_id",
-                "name",
-                "stage",
-                "rank",
-                "step",
-                "start_ms",
-                "end_ms",
-                "duration_ms",
-                "progress",
-                "unit",
-                "overrun_ms",
-            ],
+            columns=list(SIDE_TASK_STEP_COLUMNS),
         ),
         pd.DataFrame(
             step_rows,

@@ -15,6 +15,7 @@ for _ui_package in ("plotly",):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
+from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS  # noqa: E402
 from freeride_lab.ui.timeline import (  # noqa: E402
     Timeline,
     TimelinePump,
@@ -79,19 +80,7 @@ def fake_tables(
     )
     side_df = pd.DataFrame(
         side_rows,
-        columns=[
-            "task_id",
-            "name",
-            "stage",
-            "rank",
-            "step",
-            "start_ms",
-            "end_ms",
-            "duration_ms",
-            "progress",
-            "unit",
-            "overrun_ms",
-        ],
+        columns=list(SIDE_TASK_STEP_COLUMNS),
     )
     return actions_df, bubbles_df, side_df
 

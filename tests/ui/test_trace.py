@@ -14,6 +14,7 @@ from waits import run_processes
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
+from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 from freeride_lab.ui.trace import (
     BUBBLE_TID,
     COMPUTE_STREAM,
@@ -43,19 +44,7 @@ BUBBLES = pd.DataFrame(
 )
 SIDE = pd.DataFrame(
     [("t1", "resnet18", 0, 0, 0, 1.6, 3.6, 2.0, 32.0, "samples", 0.0)],
-    columns=[
-        "task_id",
-        "name",
-        "stage",
-        "rank",
-        "step",
-        "start_ms",
-        "end_ms",
-        "duration_ms",
-        "progress",
-        "unit",
-        "overrun_ms",
-    ],
+    columns=list(SIDE_TASK_STEP_COLUMNS),
 )
 
 

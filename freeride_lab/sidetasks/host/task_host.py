@@ -1,6 +1,6 @@
 """``TaskHost``: one side task in its own process, driven by its worker and the rank's edges.
 
-    python -m freeride_lab.sidetasks.host --spec '{"task": {"task": "resnet18"}, ...}'
+    python -m freeride_lab.sidetasks.host --spec '{"task": {"task": "pkg.module:Class"}, ...}'
 
 The worker starts it through ``TaskProcess`` (limits already in the environment, before any CUDA
 call). The host loads the task class, applies the in-process limits, runs ``setup()`` and

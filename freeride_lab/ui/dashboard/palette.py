@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from freeride_lab.core.accounting import FREERIDE_UNITS
-from freeride_lab.tasks import BUILTIN_TASKS, REFERENCE_KEYS
+from freeride_lab.tasks import registry
 from freeride_lab.ui.names import task_label
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,17 @@ def user_tasks(directory: Path | None = None) -> dict[str, UserTask]:
 
 
 def builtin_palette() -> list[dict[str, str]]:
-    """``{name, title, unit}`` of each built-in side task (freeride_lab.tasks)."""
+    """``{name, title, unit}`` of each task in ``freeride_lab.tasks.registry``: the built-ins,
+    then the registered ones (their unit is known once they load, so it is left blank)."""
     return [
         {
             "name": name,
             "title": task_label(name),
-            "unit": FREERIDE_UNITS.get(REFERENCE_KEYS.get(name, name), ""),
+            "unit": FREERIDE_UNITS.get(registry.reference_key(name), "")
+            if name in registry.BUILTIN_TASKS
+            else "",
         }
-        for name in BUILTIN_TASKS
+        for name in registry.names()
     ]
 
 

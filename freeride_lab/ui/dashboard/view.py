@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from freeride_lab.tasks import registry
 from freeride_lab.ui.board import SideTaskBoard, plain_controls
 from freeride_lab.ui.dashboard.controller import DashboardSession, SessionController
 from freeride_lab.ui.dashboard.palette import (
@@ -153,18 +154,21 @@ class Dashboard:
 
     def _resolve(self, name: str) -> str:
         task = self._user_tasks.get(name) or user_tasks(self.tasks_dir).get(name)
-        return task.ref if task is not None else name
+        return task.ref if task is not None else name  # Session.attach resolves names
 
     def _refresh_palette(self) -> None:
-        token = (str(self.tasks_dir.absolute()), dir_token(self.tasks_dir))
+        token = (str(self.tasks_dir.absolute()), dir_token(self.tasks_dir), *registry.names())
         if token == self._tasks_token:
             return
         self._tasks_token = token
         self._user_tasks = user_tasks(self.tasks_dir)
-        builtin = builtin_palette()
-        names = {p["name"] for p in builtin}
-        own = [t.palette_entry() for t in self._user_tasks.values() if t.name not in names]
-        self.board.set_palette([*builtin, *own])
+        own = {
+            t.name: t.palette_entry()
+            for t in self._user_tasks.values()
+            if t.name not in registry.BUILTIN_TASKS
+        }
+        listed = [p for p in builtin_palette() if p["name"] not in own]  # own files know units
+        self.board.set_palette([*listed, *own.values()])
 
     # -- widgets -------------------------------------------------------------------------------
 
