@@ -17,19 +17,22 @@ and [Note: upward hooks].
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import pandas as pd
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
-from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.owner_channel import OwnerClient
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from freeride_lab.core.accounting import CostModel, CostSaving
     from freeride_lab.lab.governor import GovernorLoop
+    from freeride_lab.lab.manager import SideTaskManager
+    from freeride_lab.lab.tables import EventTables
+    from freeride_lab.pipeline.launcher import RunState
 
 log = logging.getLogger(__name__)
 
@@ -42,42 +45,76 @@ class SideTaskControls:
     run_dir: RunDir
     config: RunConfig
     run_id: str
+    owner: bool
     _governor: GovernorLoop | None
+    _manager: SideTaskManager | None
+    _lock: threading.RLock
+    _tables: EventTables
 
-    # Provided by Session.
-    def _side_tasks(self) -> SideTaskManager:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by Session and its other parts
+
+        @property
+        def memory(self) -> pd.DataFrame: ...
+        @property
+        def steps(self) -> pd.DataFrame: ...
+        @property
+        def side_task_steps(self) -> pd.DataFrame: ...
+        @property
+        def mps_active(self) -> bool: ...
+        def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame: ...
+        def _refresh(self, *, poll_files: bool = True) -> None: ...
+        def _state(self, *, poll_files: bool) -> RunState: ...
+        def _run_info(self) -> dict[str, Any]: ...
+        def _check_owner(self, what: str) -> None: ...
+        def _read_only(
+            self, what: str, run: Mapping[str, Any], *, also: str = ""
+        ) -> PermissionError: ...
+
+    # -- who carries out a command -----------------------------------------------------------
 
     def _commands(self, what: str) -> SideTaskManager | OwnerClient:
-        """Who carries out a command (the owner's manager, or a detached run's keeper);
-        raises ``PermissionError`` on a read-only observer (``lab.session`` [Note: owner and
-        observers])."""
-        raise NotImplementedError
+        """What carries out a side-task command: this owner's manager, or the keeper of a
+        detached run asked over its channel (``lab.owner_channel``).
 
-    def _check_owner(self, what: str) -> None:
-        raise NotImplementedError
+        Raises:
+            PermissionError: an observer of a run that is not detached.
+            RuntimeError: a detached run that has ended (its keeper is gone).
+        """
+        if self.owner:
+            return self._side_tasks()
+        run = self._run_info()
+        if not run.get("detached"):
+            raise self._read_only(what, run)
+        state = self._state(poll_files=False)
+        if state.done:
+            raise RuntimeError(
+                f"cannot {what}: run {self.run_id} is {state} and its keeper has gone; side "
+                "tasks run only beside a live run"
+            )
+        return OwnerClient.of_run(run, self.run_dir.secret(), run_id=self.run_id)
+
+    def _side_tasks(self) -> SideTaskManager:
+        from freeride_lab.lab.manager import SideTaskManager  # pandas: loaded on first use
+
+        with self._lock:  # the watchdog thread may ask for it too: make exactly one
+            if self._manager is None:
+                self._manager = SideTaskManager(
+                    self.run_dir,
+                    self.config,
+                    events=self._events_since,
+                    memory=lambda: self.memory,
+                    bubbles=self._recent_bubbles,
+                    live=self._is_live,
+                )
+            return self._manager
+
+    def _events_since(self, start: int) -> list[dict[str, Any]]:
+        self._refresh()
+        with self._lock:
+            return self._tables.events_since(start)
 
     def _is_live(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def memory(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    def _recent_bubbles(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def side_task_steps(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def mps_active(self) -> bool:
-        raise NotImplementedError
+        return not self._state(poll_files=False).done
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -175,20 +212,26 @@ class SideTaskControls:
     def ledger(self) -> pd.DataFrame:
         """One row per side task: steps, progress, throughput over training's wall time, busy
         time, overruns (``core.accounting.ledger``)."""
+        from freeride_lab.lab.harvest import run_ledger
+
         return run_ledger(self.side_task_steps, self.steps)
 
     def cost_saving(
         self, vanilla_step_s: float | None = None, model: CostModel | None = None
     ) -> CostSaving:
         """FreeRide's cost saving of this run, published and overhead-corrected
-        (``lab.manager.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
+        (``lab.harvest.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
         had no side-task work)."""
+        from freeride_lab.lab.harvest import run_cost_saving
+
         return run_cost_saving(
             self.steps, self.side_task_steps, vanilla_step_s=vanilla_step_s, model=model
         )
 
     def stage_info(self) -> list[dict[str, Any]]:
         """One dict per rank for the task board: stage, free_bytes, bubbles_ms, label, …"""
+        from freeride_lab.lab.stages import stage_info
+
         return stage_info(self._side_tasks(), self.memory, self._recent_bubbles())
 
     def enable_governor(
