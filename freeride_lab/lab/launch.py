@@ -85,6 +85,7 @@ def _stop_live_sessions() -> None:
 
 
 def parse_state(value: object) -> RunState:
+    """The ``RunState`` a status.json's ``state`` names; STARTING when it names none."""
     try:
         return RunState(str(value))
     except ValueError:

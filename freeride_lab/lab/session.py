@@ -3,6 +3,7 @@
     s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=8))
     s                                    # returns at once; training runs in the background
     # <Session run_id='20250101-120000-1f1b-p4m8-1a2b' state=running step=3/20>
+    s.progress                           # 'starting 4 ranks…', 'calibrating…', 'step 3/20'
     s.bubbles.head(); s.summary()        # tables fill while the run goes on
     s.wait()                             # 'finished' | 'failed' | 'stopped'
     s.stop()                             # TERM → grace → KILL; idempotent
@@ -14,6 +15,12 @@
 
     s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
     s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
+
+One class, three parts, a module each: ``lab.launch.RunProcesses`` (the run's processes: start,
+watchdog, stop, settle; who may command it), ``lab.session_tables.SessionTables`` (the tables
+and ``progress``) and ``lab.side_tasks.SideTaskControls`` (side tasks); this module makes and
+opens sessions and says how a run stands (``state``, ``failure``, ``wait``). Launching imports
+neither torch nor pandas here: the ranks import torch, the first table read loads pandas.
 
 Processes: the Session starts one launcher (``python -m freeride_lab.pipeline.launcher``) in the
 caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping

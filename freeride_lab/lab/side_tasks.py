@@ -1,12 +1,13 @@
 """``SideTaskControls``: the side-task half of ``Session`` — attach, tune, move, detach, tasks,
-ledger, cost saving and the overhead governor.
+ledger, cost saving and the overhead governor, and who carries out a command.
 
 ``Session`` inherits it; every method here delegates to the run's ``lab.manager``
-``SideTaskManager`` (requests), ``lab.harvest`` (views over the tables) or ``lab.governor``
-(the governor's thread). Requests and the governor need the Session that owns the run; on a
-read-only observer they raise ``PermissionError``, except that a detached run's keeper carries
-out an observer's requests. See ``lab.session`` [Note: owner and observers], [Note: side tasks]
-and [Note: upward hooks].
+``SideTaskManager`` (requests; made on first use, so a launch loads none of it),
+``lab.harvest`` (what the tasks harvested), ``lab.stages`` (the board's stages) or
+``lab.governor`` (the governor's thread). Requests and the governor need the Session that owns
+the run; on a read-only observer they raise ``PermissionError``, except that a detached run's
+keeper carries out an observer's requests (``_commands``). See ``lab.session`` [Note: owner and
+observers] and [Note: side tasks].
 
     s = Session.launch(RunConfig(workload="synthetic", stages=4, microbatches=4))
     t = s.attach("pagerank", options={"n_nodes": 2000})      # placed, profiled, then stepping
