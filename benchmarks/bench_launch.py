@@ -15,9 +15,10 @@ kernel, two ways:
 
 Per interpreter the launch is timed twice: ``cold`` (the first launch in a fresh interpreter:
 every import is paid) and, after that run is stopped, ``warm`` (the same launch again). Each
-launch also times the first step (until ``Session.progress`` says every rank finished step 0,
-from the start of the cell) and ``stop()`` (what ``%freeride stop`` waits for). Medians over
-the rounds are printed; the JSON goes to ``results/launch-cpu-<date>.json``.
+launch also times its first step event (from the start of the cell until ``Session.progress``
+turns from "calibrating…" to "step …": a rank recorded step 0) and the stop
+(``session.stop()``, or the ``%freeride stop`` cell). Medians over the rounds are printed; the
+JSON goes to ``results/launch-cpu-<date>.json``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ KERNEL = textwrap.dedent(
         first_step = time.perf_counter()
         phases.append(session.progress)
         s0 = time.perf_counter()
-        session.stop()
+        if MODE == "api":
+            session.stop()
+        else:
+            shell().run_line_magic("freeride", "stop")  # also shows the dashboard's last state
         stopped = time.perf_counter()
         out[name] = {{
             "launch_cell_s": returned - t0,
