@@ -54,7 +54,7 @@ its records in the run directory.
 [Note: damaged run directories]
 A run directory can be damaged after the fact (a copy cut short, a disk error, a hand edit).
 Readers work on what is left: event lines that are not valid events are skipped, counted
-(``bad_lines``) and logged once per file and read (``lab.tables`` [Note: damaged event
+(``bad_lines``) and logged once per file and read (``lab.tailer`` [Note: damaged event
 files]); a missing or damaged status.json reads as no status (``RunDir.read_status``, logged
 once), and a run whose launcher is gone without one is judged from its events: FINISHED if
 every rank here said so, else FAILED. run.json is different: it is the only record of the
