@@ -11,6 +11,7 @@ Importing this package is cheap: names load on first use.
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,21 @@ def _write_report(session: Any, path: str | Path) -> Path:
 
 
 set_report_writer(_write_report)
+
+
+def _register_notebook_display() -> None:
+    """Inside IPython (a notebook kernel), show Sessions as their dashboard even without
+    ``%load_ext freeride_lab``: register the display printer by name (``ui.display``; nothing
+    heavy is imported until a Session is displayed)."""
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is not None:
+        from freeride_lab.ui.display import register_display
+
+        register_display(shell)
+
+
+_register_notebook_display()
 
 
 def load_ipython_extension(ipython: Any) -> None:

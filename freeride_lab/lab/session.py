@@ -90,8 +90,9 @@ never loads widgets, plotly or jinja2. The two places where a Session meets ``ui
 in from above: ``report(path)`` calls the writer registered in ``lab.hooks`` (importing
 ``freeride_lab`` registers ``freeride_lab.ui.report``'s, loaded on the first report; without
 its packages, one ``ImportError`` names the extra to install), and the notebook's view of a
-Session (its dashboard) is a printer that ``%load_ext freeride_lab`` registers with IPython's
-display formatters (``freeride_lab.ui.display``).
+Session (its dashboard) is a printer registered with IPython's display formatters
+(``freeride_lab.ui.display``) by ``%load_ext freeride_lab``, and by importing ``freeride_lab``
+inside IPython.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 ``lab`` never imports ``ui`` (``lab.session`` [Note: upward hooks]), so a Session has no
 ``_repr_mimebundle_`` of its own; ``%load_ext freeride_lab`` registers ``session_mimebundle``
 for it by name (the Session's module is not imported for that), and ``%unload_ext`` removes
-it. Displaying a Session then shows its live dashboard (``ui.dashboard.mimebundle``).
+it. Importing ``freeride_lab`` inside IPython registers it too, so a notebook that only does
+``Session.launch(...)`` still shows the dashboard. Displaying a Session then shows its live
+dashboard (``ui.dashboard.mimebundle``).
 
     register_display(get_ipython())      # what loading the extension does
     session                              # → text/plain, text/html summary, dashboard widget

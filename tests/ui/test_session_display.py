@@ -4,6 +4,10 @@ code of its own, and unloading removes the view."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,3 +67,29 @@ def test_unloading_the_extension_leaves_the_plain_repr(shell, session) -> None:
     shell.run_line_magic("unload_ext", "freeride_lab")
     assert shown(shell, session) == {"text/plain": repr(session)}
     shell.run_line_magic("load_ext", "freeride_lab")  # the fixture unloads it again
+
+
+def test_importing_freeride_lab_inside_ipython_registers_the_view_without_the_extension(
+    tmp_path: Path,
+) -> None:
+    """A notebook that only does ``Session.launch(...)`` (no ``%load_ext``) sees the dashboard."""
+    repo = Path(__file__).resolve().parents[2]
+    source = (
+        "import json\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "from freeride_lab.lab.session import Session\n"
+        "printers = ip.display_formatter.mimebundle_formatter.deferred_printers\n"
+        "print(json.dumps(('freeride_lab.lab.session', 'Session') in printers))\n"
+    )
+    path = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=tmp_path,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is True
