@@ -11,7 +11,11 @@ Importing this package is cheap: names load on first use.
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from typing import Any
+
+from freeride_lab.lab.hooks import REPORT_EXTRA, set_report_writer
 
 __version__ = "0.1.0"
 
@@ -37,6 +41,38 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _write_report(session: Any, path: str | Path) -> Path:
+    """``Session.report``: ``freeride_lab.ui.report``, loaded on the first report (see
+    ``freeride_lab.lab.session`` [Note: upward hooks])."""
+    try:
+        from freeride_lab.ui.report import write_session_report
+    except ModuleNotFoundError as e:
+        raise ImportError(
+            f"Session.report needs the packages of freeride_lab's report ({e.name} is missing); "
+            f"install them with pip install '{REPORT_EXTRA}'"
+        ) from None
+    written: Path = write_session_report(session, path)
+    return written
+
+
+set_report_writer(_write_report)
+
+
+def _register_notebook_display() -> None:
+    """Inside IPython (a notebook kernel), show Sessions as their dashboard even without
+    ``%load_ext freeride_lab``: register the display printer by name (``ui.display``; nothing
+    heavy is imported until a Session is displayed)."""
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is not None:
+        from freeride_lab.ui.display import register_display
+
+        register_display(shell)
+
+
+_register_notebook_display()
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -437,10 +437,14 @@ def _report_link(path: Path) -> Any:
 
 
 def load(ipython: InteractiveShell) -> FreerideMagics:
-    """Register the magics (imports no torch, starts no thread or process)."""
+    """Register the magics and the notebook's view of a Session (imports no torch, starts no
+    thread or process)."""
+    from freeride_lab.ui.display import register_display
+
     FreerideMagics.freeride.__doc__ = help_text()
     magics = FreerideMagics(ipython)
     ipython.register_magics(magics)
+    register_display(ipython)
     completer = getattr(ipython, "Completer", None)
     if completer is not None:
         _drop_matchers(completer)
@@ -472,7 +476,11 @@ def _drop_matchers(completer: Any) -> None:
 
 
 def unload(ipython: InteractiveShell) -> None:
-    """Remove the magics and stop every dashboard pump (runs keep going; `session` stays)."""
+    """Remove the magics and the Session view, and stop every dashboard pump (runs keep
+    going; `session` stays)."""
+    from freeride_lab.ui.display import unregister_display
+
+    unregister_display(ipython)
     manager = ipython.magics_manager
     magics = manager.registry.pop(FreerideMagics.__name__, None)
     if isinstance(magics, FreerideMagics):

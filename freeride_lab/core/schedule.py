@@ -184,6 +184,17 @@ def torch_plan_with_held_sends(
     v = spec.resolve_chunks(chunks)
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"stages={ranks} and microbatches={microbatches} must both be >= 1")
+    if spec.name == "1F1B":  # planned here ([Note: 1F1B plan]): no torch import (seconds)
+        if microbatches < ranks:
+            raise ValueError(
+                f"{spec.name} cannot run stages={ranks}, microbatches={microbatches}, "
+                f"chunks={v}: Number of microbatches ({microbatches}) must be greater than or "
+                f"equal to the number of stages ({ranks})."
+            )
+        executed: dict[int, list[Action | None]] = {
+            r: list(_executed_1f1b(r, ranks, microbatches)) for r in range(ranks)
+        }
+        return executed, {r: frozenset() for r in range(ranks)}
     cls = schedule_class(spec.torch_class)
     if cls is None:
         import torch
@@ -202,13 +213,6 @@ def torch_plan_with_held_sends(
                     for i in stage_indices(spec, rank, ranks, v)
                 ]
                 order = plan_order(cls, stages, microbatches)
-            elif spec.name == "1F1B":  # planned below; torch's own plan is slow and misnumbered
-                if microbatches < ranks:
-                    raise ValueError(
-                        f"Number of microbatches ({microbatches}) must be greater than or "
-                        f"equal to the number of stages ({ranks})."
-                    )
-                order = None
             elif single_order is None:  # single-stage schedules plan every rank at once
                 single_order = plan_order(cls, StandInStage(0, ranks, 0, ranks), microbatches)
                 order = single_order
@@ -219,13 +223,9 @@ def torch_plan_with_held_sends(
                 f"{spec.name} cannot run stages={ranks}, microbatches={microbatches}, "
                 f"chunks={v}: {e}"
             ) from None
-        if spec.name == "1F1B":
-            plan[rank] = list(_executed_1f1b(rank, ranks, microbatches))
-            held[rank] = frozenset()
-        else:
-            converted = [_convert(a) for a in order[rank]] if order else []
-            plan[rank] = _flatten(converted)
-            held[rank] = _held_positions(converted)
+        converted = [_convert(a) for a in order[rank]] if order else []
+        plan[rank] = _flatten(converted)
+        held[rank] = _held_positions(converted)
     return plan, held
 
 

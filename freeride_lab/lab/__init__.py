@@ -13,8 +13,8 @@ _LAZY = {
     "RunFailure": "freeride_lab.lab.session",
     "check_environment": "freeride_lab.lab.preflight",
     "EventTables": "freeride_lab.lab.tables",
-    "EventTailer": "freeride_lab.lab.tables",
-    "read_events": "freeride_lab.lab.tables",
+    "EventTailer": "freeride_lab.lab.tailer",
+    "read_events": "freeride_lab.lab.tailer",
 }
 
 __all__ = list(_LAZY)

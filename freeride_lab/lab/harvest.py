@@ -1,9 +1,8 @@
-"""What side tasks harvested and where they could go: stage info, ledger, cost saving.
+"""What side tasks harvested: the ledger and FreeRide's cost saving.
 
-Pure functions over a run's tables (and, for ``stage_info``, its ``SideTaskManager``); the
-Session's ``stage_info()``, ``ledger()`` and ``cost_saving()`` call them.
+Pure functions over a run's tables; the Session's ``ledger()`` and ``cost_saving()`` call them
+(where tasks could go is ``lab.stages``).
 
-    stage_info(manager, session.memory, session.bubbles)   # the task board's stages
     run_ledger(session.side_task_steps, session.steps)      # one row per side task
     run_cost_saving(session.steps, session.side_task_steps) # FreeRide's saving, both ways
 """
@@ -11,76 +10,12 @@ Session's ``stage_info()``, ``ledger()`` and ``cost_saving()`` call them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.accounting import CostModel, CostSaving, cost_saving, ledger
-from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 
-if TYPE_CHECKING:
-    from freeride_lab.lab.manager import SideTaskManager
-
-__all__ = [
-    "free_bytes_by_rank",
-    "predicted_bubbles_by_rank",
-    "run_cost_saving",
-    "run_ledger",
-    "stage_info",
-    "training_wall_s",
-]
-
-
-def free_bytes_by_rank(memory: pd.DataFrame) -> dict[int, int]:
-    """Free memory per rank (``core.bubbles.free_memory``); {} before any memory report."""
-    if memory.empty:
-        return {}
-    free = core_bubbles.free_memory(memory)
-    return {int(r): int(f) for r, f in zip(free["rank"], free["free_bytes"], strict=True)}
-
-
-def predicted_bubbles_by_rank(bubbles: pd.DataFrame) -> dict[int, list[float]]:
-    """Predicted bubble length (ms) per rank, in slot order (``core.bubbles.predict_bubbles``);
-    {} before any bubble was measured."""
-    if bubbles.empty:
-        return {}
-    predicted = core_bubbles.predict_bubbles(bubbles)
-    out: dict[int, list[float]] = {}
-    for rank, group in predicted.groupby("rank", sort=True):
-        out[int(rank)] = [float(v) for v in group.sort_values("slot")["predicted_ms"]]
-    return out
-
-
-def stage_info(
-    manager: SideTaskManager, memory: pd.DataFrame, bubbles: pd.DataFrame
-) -> list[dict[str, Any]]:
-    """One dict per rank of this node, for the task board: stage (the rank's lowest), rank,
-    stages, free_bytes (None before a step was measured), bubbles_ms (predicted length per slot,
-    in slot order), label, tasks (ids of its live tasks, FIFO order)."""
-    free = free_bytes_by_rank(memory)
-    predicted = predicted_bubbles_by_rank(bubbles)
-    live: dict[int, list[str]] = {r: [] for r in manager.ranks}
-    for task in manager.tasks():
-        if not task["detached"] and not is_terminal(SideTaskState(task["state"])):
-            live.setdefault(task["rank"], []).append(task["id"])
-    out = []
-    for rank in manager.ranks:
-        stages = manager.stages_of(rank)
-        listed = ", ".join(map(str, stages))
-        label = f"stage {stages[0]}" if len(stages) == 1 else f"stages {listed}"
-        out.append(
-            {
-                "stage": stages[0],
-                "rank": rank,
-                "stages": stages,
-                "free_bytes": free.get(rank),
-                "bubbles_ms": predicted.get(rank, []),
-                "label": label,
-                "tasks": live.get(rank, []),
-            }
-        )
-    return out
+__all__ = ["run_cost_saving", "run_ledger", "training_wall_s"]
 
 
 def training_wall_s(steps: pd.DataFrame) -> float | None:

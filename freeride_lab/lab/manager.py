@@ -41,41 +41,29 @@ rule off and the returned dict's ``placement`` says so.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
-import os
-import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.events import ControlAck, SideTaskStateChanged, to_json
-from freeride_lab.core.placement import NoPlacement, QueuedTask, StageInfo, TaskRequest, place
-from freeride_lab.core.schedule import Schedule, stage_indices
-from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
+from freeride_lab.core.events import ControlAck
+from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.lab.harvest import free_bytes_by_rank, predicted_bubbles_by_rank
+from freeride_lab.lab.stages import StagePlacer
+from freeride_lab.lab.task_requests import check_task, limit_changes, limits_of, new_task_id
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
-from freeride_lab.sidetasks.limits import GpuLimits, parse_bytes
-from freeride_lab.sidetasks.proctree import kill_tree
+from freeride_lab.lab.worker_health import WorkerHealth
+from freeride_lab.sidetasks.limits import GpuLimits
 from freeride_lab.sidetasks.spec import GATINGS, TaskSpec, parse_overrun_policy
-from freeride_lab.sidetasks.watchdog import worker_hang_reason
-from freeride_lab.sidetasks.worker_exit import read_exit
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SideTaskManager", "TaskRecord", "WorkerLike"]
 
-_UNKNOWN_FREE_BYTES = 2**62  # stands in for "not measured yet": the memory rule passes
-_EXIT_RECORD_WAIT_S = 2.0  # a rank records its dead worker's exit status well within this
 _WORKER_WAIT_S = 120.0  # how long a request waits for a starting rank's worker
 
 
@@ -113,22 +101,14 @@ class SideTaskManager:
         self.run_dir = run_dir
         self.config = config
         self.book = TaskBook(run_dir, events)
-        self._memory = memory
-        self._bubbles = bubbles
         self._live = live
         self._client_factory = client
         self._secret: bytes | None = None  # read once, on the first command
         self.worker_wait_s = worker_wait_s
         self._lock = threading.RLock()
-        self._hung_workers: dict[int, tuple[int, str]] = {}  # rank -> (pid, why it was killed)
-        self._gone_since: dict[tuple[int, int], float] = {}  # (rank, pid) -> when found gone
-        spec = Schedule.from_name(config.schedule)
-        nproc = config.stages // config.nnodes
-        self.ranks = list(range(config.node_rank * nproc, (config.node_rank + 1) * nproc))
-        self._stages_of = {
-            r: stage_indices(spec, r, config.stages, config.chunks or 1) for r in self.ranks
-        }
-        self._rank_of = {s: r for r, ss in self._stages_of.items() for s in ss}
+        self.placer = StagePlacer(config, self.book, memory=memory, bubbles=bubbles)
+        self.ranks = self.placer.ranks
+        self._health = WorkerHealth(run_dir, ranks=self.ranks, book=self.book)
 
     def __repr__(self) -> str:
         return f"<SideTaskManager({str(self.run_dir.path)!r}, tasks={len(self.book.records())})>"
@@ -176,10 +156,10 @@ class SideTaskManager:
             if gating not in GATINGS:
                 raise ValueError(f"gating={gating!r} is unknown; valid: {', '.join(GATINGS)}")
             policy = str(parse_overrun_policy(policy))
-            ref, name, unit, theta = _check_task(task)
-            limits = _limits(memory, sm_pct, priority, budget_ms)
+            ref, name, unit, theta = check_task(task)
+            limits = limits_of(memory, sm_pct, priority, budget_ms)
             record = TaskRecord(
-                id=_new_id(name, set(records)),
+                id=new_task_id(name, set(records)),
                 task=ref,
                 name=name,
                 rank=-1,
@@ -193,8 +173,8 @@ class SideTaskManager:
                 reference_throughput=theta,
             )
             record.spec()  # validates options (JSON) and the rest before anything is sent
-            rank, note = self._choose_rank(record, limits, stage)
-            record.rank, record.stage, record.placement = rank, self._lowest(rank), note
+            rank, note = self.placer.choose_rank(record, limits, stage)
+            record.rank, record.stage, record.placement = rank, self.placer.lowest(rank), note
             ack = self._send_attach(record)
             record.attached_ns = record.limits_ns = ack.t_ns
             self.book.save(record)
@@ -217,10 +197,11 @@ class SideTaskManager:
                 f"task {record.id!r} is still attached ({state}) on stage {record.stage}; "
                 f"detach it first (session.detach({record.id!r})) or tune it"
             )
-        changes = _limit_changes(memory, sm_pct, priority if priority != 1 else None, budget_ms)
+        changes = limit_changes(memory, sm_pct, priority if priority != 1 else None, budget_ms)
         limits = GpuLimits.from_dict(record.limits).replace(**changes)
-        rank, note = self._choose_rank(record, limits, record.stage if stage is None else stage)
-        record.rank, record.stage = rank, self._lowest(rank)
+        where = record.stage if stage is None else stage
+        rank, note = self.placer.choose_rank(record, limits, where)
+        record.rank, record.stage = rank, self.placer.lowest(rank)
         record.limits, record.detached, record.placement = limits.to_dict(), False, note
         if "budget_s" in changes:
             record.user_budget_s = limits.budget_s
@@ -254,12 +235,12 @@ class SideTaskManager:
             self._check_live()
             record = self.book.record(task_id)
             self._check_attached(record, "tune")
-            changes = _limit_changes(memory, sm_pct, priority, budget_ms)
+            changes = limit_changes(memory, sm_pct, priority, budget_ms)
             if not changes:
                 return self.book.view(record)
             limits = GpuLimits.from_dict(record.limits).replace(**changes)
             if "memory_bytes" in changes:
-                self._check_stage(record, limits, record.rank)
+                self.placer.check_stage(record, limits, record.rank)
             ack = self._call(record.rank, lambda w: w.tune(record.id, **changes))
             if not ack.ok:
                 raise ValueError(f"worker of stage {record.stage} refused: {ack.message}")
@@ -284,18 +265,18 @@ class SideTaskManager:
             record = self.book.record(task_id)
             self._check_attached(record, "move")
             limits = GpuLimits.from_dict(record.limits)
-            rank, note = self._choose_rank(record, limits, stage, moving=True)
+            rank, note = self.placer.choose_rank(record, limits, stage, moving=True)
             if rank == record.rank:
                 return self.book.view(record)
             old_rank = record.rank
             detached = self._call(old_rank, lambda w: w.detach(record.id))
             if not detached.ok:
                 raise RuntimeError(f"could not stop {record.id} for the move: {detached.message}")
-            record.rank, record.stage, record.placement = rank, self._lowest(rank), note
+            record.rank, record.stage, record.placement = rank, self.placer.lowest(rank), note
             try:
                 ack = self._send_attach(record, reason="move")
             except (ValueError, RuntimeError, OSError, TimeoutError) as exc:
-                record.rank, record.stage = old_rank, self._lowest(old_rank)
+                record.rank, record.stage = old_rank, self.placer.lowest(old_rank)
                 back = self._send_attach(record, reason="move back")
                 record.limits_ns = back.t_ns
                 self.book.save(record)
@@ -306,7 +287,7 @@ class SideTaskManager:
             record.limits_ns = ack.t_ns
             self.book.save(record)
             self.book.set_state(record.id, SideTaskState.SUBMITTED, ack.t_ns)
-            log.info("moved %s from stage %d to %d", record.id, self._lowest(old_rank), stage)
+            log.info("moved %s from stage %d to %d", record.id, self.placer.lowest(old_rank), stage)
             return self.book.view(record)
 
     def detach(self, task_id: str) -> dict[str, Any]:
@@ -332,7 +313,7 @@ class SideTaskManager:
     def tasks(self) -> list[dict[str, Any]]:
         """Every task attached to this run, in attach order (see ``task``)."""
         with self._lock:
-            self._check_workers()
+            self._health.fail_tasks_of_dead_workers()
             records = sorted(self.book.records().values(), key=lambda r: (r.attached_ns, r.id))
             return [self.book.view(r) for r in records]
 
@@ -348,18 +329,18 @@ class SideTaskManager:
             ValueError: unknown task id.
         """
         with self._lock:
-            self._check_workers()
+            self._health.fail_tasks_of_dead_workers()
             return self.book.view(self.book.record(task_id))
 
     def check_workers(self) -> bool:
-        """Kill hung workers (``_kill_hung_workers``), then fail the tasks of workers that died
-        or were killed (``_check_workers``) unless a request holds the manager right now;
-        whether it checked. The session's watchdog calls this."""
-        self._kill_hung_workers()
+        """Kill hung workers, then fail the tasks of workers that died or were killed unless a
+        request holds the manager right now (``lab.worker_health``); whether it checked. The
+        session's watchdog calls this."""
+        self._health.kill_hung()
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            self._check_workers()
+            self._health.fail_tasks_of_dead_workers()
             return True
         finally:
             self._lock.release()
@@ -376,105 +357,11 @@ class SideTaskManager:
         profile = self.book.profile(record)
         return None if profile is None else float(profile["budget_s"])
 
+    def stages_of(self, rank: int) -> list[int]:
+        """The stage indices ``rank`` holds, ascending."""
+        return self.placer.stages_of(rank)
+
     # -- internals: validation ---------------------------------------------------------------
-
-    def _kill_hung_workers(self) -> None:
-        """SIGKILL every worker of this node that is silent for three heartbeats (SIGSTOPped,
-        starved; see ``sidetasks.watchdog``), with its task processes, and remember why.
-
-        Takes no lock: a request waiting on a hung worker must not shield it from this.
-        """
-        for rank in self.ranks:
-            pid = _worker_pid(self.run_dir.path, rank)
-            if pid is None or self._hung_workers.get(rank, (None, ""))[0] == pid:
-                continue
-            hung = worker_hang_reason(self.run_dir.path, rank, pid)
-            if hung is None:
-                continue
-            cause = f"{hung}; killed it and its task processes (SIGKILL)"
-            self._hung_workers[rank] = (pid, cause)  # before the kill: its tasks fail with it
-            log.warning("%s", cause)
-            kill_tree(pid)
-
-    def _check_workers(self) -> None:
-        """Fail the tasks of a worker that died (SIGKILL, OOM killer) or that
-        ``_kill_hung_workers`` killed: nothing else would say so.
-
-        A task counts as the worker's if its state is not terminal, or if its process stopped
-        itself because the worker's channel closed (reason "worker exited"); a worker that
-        ends normally stops its tasks with other reasons first, so those are left alone. The
-        reason says how the worker died, as its rank recorded it (``sidetasks.worker_exit``).
-        """
-        by_rank: dict[int, list[TaskRecord]] = {}
-        for record in self.book.records().values():
-            if not record.detached and self._worker_owns(record):
-                by_rank.setdefault(record.rank, []).append(record)
-        for rank, records in by_rank.items():
-            cause = self._worker_death(rank)
-            if cause is None:
-                continue
-            reason = f"{cause}; see {self.run_dir.logs_dir}/worker-{rank}.log"
-            # Read again: what the worker wrote before it ended is all in its files now.
-            records = [r for r in records if self._worker_owns(r)]
-            now = time.time_ns()
-            for record in records:
-                log.warning("task %s failed: %s", record.id, reason)
-                self.book.fail(record.id, reason, now)
-                self._record_failure(record, reason, now)
-
-    def _worker_death(self, rank: int) -> str | None:
-        """How the worker of ``rank`` died; None while it runs, before it started, or after a
-        normal exit (code 0: it ended its tasks itself, their events may still be on the way).
-
-        A worker found gone without its rank's record of how (the rank has not reaped it yet,
-        or died too) is given ``_EXIT_RECORD_WAIT_S`` for the record to appear.
-        """
-        ended = read_exit(self.run_dir.path, rank)
-        if ended is not None and ended.normal:
-            return None
-        pid = ended.pid if ended is not None else _worker_pid(self.run_dir.path, rank)
-        if pid is None or (ended is None and _process_alive(pid)):
-            return None
-        killed_pid, cause = self._hung_workers.get(rank, (None, ""))
-        if killed_pid == pid:
-            return cause
-        if ended is not None:
-            return f"worker for rank {rank} died: {ended.how} (pid {pid})"
-        gone_since = self._gone_since.setdefault((rank, pid), time.monotonic())
-        if time.monotonic() - gone_since < _EXIT_RECORD_WAIT_S:
-            return None
-        return (
-            f"worker for rank {rank} died: pid {pid} is gone, and its rank recorded no exit "
-            "status (it may have died too)"
-        )
-
-    def _worker_owns(self, record: TaskRecord) -> bool:
-        """Whether the task's fate is its worker's: not ended, or stopped by its channel closing."""
-        state, reason = self.book.observed(record.id)
-        orphaned = state == SideTaskState.STOPPED and reason == "worker exited"
-        return orphaned or not is_terminal(SideTaskState(state))
-
-    def _record_failure(self, record: TaskRecord, reason: str, t_ns: int) -> None:
-        """Write the FAIL to the run directory, so a later ``Session.open`` sees it too: one
-        line, appended in one write, to ``events/lab-<rank>.jsonl`` (no process writes there)."""
-        event = SideTaskStateChanged(
-            task_id=record.id,
-            name=record.name,
-            stage=record.stage,
-            state=str(SideTaskState.FAILED),
-            t_ns=t_ns,
-            event=str(SideTaskEvent.FAIL),
-            reason=reason,
-        )
-        path = self.run_dir.events_dir / f"lab-{record.rank}.jsonl"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, (to_json(event) + "\n").encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:  # the tables in memory still say FAILED
-            log.warning("cannot record the failure of task %s in %s: %s", record.id, path, exc)
 
     def _check_live(self) -> None:
         if not self.config.side_tasks:
@@ -501,98 +388,6 @@ class SideTaskManager:
                 f"{' (detached)' if record.detached else ''}; attach it again with "
                 f"session.attach({record.id!r})"
             )
-
-    def _rank_for(self, stage: object) -> int:
-        if isinstance(stage, bool) or not isinstance(stage, int) or stage not in self._rank_of:
-            valid = sorted(self._rank_of)
-            span = f"{valid[0]}..{valid[-1]}" if valid else "none"
-            raise ValueError(
-                f"stage={stage!r} is out of range: this run's stages here are {span} "
-                f"({len(self.ranks)} rank(s) on node {self.config.node_rank})"
-            )
-        return self._rank_of[stage]
-
-    def _lowest(self, rank: int) -> int:
-        return min(self._stages_of[rank])
-
-    def stages_of(self, rank: int) -> list[int]:
-        """The stage indices ``rank`` holds, ascending."""
-        return sorted(self._stages_of[rank])
-
-    def _choose_rank(
-        self, record: TaskRecord, limits: GpuLimits, stage: int | None, *, moving: bool = False
-    ) -> tuple[int, str]:
-        """The rank for ``record`` under ``limits``, and how it was chosen (placement rules)."""
-        infos, notes = self._stage_infos(exclude=record.id)
-        if record.gating == "none":
-            # Naive co-location runs through training compute, so bubbles do not bound its steps.
-            infos = {r: dataclasses.replace(info, bubble_ms=None) for r, info in infos.items()}
-            notes.append('gating="none": bubble-fit rule not applied')
-        budget_s = limits.budget_s if limits.budget_s is not None else self._budget_s(record)
-        if budget_s is None:
-            notes.append("step budget not known until the task is profiled")
-        request = TaskRequest(
-            name=record.name,
-            memory_bytes=limits.memory_bytes or 0,
-            budget_s=budget_s or 0.0,
-            priority=1 - limits.priority,
-            task_id=record.id,
-        )
-        if stage is None:
-            outcome = place(request, list(infos.values()))
-            if isinstance(outcome, NoPlacement):
-                raise ValueError(outcome.reason)
-            rank = self._rank_of[outcome.stage]
-            how = f"placed on stage {outcome.stage}"
-        else:
-            rank = self._rank_for(stage)
-            if not (moving and rank == record.rank):
-                outcome = place(request, [infos[rank]])
-                if isinstance(outcome, NoPlacement):
-                    refusal = outcome.refusals[0]
-                    raise ValueError(
-                        f"stage {stage} cannot host {record.name!r}: {refusal.rule}: "
-                        f"{refusal.detail}; fix: lower its memory or budget_ms, or pick another "
-                        "stage (session.stage_info() lists free memory and bubbles)"
-                    )
-            how = f"stage {stage} as asked"
-        return rank, "; ".join([how, *notes])
-
-    def _check_stage(self, record: TaskRecord, limits: GpuLimits, rank: int) -> None:
-        self._choose_rank(record, limits, self._lowest(rank))
-
-    def _stage_infos(self, *, exclude: str = "") -> tuple[dict[int, StageInfo], list[str]]:
-        """Placement's view of each rank (keyed by rank), plus notes on what is not known."""
-        notes: list[str] = []
-        free = free_bytes_by_rank(self._memory())
-        if not free:
-            notes.append("free memory not measured yet (no step done): memory rule skipped")
-        predicted = predicted_bubbles_by_rank(self._bubbles())
-        if not predicted:
-            notes.append("bubbles not measured yet: bubble-fit rule skipped")
-        queues: dict[int, list[QueuedTask]] = {r: [] for r in self.ranks}
-        for record in self.book.records().values():
-            if record.id == exclude or not self.book.live(record):
-                continue
-            if record.rank in queues:
-                priority = 1 - int(record.limits.get("priority", 1))
-                queues[record.rank].append(QueuedTask(record.id, priority))
-        infos = {
-            r: StageInfo(
-                stage=self._lowest(r),
-                free_bytes=free.get(r, _UNKNOWN_FREE_BYTES) if free else _UNKNOWN_FREE_BYTES,
-                bubble_ms=tuple(predicted.get(r, ())) if predicted else None,
-                queue=tuple(queues[r]),
-            )
-            for r in self.ranks
-        }
-        return infos, notes
-
-    def _budget_s(self, record: TaskRecord) -> float | None:
-        if record.limits.get("budget_s") is not None:
-            return float(record.limits["budget_s"])
-        profile = self.book.profile(record)
-        return None if profile is None else float(profile["budget_s"])
 
     # -- internals: workers ------------------------------------------------------------------
 
@@ -632,7 +427,7 @@ class SideTaskManager:
             return command(worker)
         except (ConnectionError, TimeoutError) as exc:
             raise RuntimeError(
-                f"the side-task worker of stage {self._lowest(rank)} did not answer ({exc}); "
+                f"the side-task worker of stage {self.placer.lowest(rank)} did not answer ({exc}); "
                 "is the run still training?"
             ) from None
 
@@ -642,111 +437,3 @@ class SideTaskManager:
         if not ack.ok:
             raise ValueError(f"stage {record.stage} refused {record.id} ({reason}): {ack.message}")
         return ack
-
-
-# --- pure helpers -----------------------------------------------------------------------------
-
-
-def _worker_pid(run_dir: Path, rank: int) -> int | None:
-    """The pid the worker of ``rank`` published, or None before it did."""
-    from freeride_lab.sidetasks.client import worker_address_file
-
-    try:
-        pid = json.loads(worker_address_file(run_dir, rank).read_text()).get("pid")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) and pid > 0 else None
-
-
-def _process_alive(pid: int) -> bool:
-    """Running (a zombie, killed but not yet reaped by its rank, is not)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _check_task(task: object) -> tuple[str, str, str, float | None]:
-    """(reference to send, display name, unit, declared reference throughput) of a task name
-    or reference, or ValueError."""
-    from freeride_lab.tasks import registry
-
-    if not isinstance(task, str) or not task.strip():
-        raise ValueError(
-            f"task={task!r} must be a task name ({', '.join(registry.names())}), "
-            "'pkg.module:Class' or 'path/file.py:Class'"
-        )
-    key = task.strip().lower().replace("-", "_")
-    if key in registry.BUILTIN_TASKS:
-        from freeride_lab.core.accounting import FREERIDE_UNITS
-
-        ref = registry.check(key)
-        return ref, key, FREERIDE_UNITS.get(registry.reference_key(key), ""), None
-    name = task.strip() if registry.is_known(task) else ""
-    ref = registry.resolve(task)
-    where, _, cls_name = ref.rpartition(":")
-    if where.endswith(".py"):
-        ref = f"{Path(where).expanduser().resolve()}:{cls_name}"  # task processes run elsewhere
-    cls = registry.load(ref)  # ValueError names what is wrong
-    return ref, name or cls_name, str(getattr(cls, "unit", "")), _reference_throughput(cls)
-
-
-def _reference_throughput(cls: type) -> float | None:
-    """A task class's declared ``reference_throughput`` (None if it declares none), or
-    ValueError naming the class, the value and the rule."""
-    theta = getattr(cls, "reference_throughput", None)
-    if theta is None:
-        return None
-    number = isinstance(theta, int | float) and not isinstance(theta, bool)
-    if not (number and math.isfinite(theta) and theta > 0):
-        raise ValueError(
-            f"{cls.__name__}.reference_throughput={theta!r} must be a finite number > 0 "
-            f"(its {getattr(cls, 'unit', 'units')} per second on the reference GPU), or None "
-            "to leave the task out of cost accounting"
-        )
-    return float(theta)
-
-
-def _limits(
-    memory: int | str | None, sm_pct: float | None, priority: int | None, budget_ms: float | None
-) -> GpuLimits:
-    return GpuLimits().replace(**_limit_changes(memory, sm_pct, priority, budget_ms))
-
-
-def _limit_changes(
-    memory: int | str | None, sm_pct: float | None, priority: int | None, budget_ms: float | None
-) -> dict[str, Any]:
-    """``GpuLimits`` fields for the given (not None) arguments, checked."""
-    changes: dict[str, Any] = {}
-    if memory is not None:
-        changes["memory_bytes"] = parse_bytes(memory)
-        if changes["memory_bytes"] <= 0:
-            raise ValueError(f"memory={memory!r} must be > 0 bytes; use None for no cap")
-    if sm_pct is not None:
-        changes["sm_pct"] = sm_pct
-    if priority is not None:
-        changes["priority"] = priority
-    if budget_ms is not None:
-        if (
-            isinstance(budget_ms, bool)
-            or not isinstance(budget_ms, int | float)
-            or not math.isfinite(budget_ms)
-            or budget_ms <= 0
-        ):
-            raise ValueError(
-                f"budget_ms={budget_ms!r} must be a number of milliseconds > 0; "
-                "use None to profile the task"
-            )
-        changes["budget_s"] = float(budget_ms) / 1e3
-    GpuLimits().replace(**changes)  # the remaining checks, with GpuLimits' messages
-    return changes
-
-
-def _new_id(name: str, taken: set[str]) -> str:
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.")[:40] or "task"
-    while True:
-        task_id = f"{slug}-{secrets.token_hex(2)}"
-        if task_id not in taken:
-            return task_id

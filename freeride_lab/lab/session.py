@@ -3,6 +3,7 @@
     s = Session.launch(RunConfig(schedule="1F1B", stages=4, microbatches=8))
     s                                    # returns at once; training runs in the background
     # <Session run_id='20250101-120000-1f1b-p4m8-1a2b' state=running step=3/20>
+    s.progress                           # 'starting 4 ranks…', 'calibrating…', 'step 3/20'
     s.bubbles.head(); s.summary()        # tables fill while the run goes on
     s.wait()                             # 'finished' | 'failed' | 'stopped'
     s.stop()                             # TERM → grace → KILL; idempotent
@@ -14,6 +15,12 @@
 
     s.attach("pagerank", options={"n_nodes": 2000})   # a side task in the bubbles
     s.tasks; s.tune(task_id, sm_pct=50); s.move(task_id, 2); s.detach(task_id)
+
+One class, three parts, a module each: ``lab.launch.RunProcesses`` (the run's processes: start,
+watchdog, stop, settle; who may command it), ``lab.session_tables.SessionTables`` (the tables
+and ``progress``) and ``lab.side_tasks.SideTaskControls`` (side tasks); this module makes and
+opens sessions and says how a run stands (``state``, ``failure``, ``wait``). Launching imports
+neither torch nor pandas here: the ranks import torch, the first table read loads pandas.
 
 Processes: the Session starts one launcher (``python -m freeride_lab.pipeline.launcher``) in the
 caller's process group; the launcher owns torchrun and the ranks (see that module). Stopping
@@ -47,7 +54,7 @@ its records in the run directory.
 [Note: damaged run directories]
 A run directory can be damaged after the fact (a copy cut short, a disk error, a hand edit).
 Readers work on what is left: event lines that are not valid events are skipped, counted
-(``bad_lines``) and logged once per file and read (``lab.tables`` [Note: damaged event
+(``bad_lines``) and logged once per file and read (``lab.tailer`` [Note: damaged event
 files]); a missing or damaged status.json reads as no status (``RunDir.read_status``, logged
 once), and a run whose launcher is gone without one is judged from its events: FINISHED if
 every rank here said so, else FAILED. run.json is different: it is the only record of the
@@ -78,87 +85,59 @@ final read, status, MPS daemon stopped) and ends, so nothing waits for someone t
 ``stop()`` ends it too.
 
 [Note: upward hooks]
-``report`` and ``_repr_mimebundle_`` are the only places where ``lab`` touches ``ui``; both
-import it lazily, so a headless Session never loads widgets.
+``lab`` never imports ``ui`` (``tests/lab/test_layers.py`` checks it), so a headless Session
+never loads widgets, plotly or jinja2. The two places where a Session meets ``ui`` are plugged
+in from above: ``report(path)`` calls the writer registered in ``lab.hooks`` (importing
+``freeride_lab`` registers ``freeride_lab.ui.report``'s, loaded on the first report; without
+its packages, one ``ImportError`` names the extra to install), and the notebook's view of a
+Session (its dashboard) is a printer registered with IPython's display formatters
+(``freeride_lab.ui.display``) by ``%load_ext freeride_lab``, and by importing ``freeride_lab``
+inside IPython.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import contextlib
 import errno
-import importlib.metadata
-import itertools
-import json
 import logging
 import math
-import os
-import platform
 import secrets
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import psutil
-
-from freeride_lab.core import attribution as core_attribution
-from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
 from freeride_lab.io.bus import BusBatch, BusServer
-from freeride_lab.io.rundir import RunDir, open_append
-from freeride_lab.lab.manager import SideTaskManager
-from freeride_lab.lab.owner_channel import OwnerClient
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.lab.hooks import report_writer
+from freeride_lab.lab.launch import (
+    EDGES_FACTORY,
+    RunProcesses,
+    live_session,
+    with_side_tasks,
+)
 from freeride_lab.lab.preflight import check_environment
 from freeride_lab.lab.run_mps import RunMps
+from freeride_lab.lab.session_tables import SessionTables
 from freeride_lab.lab.side_tasks import SideTaskControls
-from freeride_lab.lab.tables import EventTables, EventTailer
-from freeride_lab.pipeline.launcher import (
-    DEFAULT_RANK_ENTRY,
-    RunState,
-    free_port,
-    state_of_exit_code,
-    stop_processes,
-)
+from freeride_lab.lab.tables import EventTables
+from freeride_lab.lab.tailer import EventTailer
+from freeride_lab.pipeline.launcher import DEFAULT_RANK_ENTRY, RunState, free_port
 
 if TYPE_CHECKING:
     from freeride_lab.lab.governor import GovernorLoop
+    from freeride_lab.lab.manager import SideTaskManager
 
 log = logging.getLogger(__name__)
 
-_EXIT_REASONS = {
-    RunState.FINISHED: "every rank finished",
-    RunState.FAILED: "the run failed",
-    RunState.STOPPED: "the run was stopped",
-}
+__all__ = ["EDGES_FACTORY", "RunFailure", "Session"]
 
-__all__ = ["RunFailure", "Session"]
-
-LAUNCHER_STATUS_MARGIN_S = 3.0  # extra time stop() gives the launcher to write its status
 INBOX_BATCHES = 10_000  # bus batches kept between two reads of the tables
-EDGES_FACTORY = "freeride_lab.sidetasks.client:open_edges"  # a worker beside each rank
-WATCHDOG_PERIOD_S = 1.0  # how often the owner checks that side-task workers are alive
-
-# The one piece of global state (house rule 14): sessions this process owns and must stop at exit.
-_live_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
-
-
-def _stop_live_sessions() -> None:
-    for session in list(_live_sessions):
-        try:
-            session.stop()
-        except Exception:
-            log.exception("could not stop %r at exit", session)
 
 
 @dataclass(frozen=True)
@@ -173,70 +152,10 @@ class RunFailure:
         return self.reason
 
 
-def _parse_state(value: object) -> RunState:
-    try:
-        return RunState(str(value))
-    except ValueError:
-        return RunState.STARTING  # no status yet (or one this version does not know)
-
-
 def _new_run_id(config: RunConfig) -> str:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     shape = f"{config.schedule.lower()}-p{config.stages}m{config.microbatches}"
     return f"{stamp}-{shape}-{secrets.token_hex(2)}"
-
-
-def _versions() -> dict[str, str]:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "unknown"
-
-    return {
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "freeride_lab": version("freeride-lab"),
-    }
-
-
-def _child_env() -> dict[str, str]:
-    """The environment for the launcher: ours, with this package importable for sure."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the directory holding freeride_lab/
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([*parts, root])
-    return env
-
-
-def _with_side_tasks(config: RunConfig) -> RunConfig:
-    """``config`` with the edges factory that starts a worker beside each rank, if wanted."""
-    if not config.side_tasks or config.runtime.edges_factory is not None:
-        return config
-    return config.replace(runtime=config.runtime.replace(edges_factory=EDGES_FACTORY))
-
-
-def _of_run(cmdline: Sequence[str], path: str) -> bool:
-    """Whether a command line is one of the run's processes: ``--run-dir PATH`` (launcher,
-    torchrun, ranks, side-task workers) or a task host whose spec names the run directory."""
-    if any(a == "--run-dir" and b == path for a, b in itertools.pairwise(cmdline)):
-        return True
-    spec = f'"run_dir": {json.dumps(path)}'
-    return any(a.startswith("{") and spec in a for a in cmdline)
-
-
-def _process(pid: object, *, needle: str) -> psutil.Process | None:
-    """The live process ``pid`` if its command line mentions ``needle`` (guards pid reuse)."""
-    if pid is None:
-        return None
-    try:
-        p = psutil.Process(int(str(pid)))
-        if p.status() != psutil.STATUS_ZOMBIE and needle in " ".join(p.cmdline()):
-            return p
-    except (psutil.Error, ValueError):
-        pass
-    return None
 
 
 def _described_run(rd: RunDir) -> tuple[dict[str, Any], RunConfig]:
@@ -266,33 +185,13 @@ def _described_run(rd: RunDir) -> tuple[dict[str, Any], RunConfig]:
         ) from None
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT while starting a child, so that it starts with SIGINT ignored.
-
-    An ignored signal stays ignored across exec and Python then installs no KeyboardInterrupt
-    handler, so an Interrupt that arrives while the launcher is still importing cannot kill it.
-    Signal handlers can only be changed on the main thread; elsewhere this does nothing and the
-    launcher ignores SIGINT itself a moment later.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-
-
-class Session(SideTaskControls):
-    """A pipeline training run: its processes (if this process owns it), state and tables;
-    its side tasks come from ``SideTaskControls`` (``attach``, ``tasks``, …).
+class Session(RunProcesses, SessionTables, SideTaskControls):
+    """A pipeline training run: its processes if this process owns it (``RunProcesses``:
+    ``stop``), its tables (``SessionTables``: ``bubbles``, ``summary()``, ``progress``, …)
+    and its side tasks (``SideTaskControls``: ``attach``, ``tasks``, …).
 
     Make one with ``Session.launch(config)`` or ``Session.open(run_dir)``, not directly.
     """
-
-    bubble_min_ms: float = 0.0  # gaps shorter than this are left out of ``bubbles``
 
     def __init__(
         self,
@@ -370,7 +269,7 @@ class Session(SideTaskControls):
         path = path.expanduser().absolute()
         check_environment(config, path)
         RunMps.wanted(config)  # mps=True where MPS cannot run: refuse before anything exists
-        config = _with_side_tasks(config)
+        config = with_side_tasks(config)
         if config.master_port is None:
             config = config.replace(master_port=free_port(config.master_addr))
         config = config.replace(run_dir=str(path))
@@ -388,102 +287,6 @@ class Session(SideTaskControls):
         session._start(rank_entry or DEFAULT_RANK_ENTRY, secret, detached=detached)
         return session
 
-    def _start(self, rank_entry: Sequence[str], secret: bytes, *, detached: bool = False) -> None:
-        rd = self.run_dir
-        self._bus = BusServer(secret, host=self.config.bus_host, on_batch=self._on_batch)
-        try:
-            self._bus.start()
-            mps = self._mps.start()
-            env = {**_child_env(), **self._mps.client_env()}
-            run = {
-                "run_id": self.run_id,
-                "created_ns": time.time_ns(),
-                "config": self.config.to_dict(),
-                "bus": {"address": list(self._bus.address)},
-                "owner_pid": os.getpid(),
-                "launcher_pid": None,
-                "rank_entry": list(rank_entry),
-                "grace_s": self.grace_s,
-                "host": socket.gethostname(),
-                "versions": _versions(),
-                "mps": mps,
-                "detached": detached,
-            }
-            rd.write_json(rd.run_json, run)
-            cmd = [
-                sys.executable, "-m", "freeride_lab.pipeline.launcher",
-                "--run-dir", str(rd.path),
-                "--parent-pid", str(os.getpid()),
-                "--grace-s", str(self.grace_s),
-            ]  # fmt: skip
-            log_fd = open_append(rd.logs_dir / "launcher.log")
-            with os.fdopen(log_fd, "ab") as out, _sigint_ignored():
-                # Same process group as the caller, on purpose: a kernel restart reaches it.
-                self._launcher = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    close_fds=True,
-                )
-            run["launcher_pid"] = self._launcher.pid
-            rd.write_json(rd.run_json, run)
-        except BaseException:
-            if self._launcher is not None:
-                self._stop_requested = True
-                stop_processes([psutil.Process(self._launcher.pid)], self.grace_s)
-                self._launcher.wait()
-            self._bus.stop()
-            self._stop_mps()
-            raise
-        _live_sessions.add(self)
-        self._watchdog = threading.Thread(
-            target=self._watch_run, name=f"freeride-watchdog-{self.run_id}", daemon=True
-        )
-        self._watchdog.start()
-        atexit.unregister(_stop_live_sessions)  # registered once, however many sessions
-        atexit.register(_stop_live_sessions)
-        log.info("launched %s in %s (launcher pid %d)", self.run_id, rd.path, self._launcher.pid)
-
-    def _watch_run(self) -> None:
-        """The watchdog thread (see [Note: worker watchdog])."""
-        tasks_dir = self.run_dir.path / "tasks"
-        side_tasks = bool(self.config.side_tasks and self.config.runtime.edges_factory)
-        while not self._watchdog_stop.wait(WATCHDOG_PERIOD_S):
-            if self._launcher is None or self._launcher.poll() is not None:
-                try:
-                    self._settle()
-                except Exception:
-                    log.exception("settling %s after its launcher exited failed", self.run_id)
-                return
-            if not side_tasks or not tasks_dir.is_dir():
-                continue  # nothing attached yet
-            try:
-                self._side_tasks().check_workers()
-            except Exception:  # a watchdog must outlive what it watches; say why, go on
-                log.exception("checking the side-task workers of %s failed", self.run_id)
-
-    def _stop_watchdog(self) -> None:
-        self._watchdog_stop.set()
-        thread = self._watchdog
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(WATCHDOG_PERIOD_S + 5.0)
-
-    def _stop_mps(self) -> None:
-        launcher = self._launcher.pid if self._launcher is not None else None
-        self._mps.stop(
-            leftovers=lambda: [p for p in self._run_processes() if p.pid != launcher],
-            grace_s=self.grace_s,
-        )
-
-    @property
-    def mps_active(self) -> bool:
-        """Whether a private MPS daemon served this run (run.json's ``mps.active``)."""
-        with contextlib.suppress(OSError, ValueError):
-            return bool(self.run_dir.read_run().get("mps", {}).get("active", False))
-        return False
-
     @classmethod
     def open(cls, run_dir: str | Path) -> Session:
         """The run in ``run_dir``, from its files (see [Note: owner and observers]); damaged
@@ -500,9 +303,9 @@ class Session(SideTaskControls):
             raise FileNotFoundError(
                 errno.ENOENT, f"{rd.path} is not a run directory (no run.json)", str(rd.run_json)
             )
-        for live in list(_live_sessions):
-            if live.run_dir.path.resolve() == rd.path.resolve():
-                return live
+        live = live_session(rd.path)
+        if isinstance(live, cls):
+            return live
         run, config = _described_run(rd)
         grace_s = run.get("grace_s", 10.0)
         session = cls(
@@ -596,401 +399,16 @@ class Session(SideTaskControls):
             f"(step {self.steps_done}/{self.config.steps}); wait longer or call stop()"
         )
 
-    def stop(self, grace_s: float | None = None) -> None:
-        """Stop the run: SIGTERM to its whole process tree, ``grace_s``, then SIGKILL. Idempotent.
-
-        Raises:
-            RuntimeError: on an observer while the run is alive (see [Note: owner and observers]).
-        """
-        if not self.owner:
-            if self._state(poll_files=False).done:
-                return
-            run = self._run_info()
-            if run.get("detached"):
-                self._stop_detached(run, self.grace_s if grace_s is None else grace_s)
-                return
-            raise self._read_only(
-                "stop it",
-                run,
-                also=f"send SIGTERM to its launcher: kill -TERM {self._launcher_pid()}",
-            )
-        with self._stop_lock:
-            if self._stopped:
-                return
-            grace = self.grace_s if grace_s is None else grace_s
-            launcher = self._launcher
-            if launcher is not None and launcher.poll() is None:
-                procs = self._run_processes()  # the whole tree, before any signal
-                self._stop_requested = True
-                log.info(
-                    "stopping %s: SIGTERM to %d process(es), grace %.1f s",
-                    self.run_id,
-                    len(procs),
-                    grace,
-                )
-                stop_processes(procs, grace + LAUNCHER_STATUS_MARGIN_S, poll=launcher.poll)
-                leftovers = [p for p in self._run_processes() if p.pid != launcher.pid]
-                if leftovers:
-                    stop_processes(leftovers, 0.0)
-                launcher.wait()
-            self._settle()
-            self._stopped = True
-        self._stop_watchdog()
-        _live_sessions.discard(self)
-
-    # -- who may command the run (see [Note: owner and observers]) -----------------------------
-
-    def _run_info(self) -> dict[str, Any]:
-        """run.json now, or {} if it cannot be read."""
-        try:
-            return self.run_dir.read_run()
-        except (OSError, ValueError):
-            return {}
-
-    def _commands(self, what: str) -> SideTaskManager | OwnerClient:
-        """What carries out a side-task command: this owner's manager, or the keeper of a
-        detached run asked over its channel (``lab.owner_channel``).
-
-        Raises:
-            PermissionError: an observer of a run that is not detached.
-            RuntimeError: a detached run that has ended (its keeper is gone).
-        """
-        if self.owner:
-            return self._side_tasks()
-        run = self._run_info()
-        if not run.get("detached"):
-            raise self._read_only(what, run)
-        state = self._state(poll_files=False)
-        if state.done:
-            raise RuntimeError(
-                f"cannot {what}: run {self.run_id} is {state} and its keeper has gone; side "
-                "tasks run only beside a live run"
-            )
-        return OwnerClient.of_run(run, self.run_dir.secret(), run_id=self.run_id)
-
-    def _check_owner(self, what: str) -> None:
-        """Raise ``PermissionError`` unless this Session owns the run."""
-        if not self.owner:
-            raise self._read_only(what, self._run_info())
-
-    def _read_only(self, what: str, run: Mapping[str, Any], *, also: str = "") -> PermissionError:
-        """The refusal of ``what`` on an observer: who owns the run and what to do instead."""
-        owner = run.get("owner_pid", "unknown")
-        if run.get("detached"):
-            return PermissionError(
-                f"cannot {what}: run {self.run_id} is detached and its keeper (pid {owner}) owns "
-                "it; this Session came from Session.open, and only the owning process can "
-                f"{what}. To {what}, launch the run with Session.launch in that process"
-            )
-        instead = f"; or {also}" if also else ""
-        return PermissionError(
-            f"cannot {what}: run {self.run_id} belongs to pid {owner}, the process that "
-            "launched it; this Session came from Session.open and is read-only. Do it with the "
-            f"owning Session in pid {owner}{instead}. A run started with `freeride-lab launch` "
-            "takes commands from any process of its user (its keeper carries them out)"
-        )
-
-    def _stop_detached(self, run: Mapping[str, Any], grace_s: float) -> None:
-        """Stop a detached run from an observer: SIGTERM to its keeper (which stops the run
-        like an owner, MPS included), then to what is left after the grace."""
-        keeper = _process(run.get("owner_pid"), needle="freeride_lab.lab.keeper")
-        if keeper is not None:
-            log.info("stopping detached run %s via its keeper (pid %d)", self.run_id, keeper.pid)
-            stop_processes([keeper], 2 * (grace_s + LAUNCHER_STATUS_MARGIN_S) + 10.0)
-        leftovers = self._run_processes()
-        if leftovers:
-            stop_processes(leftovers, grace_s + LAUNCHER_STATUS_MARGIN_S)
-        if not _parse_state(self.run_dir.read_status().get("state")).done:
-            status = self.run_dir.read_status()
-            status.update(state=str(RunState.STOPPED), reason="stopped by an observer")
-            status.setdefault("ended_ns", time.time_ns())
-            self.run_dir.write_json(self.run_dir.status_json, status)
-        self._refresh()
-
-    def _run_processes(self) -> list[psutil.Process]:
-        """The launcher, all its descendants, and any process of this run that left the tree
-        (see ``_of_run``; a shell command that merely mentions the run directory is not one)."""
-        found: dict[int, psutil.Process] = {}
-        if self._launcher is not None:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(self._launcher.pid)
-                found[root.pid] = root
-                for p in root.children(recursive=True):
-                    found[p.pid] = p
-        path = str(self.run_dir.path)
-        me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-        for p in psutil.process_iter(["cmdline"]):
-            cmdline = p.info.get("cmdline") or []
-            if p.pid not in me and p.pid not in found and _of_run(cmdline, path):
-                found[p.pid] = p
-        return list(found.values())
-
-    def _launcher_pid(self) -> int | None:
-        if self._launcher is not None:
-            return self._launcher.pid
-        pid = self._read_status().get("launcher_pid")
-        if pid is None:
-            with contextlib.suppress(OSError, ValueError):
-                pid = self.run_dir.read_run().get("launcher_pid")
-        return int(pid) if pid is not None else None
-
-    def _launcher_alive(self) -> bool:
-        if self._launcher is not None:
-            return self._launcher.poll() is None
-        pid = self._launcher_pid()
-        if pid is None:
-            return False
-        try:
-            p = psutil.Process(pid)
-            return p.status() != psutil.STATUS_ZOMBIE and str(self.run_dir.path) in " ".join(
-                p.cmdline()
-            )
-        except psutil.Error:
-            return False
-
-    def _read_status(self) -> dict[str, Any]:
-        status = self.run_dir.read_status()
-        if self._unwritten_status is not None and not _parse_state(status.get("state")).done:
-            return self._unwritten_status
-        return status
-
-    def _state(self, *, poll_files: bool) -> RunState:
-        status = self._read_status()
-        state = _parse_state(status.get("state"))
-        if state.done:
-            return state
-        if not self._launcher_alive():
-            if self._launcher is not None:  # owner: the launcher ended; settle writes a status
-                self._settle()
-                return _parse_state(self._read_status().get("state"))
-            if self._launcher_pid() is not None:  # observer: the launcher is gone, no status
-                return self._ended_without_status()
-        self._refresh(poll_files=poll_files)
-        return RunState.FAILED if self._tables.failures else state
-
-    def _ended_without_status(self) -> RunState:
-        """An observer's verdict on a run whose launcher is gone without a (readable) final
-        status: FINISHED if every rank here said it finished and none failed, else FAILED."""
-        self._refresh()
-        tables = self._tables
-        if not tables.failures and all(r in tables.finished for r in self._ranks):
-            return RunState.FINISHED
-        return RunState.FAILED
-
-    def _settle(self) -> None:
-        """After the launcher ended: final read, bus off, and a status if it left none."""
-        with self._lock:
-            if self._launcher is not None and self._launcher.poll() is None:
-                return
-            _live_sessions.discard(self)  # nothing left to stop at exit
-            self._refresh()
-            if self._bus is not None:
-                self._bus.stop()
-                self._bus = None
-                self._refresh()
-            if self._governor is not None:
-                self._governor.stop()
-            self._watchdog_stop.set()  # it ends at its next tick (joined in stop())
-            self._stop_mps()
-            status = self._read_status()
-            if _parse_state(status.get("state")).done or not self.owner:
-                return
-            code = self._launcher.returncode if self._launcher is not None else None
-            if self._stop_requested:
-                state = RunState.STOPPED
-                reason = "stopped by the session (the launcher left no status)"
-            elif state_of_exit_code(code) is not None:  # it could not write it (a full disk)
-                state = cast(RunState, state_of_exit_code(code))
-                reason = f"{_EXIT_REASONS[state]} (the launcher could not write its final status)"
-            else:
-                state = RunState.FAILED
-                reason = f"the launcher exited with code {code} and left no status"
-            status.update(state=str(state), reason=reason, exit_code=code, ended_ns=time.time_ns())
-            try:
-                self.run_dir.write_json(self.run_dir.status_json, status)
-            except OSError as e:  # a full disk: keep the verdict here rather than lose it
-                log.warning("cannot write %s (%s); run %s", self.run_dir.status_json, e, state)
-                self._unwritten_status = status
-
-    # -- tables --------------------------------------------------------------------------------
-
-    def _on_batch(self, batch: BusBatch) -> None:
-        self._inbox.append(batch)  # bus thread: just hand over; merged on the next read
-
-    def _refresh(self, *, poll_files: bool = True) -> None:
-        with self._lock:
-            while self._inbox:
-                self._live_events += self._tables.add(self._tailer.feed(self._inbox.popleft()))
-            if poll_files:
-                if not self._writers_done:  # once the run is over, a cut last line is read too
-                    self._writers_done = _parse_state(self._read_status().get("state")).done
-                self._tables.add(self._tailer.poll(final=self._writers_done))
-
-    @property
-    def bad_lines(self) -> dict[str, int]:
-        """Lines skipped per event file because they are not valid events (damaged files; see
-        [Note: damaged run directories]); {} when every line was read."""
-        self._refresh()
-        return dict(self._tailer.bad_lines_by_file)
-
-    @property
-    def actions(self) -> pd.DataFrame:
-        """One row per timed action (see ``freeride_lab.lab.tables.actions_frame``)."""
-        self._refresh()
-        return self._tables.actions()
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        """One row per (step, rank) (see ``freeride_lab.lab.tables.steps_frame``)."""
-        self._refresh()
-        return self._tables.steps()
-
-    @property
-    def memory(self) -> pd.DataFrame:
-        """One row per (step, rank) memory report (see ``tables.memory_frame``)."""
-        self._refresh()
-        return self._tables.memory()
-
-    @property
-    def side_task_steps(self) -> pd.DataFrame:
-        """One row per side-task step (see ``tables.side_task_steps_frame``)."""
-        self._refresh()
-        return self._tables.side_task_steps()
-
-    @property
-    def events(self) -> pd.DataFrame:
-        """Every event recorded so far, one row each (see ``tables.events_frame``)."""
-        self._refresh()
-        return self._tables.frame()
-
-    @property
-    def bubbles(self) -> pd.DataFrame:
-        """Idle gaps per (step, rank), from ``freeride_lab.core.bubbles.extract_bubbles``: the
-        windows' gaps and, between steps, "boundary" gaps (the optimizer counts as busy)."""
-        return self._bubbles_of(self.actions, self.steps)
-
-    @property
-    def attribution(self) -> pd.DataFrame:
-        """``bubbles`` with each bubble split into why it is there: ``schedule_ms`` (the
-        schedule leaves it idle with this run's own action costs), ``peer_ms`` (waiting on
-        another rank beyond that, and transfers), ``host_ms`` (the rank's own overhead); the
-        parts sum to ``duration_ms`` (``freeride_lab.core.attribution.attribute_bubbles``)."""
-        actions, steps = self.actions, self.steps
-        cfg = self.config
-        return core_attribution.attribute_bubbles(
-            actions,
-            self._bubbles_of(actions, steps),
-            steps=steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-        )
-
-    def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame:
-        """The bubbles of the last ``steps`` recorded steps (enough for predictions: k=5)."""
-        actions, table = self.actions, self.steps
-        if not actions.empty:
-            first = int(actions["step"].max()) - steps + 1
-            actions = actions[actions["step"] >= first]
-            table = table[table["step"] >= first]
-        return self._bubbles_of(actions, table)
-
-    def _bubbles_of(self, actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-        cfg = self.config
-        return core_bubbles.extract_bubbles(
-            actions,
-            steps=steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-            min_ms=self.bubble_min_ms,
-        )
-
-    def summary(
-        self, *, skip_steps: int | None = None, min_ms: float | None = None
-    ) -> pd.DataFrame:
-        """Measured vs theory bubble fraction per rank, and why the measured is above it.
-
-        ``freeride_lab.core.bubbles.summary``'s columns, then the mean bubble ms per step
-        (window and boundary bubbles, ``bubble_ms_per_step``) split into
-        ``schedule_ms_per_step`` (what the schedule leaves idle with this run's own action
-        costs), ``peer_ms_per_step`` (waiting on another rank beyond that, and transfers) and
-        ``host_ms_per_step`` (the rank's own overhead); see ``core.attribution``.
-
-        Args:
-            skip_steps: leading steps left out as warm-up; None leaves out step 0 once a
-                second step is recorded (so a live run has a summary from its first step on).
-            min_ms: shortest gap counted in ``n_bubbles``; None uses ``bubble_min_ms``.
-        """
-        cfg = self.config
-        actions = self.actions
-        if skip_steps is None:
-            skip_steps = 1 if actions["step"].nunique() > 1 else 0
-        summary = core_bubbles.summary(
-            actions,
-            cfg.schedule,
-            cfg.stages,
-            cfg.microbatches,
-            cfg.chunks,
-            skip_steps=skip_steps,
-            min_ms=self.bubble_min_ms if min_ms is None else min_ms,
-        )
-        by_rank = core_attribution.attribution_by_rank(
-            actions,
-            steps=self.steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-            skip_steps=skip_steps,
-        )
-        return core_attribution.with_attribution(summary, by_rank)
-
-    # -- side-task plumbing (the API is ``SideTaskControls``) ---------------------------------
-
-    def _side_tasks(self) -> SideTaskManager:
-        with self._lock:  # the watchdog thread may ask for it too: make exactly one
-            if self._manager is None:
-                self._manager = SideTaskManager(
-                    self.run_dir,
-                    self.config,
-                    events=self._events_since,
-                    memory=lambda: self.memory,
-                    bubbles=self._recent_bubbles,
-                    live=self._is_live,
-                )
-            return self._manager
-
-    def _events_since(self, start: int) -> list[dict[str, Any]]:
-        self._refresh()
-        with self._lock:
-            return self._tables.events_since(start)
-
-    def _is_live(self) -> bool:
-        return not self._state(poll_files=False).done
-
-    # -- ui hooks (see [Note: upward hooks]) --------------------------------------------------
+    # -- the report (see [Note: upward hooks]) ---------------------------------------------
 
     def report(self, path: str | Path) -> Path:
-        """Write a self-contained report of this run to ``path``; the path written."""
-        from freeride_lab.ui.report import write_session_report
+        """Write a self-contained report of this run to ``path``; the path written.
 
-        written: Path = write_session_report(self, path)
-        return written
-
-    def _repr_mimebundle_(
-        self, include: Sequence[str] | None = None, exclude: Sequence[str] | None = None
-    ) -> dict[str, Any]:
-        """The notebook's view of this session: the dashboard (``ui.dashboard``)."""
-        try:
-            from freeride_lab.ui.dashboard import mimebundle
-        except ImportError:
-            return {"text/plain": repr(self)}
-        # ui.dashboard.DashboardSession spells attach/tune as **kwargs: not a structural match
-        bundle: dict[str, Any] = mimebundle(cast(Any, self), include, exclude)
-        return bundle
+        Raises:
+            ImportError: the report's packages are not installed; the message names the extra
+                to install (``freeride-lab[ui]``).
+        """
+        return report_writer()(self, path)
 
     # -- protocol ------------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """``SideTaskControls``: the side-task half of ``Session`` — attach, tune, move, detach, tasks,
-ledger, cost saving and the overhead governor.
+ledger, cost saving and the overhead governor, and who carries out a command.
 
 ``Session`` inherits it; every method here delegates to the run's ``lab.manager``
-``SideTaskManager`` (requests), ``lab.harvest`` (views over the tables) or ``lab.governor``
-(the governor's thread). Requests and the governor need the Session that owns the run; on a
-read-only observer they raise ``PermissionError``, except that a detached run's keeper carries
-out an observer's requests. See ``lab.session`` [Note: owner and observers], [Note: side tasks]
-and [Note: upward hooks].
+``SideTaskManager`` (requests; made on first use, so a launch loads none of it),
+``lab.harvest`` (what the tasks harvested), ``lab.stages`` (the board's stages) or
+``lab.governor`` (the governor's thread). Requests and the governor need the Session that owns
+the run; on a read-only observer they raise ``PermissionError``, except that a detached run's
+keeper carries out an observer's requests (``_commands``). See ``lab.session`` [Note: owner and
+observers] and [Note: side tasks].
 
     s = Session.launch(RunConfig(workload="synthetic", stages=4, microbatches=4))
     t = s.attach("pagerank", options={"n_nodes": 2000})      # placed, profiled, then stepping
@@ -17,21 +18,23 @@ and [Note: upward hooks].
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+import threading
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
-
-import pandas as pd
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
-from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.owner_channel import OwnerClient
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from freeride_lab.core.accounting import CostModel, CostSaving
     from freeride_lab.core.governor import OverheadGovernor
     from freeride_lab.lab.governor import GovernorLoop
+    from freeride_lab.lab.manager import SideTaskManager
+    from freeride_lab.lab.tables import EventTables
+    from freeride_lab.pipeline.launcher import RunState
 
 log = logging.getLogger(__name__)
 
@@ -44,42 +47,76 @@ class SideTaskControls:
     run_dir: RunDir
     config: RunConfig
     run_id: str
+    owner: bool
     _governor: GovernorLoop | None
+    _manager: SideTaskManager | None
+    _lock: threading.RLock
+    _tables: EventTables
 
-    # Provided by Session.
-    def _side_tasks(self) -> SideTaskManager:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by Session and its other parts
+
+        @property
+        def memory(self) -> pd.DataFrame: ...
+        @property
+        def steps(self) -> pd.DataFrame: ...
+        @property
+        def side_task_steps(self) -> pd.DataFrame: ...
+        @property
+        def mps_active(self) -> bool: ...
+        def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame: ...
+        def _refresh(self, *, poll_files: bool = True) -> None: ...
+        def _state(self, *, poll_files: bool) -> RunState: ...
+        def _run_info(self) -> dict[str, Any]: ...
+        def _check_owner(self, what: str) -> None: ...
+        def _read_only(
+            self, what: str, run: Mapping[str, Any], *, also: str = ""
+        ) -> PermissionError: ...
+
+    # -- who carries out a command -----------------------------------------------------------
 
     def _commands(self, what: str) -> SideTaskManager | OwnerClient:
-        """Who carries out a command (the owner's manager, or a detached run's keeper);
-        raises ``PermissionError`` on a read-only observer (``lab.session`` [Note: owner and
-        observers])."""
-        raise NotImplementedError
+        """What carries out a side-task command: this owner's manager, or the keeper of a
+        detached run asked over its channel (``lab.owner_channel``).
 
-    def _check_owner(self, what: str) -> None:
-        raise NotImplementedError
+        Raises:
+            PermissionError: an observer of a run that is not detached.
+            RuntimeError: a detached run that has ended (its keeper is gone).
+        """
+        if self.owner:
+            return self._side_tasks()
+        run = self._run_info()
+        if not run.get("detached"):
+            raise self._read_only(what, run)
+        state = self._state(poll_files=False)
+        if state.done:
+            raise RuntimeError(
+                f"cannot {what}: run {self.run_id} is {state} and its keeper has gone; side "
+                "tasks run only beside a live run"
+            )
+        return OwnerClient.of_run(run, self.run_dir.secret(), run_id=self.run_id)
+
+    def _side_tasks(self) -> SideTaskManager:
+        from freeride_lab.lab.manager import SideTaskManager  # pandas: loaded on first use
+
+        with self._lock:  # the watchdog thread may ask for it too: make exactly one
+            if self._manager is None:
+                self._manager = SideTaskManager(
+                    self.run_dir,
+                    self.config,
+                    events=self._events_since,
+                    memory=lambda: self.memory,
+                    bubbles=self._recent_bubbles,
+                    live=self._is_live,
+                )
+            return self._manager
+
+    def _events_since(self, start: int) -> list[dict[str, Any]]:
+        self._refresh()
+        with self._lock:
+            return self._tables.events_since(start)
 
     def _is_live(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def memory(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    def _recent_bubbles(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def side_task_steps(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    @property
-    def mps_active(self) -> bool:
-        raise NotImplementedError
+        return not self._state(poll_files=False).done
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -177,14 +214,18 @@ class SideTaskControls:
     def ledger(self) -> pd.DataFrame:
         """One row per side task: steps, progress, throughput over training's wall time, busy
         time, overruns (``core.accounting.ledger``)."""
+        from freeride_lab.lab.harvest import run_ledger
+
         return run_ledger(self.side_task_steps, self.steps)
 
     def cost_saving(
         self, vanilla_step_s: float | None = None, model: CostModel | None = None
     ) -> CostSaving:
         """FreeRide's cost saving of this run, published and overhead-corrected
-        (``lab.manager.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
+        (``lab.harvest.run_cost_saving``; ``vanilla_step_s`` None uses this run's steps that
         had no side-task work; ``model`` None uses :meth:`cost_model`)."""
+        from freeride_lab.lab.harvest import run_cost_saving
+
         return run_cost_saving(
             self.steps,
             self.side_task_steps,
@@ -208,6 +249,8 @@ class SideTaskControls:
 
     def stage_info(self) -> list[dict[str, Any]]:
         """One dict per rank for the task board: stage, free_bytes, bubbles_ms, label, …"""
+        from freeride_lab.lab.stages import stage_info
+
         return stage_info(self._side_tasks(), self.memory, self._recent_bubbles())
 
     def enable_governor(

@@ -17,9 +17,10 @@ from freeride_lab.core.events import ControlAck
 from freeride_lab.core.governor import OverheadGovernor
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.governor import GOVERNOR_LOG_COLUMNS, GovernorLoop, governor_log_frame
-from freeride_lab.lab.harvest import run_cost_saving, run_ledger, stage_info
+from freeride_lab.lab.harvest import run_cost_saving, run_ledger
 from freeride_lab.lab.manager import SideTaskManager
 from freeride_lab.lab.session import EDGES_FACTORY
+from freeride_lab.lab.stages import stage_info
 from freeride_lab.sidetasks.spec import TaskSpec, profile_path
 
 GIB = 2**30
