@@ -547,8 +547,8 @@ def timing_overhead_quiet() -> list[str]:
              fmt_interval(o["value"], o["lo"], o["hi"], 2, signed=True),
              fmt_interval(u["value"], u["lo"], u["hi"], 1, pct=False),
              str(case["block_pairs"]),
-             f"{rc['no_edges']['median'] / 1e3:.1f} / {rc['edges_and_predictor']['median'] / 1e3:.1f}"
-             f" / {rc['edges_quiet_slots']['median'] / 1e3:.1f}"]
+             " / ".join(f"{rc[k]['median'] / 1e3:.1f}"
+                        for k in ("no_edges", "edges_and_predictor", "edges_quiet_slots"))]
         )  # fmt: skip
     return _table(
         ["model (one stage, 8 micro-batches)", "bubbles announced", "step ms timed / plain",

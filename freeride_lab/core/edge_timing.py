@@ -1,12 +1,12 @@
 """When will the next bubble start? A per-slot clock of training's compute between bubbles.
 
-A side task that sleeps until a bubble's start edge wakes tens of microseconds late (a
-wake-up through the kernel on a VM costs 40-70 µs before any Python runs). Training is
-periodic, though: after bubble k of a step ends, the rank computes for about as long as it did
-after bubble k of the previous steps. ``NextBubbleClock`` learns those compute gaps per slot from the edges the
-reader sees and predicts the next start, so the reader can sleep until just before it and
-check the edge file in a short spin across the predicted moment (``EdgeReader.wait(spin_s=)``)
-instead of waiting to be woken.
+A side task that sleeps until a bubble's start edge wakes tens of microseconds late (a wake-up
+through the kernel on a VM costs 40-70 µs before any Python runs). Training is periodic, though:
+after bubble k of a step ends, the rank computes for about as long as it did after bubble k of
+the previous steps. ``NextBubbleClock`` learns those compute gaps per slot from the edges the
+reader sees and predicts the next start, so the reader can sleep until just before it and check
+the edge file in a short spin across the predicted moment (``EdgeReader.wait(spin_s=)``) instead
+of waiting to be woken.
 
     >>> clock = NextBubbleClock()
     >>> clock.bubble_ended(slot=0, end_ns=1_000)

@@ -48,7 +48,8 @@ __all__ = [
     "unregister",
 ]
 
-#: Built-in task name → ``"module:Class"`` reference (FreeRide's tasks, paper §12).
+#: Built-in task name → ``"module:Class"`` reference: FreeRide's six tasks (paper §12), then
+#: batch inference, which FreeRide did not run (so it has no reference throughput).
 BUILTIN_TASKS: Mapping[str, str] = MappingProxyType(
     {
         "resnet18": "freeride_lab.tasks.vision:ResNet18Task",
@@ -57,6 +58,7 @@ BUILTIN_TASKS: Mapping[str, str] = MappingProxyType(
         "pagerank": "freeride_lab.tasks.graph:PageRankTask",
         "sgd_mf": "freeride_lab.tasks.graph:SGDMFTask",
         "image": "freeride_lab.tasks.image:ImageTask",
+        "inference": "freeride_lab.tasks.inference:InferenceTask",
     }
 )
 

@@ -32,7 +32,9 @@ DISK_BYTES = 80 << 20  # above the 64 MiB a launch asks for (lab/preflight.py MI
 STARTUP_S = 180.0  # first step of a fresh run on a loaded two-core box
 FULL_FOR_S = 3.0  # how long the run trains on a full disk
 STEPS = 120
-CONFIG = synthetic_config(steps=STEPS, phase_ms=10.0, seed=5, side_tasks=False, runtime=RuntimeOptions())
+CONFIG = synthetic_config(
+    steps=STEPS, phase_ms=10.0, seed=5, side_tasks=False, runtime=RuntimeOptions()
+)
 
 
 @pytest.fixture

@@ -26,7 +26,13 @@ pytestmark = pytest.mark.gpu
 STARTUP_S = 240.0  # CUDA init under MPS plus torchrun on a busy box
 REPORTED_S = 10.0  # the promise: failing rank reported and everything reaped within this
 CONFIG = synthetic_config(  # one CUDA rank on one GPU
-    steps=100_000, stages=1, phase_ms=10.0, device="cuda", mps=True, seed=3, runtime=RuntimeOptions()
+    steps=100_000,
+    stages=1,
+    phase_ms=10.0,
+    device="cuda",
+    mps=True,
+    seed=3,
+    runtime=RuntimeOptions(),
 )
 MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 

@@ -35,7 +35,9 @@ STARTUP_S = 240.0  # first step of a fresh run on a loaded box (a torch import p
 
 
 def tiny(steps: int = 3) -> RunConfig:
-    return synthetic_config(steps=steps, microbatches=2, phase_ms=5.0, microbatch_size=4, runtime=RuntimeOptions())
+    return synthetic_config(
+        steps=steps, microbatches=2, phase_ms=5.0, microbatch_size=4, runtime=RuntimeOptions()
+    )
 
 
 def children() -> set[int]:
