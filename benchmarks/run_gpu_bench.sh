@@ -110,7 +110,7 @@ if [ -n "${FRL_BENCH_ARGS:-}" ]; then
     RUN_ARGS+=("${more[@]}")
 fi
 if [ -n "${FRL_TAG:-}" ]; then RESULT="${RESULT%.json}-${FRL_TAG}.json"; fi
-timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli.app bench --quick --emulate-peers \
+timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
     --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"
 code=$?
 kill "$DMON" 2>/dev/null
