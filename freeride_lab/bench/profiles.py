@@ -108,6 +108,8 @@ class BenchProfile:
     task_preset: str = "gpu"
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     governor_target_frac: float = 0.005
+    #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
+    announce_min_ms: float = 1.0
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -210,5 +212,6 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
             edges_factory="freeride_lab.pipeline.emulate:open_edges",
             timed="alternate",
             pg_timeout_s=1800,
+            announce_min_ms=p.announce_min_ms,
         ),
     )  # fmt: skip

@@ -50,6 +50,8 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--real-stage", default=None, help="'all' or a comma list of stages")
     p.add_argument("--repeats", type=int, default=None, help="repeats of the mode sequence")
     p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
+    p.add_argument("--announce-min-ms", type=float, default=None,
+                   help="announce bubbles predicted at least this long (default 1; 0: every one)")  # fmt: skip
     return p
 
 
@@ -78,7 +80,7 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             None if args.real_stage == "all" else tuple(int(x) for x in args.real_stage.split(","))
         )
         runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
-    for name in ("time_budget_s", "repeats", "block_steps"):
+    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     profile = profile.replace(runs=runs, **changes)

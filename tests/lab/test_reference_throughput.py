@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from freeride_lab.lab.manager import _check_task
+from freeride_lab.lab.task_requests import check_task as _check_task
 from freeride_lab.lab.taskbook import TaskRecord
 
 TASK = """
