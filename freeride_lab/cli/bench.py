@@ -51,7 +51,7 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None, help="repeats of the mode sequence")
     p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
     p.add_argument("--announce-min-ms", type=float, default=None,
-                   help="announce bubbles predicted at least this long (default 1; 0: every one)")  # fmt: skip
+                   help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     return p
 
 
