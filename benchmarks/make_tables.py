@@ -67,6 +67,11 @@ TIMING_OVERHEAD_C = tuple(
 TIMING_OVERHEAD_D = "timing-overhead-h200-2026-12-04d-launch-reuse.json"
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
+#: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
+#: loop), real stages 0-2 (stage 3's VGG-19 segment did not fit the call's time budget).
+H200_MERGED = "h200-2026-12-04-m4-timeslice-merged.json"
+#: Stage 0 alone, every gap announced against the default 1 ms threshold, one call.
+H200_ANNOUNCE = tuple(f"h200-2026-12-04-m4-timeslice-stage0-announce{a}.json" for a in (0, 1))
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -576,6 +581,45 @@ def edge_watcher() -> list[str]:
     return _table(["watcher", "step ms (mean of blocks)", "vs none [95%]", "what it is"], rows)
 
 
+def _merged_rows() -> list[tuple[str, dict[str, Any]]]:
+    return [("", r) for r in result(H200_MERGED)["pipeline"] if r["case"] == "mix"]
+
+
+def _tails(summary: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[str]:
+    """Per stage and mode: the p99 step inflation, board energy per unit, edge latency."""
+    rows = [
+        [label(r), r["task"], r["mode"],
+         fmt_interval(r["step_p99_inflation_frac"], r["step_p99_inflation_lo_frac"],
+                      r["step_p99_inflation_hi_frac"], 2, signed=True),
+         "—" if r["extra_energy_j_per_unit"] != r["extra_energy_j_per_unit"]
+         else f"{r['extra_energy_j_per_unit']:.3g} J per {r['unit'].rstrip('s') or 'unit'}",
+         "—" if r["latency_p50_ms"] is None or r["latency_p50_ms"] != r["latency_p50_ms"]
+         else f"{r['latency_p50_ms']:.2f} / {r['latency_p99_ms']:.2f}"]
+        for r in summary
+        if r["case"] == "mix" and r["mode"] != "vanilla"
+    ]  # fmt: skip
+    return _table(
+        ["", "task", "mode", "p99 step inflation [95%]", "board energy above vanilla",
+         "edge → step p50 / p99 ms"],
+        rows,
+    )  # fmt: skip
+
+
+def h200_merged_tails() -> list[str]:
+    return _tails(result(H200_MERGED)["summary"], lambda r: f"stage {r['stage']}")
+
+
+def h200_announce_ab() -> list[str]:
+    labels = dict(zip(H200_ANNOUNCE, ("every gap", "≥ 1 ms predicted"), strict=True))
+    summary = [
+        {**r, "_label": labels[name]}
+        for name in H200_ANNOUNCE
+        for r in result(name)["summary"]
+        if r["mode"] in ("managed", "governed")
+    ]
+    return _tails(summary, lambda r: str(r["_label"]))
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-12-04b-overhead": lambda: h200_overhead(_instrument_rows()),
     "h200-12-04b-harvest": lambda: h200_harvest(_instrument_rows()),
@@ -585,6 +629,11 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "timing-overhead-h200": timing_overhead,
     "timing-overhead-h200-quiet": timing_overhead_quiet,
     "edge-watcher-h200": edge_watcher,
+    "h200-12-04c-overhead": lambda: h200_overhead(_merged_rows()),
+    "h200-12-04c-harvest": lambda: h200_harvest(_merged_rows()),
+    "h200-12-04c-per-stage": lambda: _per_stage(result(H200_MERGED)["summary"], ("mix",)),
+    "h200-12-04c-tails": h200_merged_tails,
+    "h200-12-04c-announce": h200_announce_ab,
     "h200-12-04-overhead": lambda: h200_overhead(_split_rows()),
     "h200-12-04-harvest": lambda: h200_harvest(_split_rows()),
     "h200-12-04-per-stage": h200_split_per_stage,
