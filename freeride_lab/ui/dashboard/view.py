@@ -20,8 +20,9 @@ The timeline's Plotly figure widgets import plotly, pandas, nbformat and jsonsch
 a cold kernel, more than the whole launch. So displaying the dashboard imports none of them: its
 timeline slot shows a placeholder, and the pump builds the :class:`Timeline` once the cell that
 displayed it has returned (IPython's ``post_run_cell``; ``CELL_WAIT_S`` after ``start`` where no
-cell ends, at once outside IPython). The phase line and the step counter follow from the first
-tick on; the bars come with the first steps.
+cell ends, at once outside IPython). The other parts that read whole tables (stages, cost
+saving, GPU roles) wait with it. The phase line, the step counter and the task cards follow
+from the first tick on; the bars come with the first steps.
 """
 
 from __future__ import annotations
@@ -377,7 +378,9 @@ class Dashboard:
             changed = self._tick_progress(session, state)
             now = time.monotonic()
             self._tick_heavy_s = 0.0
-            if done or now >= self._heavy_due:
+            # the parts that read whole tables wait for the cell too (they load pandas)
+            heavy = self._timeline is not None or self._timeline_due()
+            if heavy and (done or now >= self._heavy_due):
                 started = time.perf_counter()
                 slow = done or now - self._slow_at >= self.slow_s
                 changed |= self._tick_timeline(session, slow=slow)
@@ -392,7 +395,7 @@ class Dashboard:
             changed |= self._tick_tasks(session, run_over=done)  # after the stages it explains
             if changed:
                 self.redraws += 1
-        return done
+        return done and heavy  # the final state is drawn whole
 
     def _set(self, name: str, value: Any) -> bool:
         """Assign ``value`` to part ``name`` if it differs from the last; True if it did."""
@@ -418,8 +421,6 @@ class Dashboard:
         return changed
 
     def _tick_timeline(self, session: DashboardSession, *, slow: bool) -> bool:
-        if self._timeline is None and not self._timeline_due():
-            return False  # [Note: the timeline after the cell]
         from freeride_lab.ui.dashboard.tables import recent_tables
 
         actions = session.actions
