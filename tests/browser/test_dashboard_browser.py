@@ -167,31 +167,6 @@ def test_dashboard_fits_the_cell_without_overlap_or_sideways_scroll(dashboard, w
         save(dashboard, "dashboard-narrow")
 
 
-_JS_CELL_WIDTH = """
-(width) => {
-  document.querySelector('.jp-OutputArea-output:has(.fr-dash)').style.maxWidth = width;
-}
-"""
-
-
-def test_timeline_follows_a_cell_that_narrows_while_the_window_does_not(dashboard):
-    """A side panel or a narrower notebook narrows the cell, not the window: the figures drawn
-    wide shrink with it instead of reaching past its edge."""
-    settle(dashboard, 1800)
-    page = dashboard.page
-    page.evaluate(_JS_CELL_WIDTH, "800px")
-    try:
-        dashboard.wait_until(
-            lambda: not page.evaluate(_JS_LAYOUT)["wide"],
-            timeout_s=30,
-            what="the timeline to fit the narrowed cell",
-        )
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}: {page.evaluate(_JS_LAYOUT)}") from None
-    finally:
-        page.evaluate(_JS_CELL_WIDTH, "")
-
-
 @pytest.mark.parametrize("width", [1800, 1200])
 def test_figure_tool_bar_covers_no_title(dashboard, width):
     settle(dashboard, width)

@@ -16,7 +16,7 @@ bubbles table carries ``core.attribution``'s parts, as ``Session.attribution`` d
 
 The package by job: ``style`` (colour-blind-safe colours, patterns, light/dark templates),
 ``traces`` (tables → arrays), ``figures`` (arrays → Plotly figures), ``widget`` (the live
-:class:`Timeline`), ``fit`` (its figures follow the cell's width), ``pump`` (a polling thread).
+:class:`Timeline`), ``pump`` (a polling thread).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from freeride_lab.ui.timeline.figures import (
     lane_layout,
     set_fractions,
 )
-from freeride_lab.ui.timeline.fit import FigureFit
 from freeride_lab.ui.timeline.style import Theme, figure_theme
 from freeride_lab.ui.timeline.traces import (
     in_steps,
@@ -222,7 +221,6 @@ class Timeline:
                         layout=ipywidgets.Layout(flex_flow="row wrap", width="100%"),
                     ).add_class("fr-timeline-controls"),
                     ipywidgets.Box([lanes, fractions], layout=wrap),
-                    FigureFit(),  # the figures follow the cell's width, not only the window's
                 ],
                 layout=ipywidgets.Layout(width="100%"),
             ).add_class("fr-timeline")
