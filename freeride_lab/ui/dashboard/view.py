@@ -197,7 +197,7 @@ class Dashboard:
             from freeride_lab.ui.timeline.widget import Timeline
 
             built = Timeline(window_steps=self.window_steps)  # outside the lock: seconds, cold
-            built.set_theme(self.theme.theme)
+            built.set_theme("dark" if self.theme.theme == "dark" else "light")
             with self._lock:
                 if self._timeline is None:
                     self._timeline = built
