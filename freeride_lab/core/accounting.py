@@ -29,10 +29,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from freeride_lab.core.budget import overrun_mask
+
+if TYPE_CHECKING:  # the units table is read at launch; pandas only where a ledger is built
+    import pandas as pd
 
 __all__ = [
     "FREERIDE_REFERENCE_THROUGHPUT_PER_S",
@@ -292,6 +294,8 @@ def ledger(side_task_steps: pd.DataFrame, *, wall_s: float | None = None) -> pd.
 
 
 def _empty_ledger() -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame(
         {
             "task_id": pd.Series([], dtype=str),

@@ -45,9 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Protocol
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import ControlAck
@@ -59,6 +57,9 @@ from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.lab.worker_health import WorkerHealth
 from freeride_lab.sidetasks.limits import GpuLimits
 from freeride_lab.sidetasks.spec import GATINGS, TaskSpec, parse_overrun_policy
+
+if TYPE_CHECKING:  # the tables come from the session; listing tasks needs no pandas
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import pandas as pd
-
-from freeride_lab.core import bubbles as core_bubbles
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.placement import NoPlacement, QueuedTask, StageInfo, TaskRequest, place
 from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.sidetasks.limits import GpuLimits
+
+if TYPE_CHECKING:  # the tables are the session's; placing a task reads them, listing does not
+    import pandas as pd
 
 __all__ = [
     "StagePlacer",
@@ -171,6 +171,8 @@ def free_bytes_by_rank(memory: pd.DataFrame) -> dict[int, int]:
     """Free memory per rank (``core.bubbles.free_memory``); {} before any memory report."""
     if memory.empty:
         return {}
+    from freeride_lab.core import bubbles as core_bubbles  # pandas: where tables are read
+
     free = core_bubbles.free_memory(memory)
     return {int(r): int(f) for r, f in zip(free["rank"], free["free_bytes"], strict=True)}
 
@@ -180,6 +182,8 @@ def predicted_bubbles_by_rank(bubbles: pd.DataFrame) -> dict[int, list[float]]:
     {} before any bubble was measured."""
     if bubbles.empty:
         return {}
+    from freeride_lab.core import bubbles as core_bubbles
+
     predicted = core_bubbles.predict_bubbles(bubbles)
     out: dict[int, list[float]] = {}
     for rank, group in predicted.groupby("rank", sort=True):

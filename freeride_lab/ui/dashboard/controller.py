@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import pandas as pd
+if TYPE_CHECKING:  # the launch cell imports this module; pandas comes with the first tables
+    import pandas as pd
 
 __all__ = ["DashboardSession", "SessionController"]
 

@@ -14,10 +14,20 @@ newest ``history_steps`` steps (bounded memory; the whole run stays in the run d
 assigns traits — never ``with out:`` from the thread. The step counter, the phase line and the
 task cards follow every tick; the parts that read whole tables redraw less often as the run
 grows (``busy_frac``), so a large run cannot starve the kernel.
+
+[Note: the timeline after the cell]
+The timeline's Plotly figure widgets import plotly, pandas, nbformat and jsonschema: seconds in
+a cold kernel, more than the whole launch. So displaying the dashboard imports none of them: its
+timeline slot shows a placeholder, and the pump builds the :class:`Timeline` once the cell that
+displayed it has returned (IPython's ``post_run_cell``; ``CELL_WAIT_S`` after ``start`` where no
+cell ends, at once outside IPython). The other parts that read whole tables (stages, cost
+saving, GPU roles) wait with it. The phase line, the step counter and the task cards follow
+from the first tick on; the bars come with the first steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import math
@@ -26,8 +36,6 @@ import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pandas as pd
 
 from freeride_lab.tasks import registry
 from freeride_lab.ui.board import SideTaskBoard, plain_controls
@@ -49,17 +57,22 @@ from freeride_lab.ui.dashboard.panels import (
     session_progress,
     session_tasks,
 )
-from freeride_lab.ui.dashboard.tables import recent_tables
 from freeride_lab.ui.gpu_monitor import GpuMonitor, ProcessRole
 from freeride_lab.ui.theme import ThemeProbe
-from freeride_lab.ui.timeline import MIN_INTERVAL_S, Timeline
+from freeride_lab.ui.timeline.pump import MIN_INTERVAL_S
 
 if TYPE_CHECKING:
     import ipywidgets
 
+    from freeride_lab.ui.timeline.widget import Timeline
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Dashboard"]
+__all__ = ["CELL_WAIT_S", "Dashboard"]
+
+#: Seconds after ``Dashboard.start`` from which the timeline is built even if no IPython cell
+#: has ended (a dashboard displayed outside a cell): [Note: the timeline after the cell].
+CELL_WAIT_S = 2.0
 
 
 class Dashboard:
@@ -115,12 +128,16 @@ class Dashboard:
         self._tick_avg_s = 0.0
         self._heavy_due = 0.0  # monotonic time from which the heavy parts may redraw again
         self._tick_heavy_s = 0.0  # time the current tick spent in the heavy parts
-        self.timeline = Timeline(window_steps=window_steps)
+        self.window_steps = window_steps
+        self._timeline: Timeline | None = None  # [Note: the timeline after the cell]
+        self._cell_over = threading.Event()
+        self._cell_over.set()  # no cell to wait for until start() finds one running
+        self._started_at = -math.inf
         self.controller = SessionController(session, resolve=self._resolve)
         self.board = SideTaskBoard(self.controller)
         self.gpu = gpu_monitor if gpu_monitor is not None else GpuMonitor()
         self.theme = ThemeProbe()
-        self.theme.observe(lambda change: self.timeline.set_theme(change["new"]), names="theme")
+        self.theme.observe(self._on_theme, names="theme")
         self._cards: dict[str, dict[str, Any]] = {}  # the tasks last listed, by id
         self._widget: ipywidgets.VBox | None = None
         self._parts: dict[str, Any] = {}
@@ -170,6 +187,57 @@ class Dashboard:
         listed = [p for p in builtin_palette() if p["name"] not in own]  # own files know units
         self.board.set_palette([*listed, *own.values()])
 
+    # -- the timeline --------------------------------------------------------------------------
+
+    @property
+    def timeline(self) -> Timeline:
+        """The live timeline, built on first use: by the pump once the displaying cell has
+        returned ([Note: the timeline after the cell]), or at once by whoever asks first."""
+        if self._timeline is None:
+            from freeride_lab.ui.timeline.widget import Timeline
+
+            built = Timeline(window_steps=self.window_steps)  # outside the lock: seconds, cold
+            built.set_theme("dark" if self.theme.theme == "dark" else "light")
+            with self._lock:
+                if self._timeline is None:
+                    self._timeline = built
+                    slot = self._parts.get("timeline")
+                    if slot is not None:
+                        slot.children = (built.widget,)
+        return self._timeline
+
+    @property
+    def timeline_built(self) -> bool:
+        """True once the timeline exists (its slot shows it, not the placeholder)."""
+        return self._timeline is not None
+
+    def _timeline_due(self) -> bool:
+        return self._cell_over.is_set() or time.monotonic() - self._started_at >= CELL_WAIT_S
+
+    def _on_theme(self, change: dict[str, Any]) -> None:
+        if self._timeline is not None:  # a timeline built later takes the theme then
+            self._timeline.set_theme(change["new"])
+
+    def _wait_for_the_cell(self) -> None:
+        """Hold the timeline back until the IPython cell now running returns (if any)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        events = getattr(get_ipython(), "events", None)
+        if events is None:
+            return
+        over = self._cell_over
+
+        def returned(result: Any = None) -> None:
+            over.set()
+            with contextlib.suppress(ValueError):  # already gone
+                events.unregister("post_run_cell", returned)
+
+        over.clear()
+        self._started_at = time.monotonic()
+        events.register("post_run_cell", returned)
+
     # -- widgets -------------------------------------------------------------------------------
 
     @property
@@ -202,14 +270,26 @@ class Dashboard:
         controls = w.Accordion(children=[plain_controls(self.board)])
         controls.set_title(0, "side-task controls without drag and drop")
         controls.selected_index = None
-        self._parts = {"bar": bar, "counter": counter, "costs": costs, "phase": phase}
+        slot = w.Box(
+            [w.HTML("<div class='fr-dash-title'>timeline: drawn with the first steps</div>")]
+            if self._timeline is None
+            else [self._timeline.widget],
+            layout=w.Layout(width="100%"),
+        )
+        self._parts = {
+            "bar": bar,
+            "counter": counter,
+            "costs": costs,
+            "phase": phase,
+            "timeline": slot,
+        }
         self._refresh_palette()
         return w.VBox(
             [
                 phase,
                 header,
                 w.HBox([bar, counter]).add_class("fr-dash-progress"),
-                self.timeline.widget,
+                slot,
                 self.board,
                 controls,
                 self.gpu.widget,
@@ -229,6 +309,8 @@ class Dashboard:
             if self._final:
                 return self
             self.widget  # noqa: B018 - build before the thread touches the parts
+            if self._timeline is None:
+                self._wait_for_the_cell()
             self._stop = threading.Event()
             self._thread = threading.Thread(
                 target=self._run,
@@ -258,6 +340,8 @@ class Dashboard:
         while not stop.is_set():
             started = time.perf_counter()
             try:
+                if self._timeline is None and self._timeline_due():
+                    self.timeline  # noqa: B018 - built here, outside the tick's lock
                 done = self.tick()
             except Exception:  # the live view must survive a bad table
                 done = False
@@ -294,7 +378,9 @@ class Dashboard:
             changed = self._tick_progress(session, state)
             now = time.monotonic()
             self._tick_heavy_s = 0.0
-            if done or now >= self._heavy_due:
+            # the parts that read whole tables wait for the cell too (they load pandas)
+            heavy = self._timeline is not None or self._timeline_due()
+            if heavy and (done or now >= self._heavy_due):
                 started = time.perf_counter()
                 slow = done or now - self._slow_at >= self.slow_s
                 changed |= self._tick_timeline(session, slow=slow)
@@ -309,7 +395,7 @@ class Dashboard:
             changed |= self._tick_tasks(session, run_over=done)  # after the stages it explains
             if changed:
                 self.redraws += 1
-        return done
+        return done and heavy  # the final state is drawn whole
 
     def _set(self, name: str, value: Any) -> bool:
         """Assign ``value`` to part ``name`` if it differs from the last; True if it did."""
@@ -335,6 +421,8 @@ class Dashboard:
         return changed
 
     def _tick_timeline(self, session: DashboardSession, *, slow: bool) -> bool:
+        from freeride_lab.ui.dashboard.tables import recent_tables
+
         actions = session.actions
         side = session.side_task_steps
         key = (len(actions), len(side))
@@ -384,6 +472,8 @@ class Dashboard:
         """Tell the GPU monitor which pids are training ranks (only where NVML samples)."""
         if not self.gpu.sampler.available or self._last.get("roles_done"):
             return
+        import pandas as pd
+
         events = getattr(session, "events", None)
         if not isinstance(events, pd.DataFrame) or "pid" not in events:
             return

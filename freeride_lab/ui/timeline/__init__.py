@@ -21,36 +21,51 @@ The package by job: ``style`` (colour-blind-safe colours, patterns, light/dark t
 
 from __future__ import annotations
 
-from freeride_lab.ui.timeline.figures import (
-    FRACTION_COLUMNS,
-    fractions_figure,
-    timeline_figure,
-)
-from freeride_lab.ui.timeline.pump import (
-    MIN_INTERVAL_S,
-    TimelinePump,
-    TimelineTables,
-    fingerprint,
-    session_tables,
-)
-from freeride_lab.ui.timeline.style import (
-    BUBBLE,
-    COMPUTE,
-    OKABE_ITO,
-    OVERRUN,
-    Category,
-    Theme,
-    figure_theme,
-)
-from freeride_lab.ui.timeline.traces import (
-    SIDE_TASK_COLUMNS,
-    BarTrace,
-    safe_text,
-    side_task_names,
-    steps_in_window,
-    timeline_traces,
-)
-from freeride_lab.ui.timeline.widget import Timeline
+from importlib import import_module
+from typing import Any
+
+# [Note: a light timeline package]
+# The dashboard's launch path needs only the pump's constants; the figures import plotly and
+# pandas (seconds in a cold kernel). So the names are loaded on first use (PEP 562), by the
+# module that defines them, and ``import freeride_lab.ui.timeline.pump`` stays light.
+_WHERE = {
+    "FRACTION_COLUMNS": "figures",
+    "fractions_figure": "figures",
+    "timeline_figure": "figures",
+    "MIN_INTERVAL_S": "pump",
+    "TimelinePump": "pump",
+    "TimelineTables": "pump",
+    "fingerprint": "pump",
+    "session_tables": "pump",
+    "BUBBLE": "style",
+    "COMPUTE": "style",
+    "OKABE_ITO": "style",
+    "OVERRUN": "style",
+    "Category": "style",
+    "Theme": "style",
+    "figure_theme": "style",
+    "SIDE_TASK_COLUMNS": "traces",
+    "BarTrace": "traces",
+    "safe_text": "traces",
+    "side_task_names": "traces",
+    "steps_in_window": "traces",
+    "timeline_traces": "traces",
+    "Timeline": "widget",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "BUBBLE",

@@ -11,9 +11,10 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is loaded where tables are read (the package stays light to import)
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class SessionLike(Protocol):
 
 def session_tables(session: SessionLike) -> TimelineTables:
     """The current tables of a session (``side_task_steps`` if it has them)."""
+    import pandas as pd
+
     summary = session.summary()
     attributed = getattr(session, "attribution", None)  # bubbles with their split, if any
     return TimelineTables(
@@ -73,6 +76,8 @@ def session_tables(session: SessionLike) -> TimelineTables:
 def _frame_key(frame: pd.DataFrame | None) -> Hashable:
     if frame is None:
         return None
+    import pandas as pd
+
     end = frame["end_ms"].iloc[-1] if len(frame) and "end_ms" in frame else None
     return (len(frame), tuple(frame.columns), None if end is None or pd.isna(end) else float(end))
 
@@ -83,6 +88,8 @@ def fingerprint(tables: TimelineTables) -> Hashable:
         return ("version", tables.version)
     summary = None
     if tables.summary is not None:
+        import pandas as pd
+
         summary = pd.util.hash_pandas_object(tables.summary, index=False).to_numpy().tobytes()
     return (
         _frame_key(tables.actions),
