@@ -253,7 +253,11 @@ def test_placement_without_measurements_says_what_it_skipped(run: Run) -> None:
 
 def test_builtin_names_resolve_without_regard_to_case_and_carry_their_unit(run: Run) -> None:
     task = run.manager.attach("ResNet18", stage=1)
-    assert (task["name"], task["task"], task["unit"]) == ("resnet18", "resnet18", "samples")
+    assert (task["name"], task["task"], task["unit"]) == (
+        "resnet18",
+        "freeride_lab.tasks.vision:ResNet18Task",  # the worker gets the resolved reference
+        "samples",
+    )
 
 
 # -- what events say -------------------------------------------------------------------------
