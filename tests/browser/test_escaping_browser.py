@@ -162,7 +162,8 @@ def test_the_dashboard_shows_html_of_a_task_as_text_and_runs_none_of_it(
     )
     lab.screenshot("dashboard")
 
-    assert board["chip"] == {"text": TITLE, "title": UNIT}
+    # the chip shows the label and the code name, its hover label, name and unit: all as text
+    assert board["chip"] == {"text": f"{TITLE}htmltask", "title": f"{TITLE} · htmltask · {UNIT}"}
     assert page.evaluate(_JS_INJECTED) == NOTHING_INJECTED
     assert escaping.dialogs.opened == []
     assert_the_recorder_sees_an_alert(page, escaping.dialogs)

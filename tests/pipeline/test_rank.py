@@ -172,7 +172,10 @@ def text_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
         microbatch_size=4,
         lr=3e-3,
         seed=0,
-        runtime=RuntimeOptions(edges_factory="tests.pipeline.test_rank:quiet_edges"),
+        # every gap announced, sub-millisecond ones too, so that each slot can be checked
+        runtime=RuntimeOptions(
+            edges_factory="tests.pipeline.test_rank:quiet_edges", announce_min_ms=0
+        ),
     )
     assert job.returncode == 0, log_tail(job.run_dir)
     return job
@@ -256,6 +259,7 @@ def test_untimed_steps_record_their_window_but_no_action_and_no_bubble_edge(
             edges_factory="tests.pipeline.test_rank:quiet_edges",
             timed="alternate",
             alternate_every=2,
+            announce_min_ms=0,  # 2 ms actions: announce every gap, short ones too
         ),
     )
     assert job.returncode == 0, log_tail(job.run_dir)

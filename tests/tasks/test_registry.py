@@ -27,6 +27,7 @@ UNITS = {
     "pagerank": "iterations",
     "sgd_mf": "iterations",
     "image": "images",
+    "inference": "tokens",
 }
 
 
@@ -41,7 +42,8 @@ def test_every_builtin_loads_as_an_iterative_task_with_its_unit_and_key(name: st
     cls = load_task_class(name)
     assert issubclass(cls, IterativeSideTask)
     assert cls.unit == UNITS[name]
-    assert cls.reference_key == REFERENCE_KEYS[name]  # type: ignore[attr-defined]
+    # FreeRide's six carry their reference key; inference, which FreeRide did not run, none
+    assert getattr(cls, "reference_key", None) == REFERENCE_KEYS.get(name)
     assert set(cls.gpu_defaults) <= {f for f in cls(preset="gpu").config.__dataclass_fields__}  # type: ignore[attr-defined, call-arg]
 
 
@@ -132,15 +134,15 @@ def test_the_side_task_loader_below_knows_no_names() -> None:
 
 def test_attach_sends_the_resolved_reference_and_keeps_the_name() -> None:
     """What ``Session.attach`` (CLI, magics, dashboard) sends a worker for a name."""
-    from freeride_lab.lab.manager import _check_task
+    from freeride_lab.lab.task_requests import check_task
 
-    assert _check_task("SGD-MF") == (BUILTIN_TASKS["sgd_mf"], "sgd_mf", "iterations")
+    assert check_task("SGD-MF") == (BUILTIN_TASKS["sgd_mf"], "sgd_mf", "iterations", None)
 
 
 def test_attach_resolves_a_registered_name(counting: str) -> None:
-    from freeride_lab.lab.manager import _check_task
+    from freeride_lab.lab.task_requests import check_task
 
-    assert _check_task("counting") == (ref("Counting"), "counting", "iterations")
+    assert check_task("counting") == (ref("Counting"), "counting", "iterations", None)
 
 
 def test_the_dashboard_palette_lists_registered_tasks(counting: str) -> None:
