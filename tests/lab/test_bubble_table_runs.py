@@ -66,7 +66,8 @@ def launch(path: Path, name: str) -> subprocess.Popen[bytes]:
         d_model=16,
         seq_len=8,
         microbatch_size=2,
-        runtime=RuntimeOptions(edges_factory=EDGES),
+        # every gap announced, so that each carried slot 0 is seen live
+        runtime=RuntimeOptions(edges_factory=EDGES, announce_min_ms=0),
     )
     return start_torchrun(path, cfg)
 
