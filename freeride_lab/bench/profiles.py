@@ -130,6 +130,7 @@ class BenchProfile:
             )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
+        RuntimeOptions(announce_min_ms=self.announce_min_ms)  # its one check, before any run
 
     def replace(self, **changes: Any) -> BenchProfile:
         return dataclasses.replace(self, **changes)

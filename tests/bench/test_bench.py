@@ -163,6 +163,18 @@ def test_bench_names_the_valid_profiles_for_an_unknown_one(
     assert "'huge'" in capsys.readouterr().err and all(p in PROFILES for p in ("quick", "tiny"))
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_bad_announce_threshold_is_a_usage_error_before_anything_runs(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--announce-min-ms", value, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    assert "announce_min_ms" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_quick_gpu_profile_runs_freerides_mix_at_m4_first() -> None:
     profile = bench_profile("quick", "cuda")
     first = profile.runs[0]
