@@ -178,7 +178,6 @@ class ActionRecorder:
             else None
         )
         self._slot = 0
-        self._gap_open = False
         self._gap: tuple[int, Any, bool] | None = None  # the open slot, its start, announced
         self._gaps: list[tuple[int, Any, Any]] = []  # (slot, start, end) closed this step
         self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
@@ -212,13 +211,13 @@ class ActionRecorder:
         self._slot = 0
         self._held = None
         self._marks["window_start"] = self._last = self.clock.begin_step()
-        if not self._gap_open:  # else slot 0 was opened by ``carry_gap`` and goes on
+        if self._gap is None:  # else slot 0 was opened by ``carry_gap`` and goes on
             self._open_gap(self._marks["window_start"])
 
     def carry_gap(self, next_step: int) -> None:
         """Open step ``next_step``'s slot 0 now, after this step's optimizer: the rank idles
         until its next action (see [Note: bubble slots]). No-op without edges."""
-        if self._tracker is None or self._gap_open:
+        if self._tracker is None or self._gap is not None:
             return
         self._open_gap(self._stamp(), step=next_step, slot=0)
 
@@ -362,7 +361,6 @@ class ActionRecorder:
     def _open_gap(self, stamp: Any, *, step: int | None = None, slot: int | None = None) -> None:
         if self._tracker is None:
             return
-        self._gap_open = True
         step = self.step if step is None else step
         slot = self._slot if slot is None else slot
         duration = self._predict(slot)
@@ -379,13 +377,10 @@ class ActionRecorder:
             self._tracker.open(step, slot, stamp, duration)
 
     def _close_gap(self, stamp: Any, *, learn: bool = True) -> None:
-        if self._tracker is None or not self._gap_open:
-            return
-        self._gap_open = False
-        self._slot += 1
         gap, self._gap = self._gap, None
-        if gap is None:
+        if self._tracker is None or gap is None:
             return
+        self._slot += 1
         slot, start, announced = gap
         if learn:
             self._gaps.append((slot, start, stamp))
