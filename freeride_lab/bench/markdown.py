@@ -227,4 +227,44 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append(f"  - peak reserved memory: {memory}")
         for note in [*run.get("skipped", []), *run.get("errors", [])]:
             lines.append(f"  - {note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _idle_use_lines(result.get("summary", []))) + "\n"
+
+
+def _recorded(value: object) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
+    """Where each gated mode's bubble time went (``core.idle_use``), where it was recorded."""
+    rows = [
+        r
+        for r in summary
+        if r["mode"] in ("managed", "governed") and _recorded(r.get("idle_tail_frac"))
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Where the idle time went (share of each block set's bubble time)",
+        "",
+        "| run | case | stage | task | mode | side-task steps | before the first step | "
+        "between steps | after the last step | in unused bubbles | bubbles unused |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['case']} | {r['stage']} | {r['task'] or '-'} | {r['mode']} | "
+            + " | ".join(
+                fmt_pct(r[c], 1)
+                for c in (
+                    "bubble_used_frac",
+                    "idle_lead_frac",
+                    "idle_between_frac",
+                    "idle_tail_frac",
+                    "idle_unused_frac",
+                    "unused_bubbles_frac",
+                )
+            )
+            + " |"
+        )
+    return lines

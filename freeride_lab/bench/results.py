@@ -35,6 +35,7 @@ from freeride_lab.bench import tables as bt
 from freeride_lab.bench.markdown import markdown
 from freeride_lab.core.accounting import CostModel
 from freeride_lab.core.budget import OverrunStats
+from freeride_lab.core.idle_use import idle_use
 
 __all__ = [
     "DEDICATED_COLUMNS",
@@ -310,6 +311,7 @@ def block_row(
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
+    use = idle_use(gaps, busy)
     return {
         "run": run,
         "case": b["case"],
@@ -328,6 +330,12 @@ def block_row(
         "side_steps": len(s),
         "busy_ms": float(sum(e - a for a, e in busy if e > a)),
         "busy_in_bubble_ms": bs.overlap_ms(gaps, busy),
+        "idle_lead_ms": use.lead_ms,
+        "idle_between_ms": use.between_ms,
+        "idle_tail_ms": use.tail_ms,
+        "idle_unused_ms": use.unused_ms,
+        "bubbles": use.bubbles,
+        "unused_bubbles": use.unused_bubbles,
         "overruns": overruns.overruns,
         "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,

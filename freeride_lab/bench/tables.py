@@ -16,6 +16,7 @@ import pandas as pd
 
 from freeride_lab.bench.stats import (
     BLOCK_COLUMNS,
+    IDLE_SPLIT_COLUMNS,
     MODES,
     REFERENCE_MODE,
     SegmentKey,
@@ -69,6 +70,13 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "throughput_se_per_s",
     "throughput_df",
     "bubble_used_frac",  # side-task busy time inside bubbles ÷ bubble time
+    # the rest of the bubble time, by where it went (core.idle_use), each ÷ bubble time:
+    # before a bubble's first step, between its steps, after its last, in bubbles left unused
+    "idle_lead_frac",
+    "idle_between_frac",
+    "idle_tail_frac",
+    "idle_unused_frac",
+    "unused_bubbles_frac",  # bubbles no step ran in ÷ bubbles
     "idle_frac",  # the real rank's *measured* bubble time ÷ wall time in these blocks
     # the same in the segment's vanilla blocks: the idle time training leaves, measured
     "vanilla_idle_frac",
@@ -150,9 +158,11 @@ def summarize_blocks(
         share of the segment's vanilla blocks (the measured limit; intervals by the delta
         method, the two come from different blocks).
     """
-    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns]
+    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns and c not in IDLE_SPLIT_COLUMNS]
     if missing:
         raise ValueError(f"blocks lack column(s) {missing}; expected {', '.join(BLOCK_COLUMNS)}")
+    # blocks recorded before the idle time was split read as NaN there
+    blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
     rows: list[dict[str, object]] = []
     keys = ["run", "case", "stage", "task"]
     for key, seg in blocks.groupby(keys, sort=False):
@@ -215,6 +225,7 @@ def summarize_blocks(
                         if bubble_ms > 0
                         else math.nan
                     ),
+                    **_idle_parts(b, bubble_ms),
                     "idle_frac": idle.value,
                     "vanilla_idle_frac": vanilla_idle.value,
                     "vanilla_idle_se_frac": vanilla_idle.se,
@@ -374,6 +385,22 @@ def _step_groups(blocks: pd.DataFrame) -> list[list[float]]:
     if "step_ms" not in blocks.columns:
         return []
     return [list(v) for v in blocks["step_ms"] if isinstance(v, list | tuple) and len(v)]
+
+
+def _idle_parts(b: pd.DataFrame, bubble_ms: float) -> dict[str, float]:
+    """The uncovered bubble time of a mode's blocks by where it went, each ÷ its bubble time
+    (NaN for results recorded before the split was kept)."""
+    out = {
+        f"idle_{part}_frac": float(b[f"idle_{part}_ms"].sum(min_count=1)) / bubble_ms
+        if bubble_ms > 0
+        else math.nan
+        for part in ("lead", "between", "tail", "unused")
+    }
+    count = float(b["bubbles"].sum(min_count=1))
+    out["unused_bubbles_frac"] = (
+        float(b["unused_bubbles"].sum(min_count=1)) / count if count > 0 else math.nan
+    )
+    return out
 
 
 def _per_limit(harvest: Interval, limit: float) -> Interval:

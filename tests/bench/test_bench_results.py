@@ -258,3 +258,58 @@ def test_host_log_tables_task_board_report_and_bench_count_the_same_overruns(
     assert (board["overruns"], board["steps"]) == host
     assert (int(report["side_task_overruns"]), int(report["side_task_steps"])) == host
     assert (bench["overruns"], bench["side_steps"]) == host
+
+
+def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_shares() -> None:
+    """Bubble 0-10 ms: wake-up 1 ms, steps 1-4 and 4.5-8, 2 ms left; bubble 12-14 ms unused."""
+    import pandas as pd
+
+    from freeride_lab.bench import stats as bs
+    from freeride_lab.bench import tables as bt
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    side = pd.DataFrame(
+        [
+            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0]
+            for a, b in ((1.0, 4.0), (4.5, 8.0))
+        ],
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )
+    bubbles = pd.DataFrame(
+        [[0, 0, 0.0, 10.0, 10.0], [0, 0, 12.0, 14.0, 2.0]],
+        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
+    )
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
+                                  [], [], 0)  # fmt: skip
+    assert row is not None
+    assert (row["idle_lead_ms"], row["idle_between_ms"], row["idle_tail_ms"]) == (1.0, 0.5, 2.0)
+    assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (2.0, 2, 1)
+    vanilla = {**row, "mode": "vanilla", "order": 0, "progress": 0.0, "side_steps": 0}
+    blocks = pd.DataFrame([vanilla, row], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    managed = summary[summary["mode"] == "managed"].iloc[0]
+    assert managed["bubble_used_frac"] == pytest.approx(6.5 / 12)
+    assert managed["idle_tail_frac"] == pytest.approx(2.0 / 12)
+    assert managed["idle_unused_frac"] == pytest.approx(2.0 / 12)
+    assert managed["unused_bubbles_frac"] == 0.5
+    parts = ("bubble_used", "idle_lead", "idle_between", "idle_tail", "idle_unused")
+    assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
+    text = bench_markdown.markdown({"summary": summary.to_dict("records")})
+    assert "## Where the idle time went" in text
+    shares = "54.2% | 8.3% | 4.2% | 16.7% | 16.7% | 50.0%"
+    assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
+
+
+def test_results_recorded_before_the_idle_split_still_summarize() -> None:
+    import pandas as pd
+
+    from freeride_lab.bench import stats as bs
+    from freeride_lab.bench import tables as bt
+
+    blocks = pd.DataFrame([_block("m4", 0, "vanilla"), _block("m4", 1, "managed")])
+    assert not set(bs.IDLE_SPLIT_COLUMNS) & set(blocks.columns)
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    assert summary["idle_tail_frac"].isna().all()
+    assert "idle time went" not in bench_markdown.markdown({"summary": summary.to_dict("records")})

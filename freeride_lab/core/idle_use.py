@@ -1,0 +1,114 @@
+"""Where a rank's idle time went: side-task work, or which of four kinds of leftover.
+
+Harvest falls short of the idle time for different reasons, and each has its own remedy, so
+a single "bubble use" share does not say what to fix. Every bubble's time is split into:
+
+- ``covered``: a side-task step ran (steps are clipped to the bubble and merged);
+- ``lead``: from the bubble's start to its first step (the bubble-edge wake-up and the step
+  launch: faster edges shrink it);
+- ``between``: between two steps of one bubble (the host's per-step round trip);
+- ``tail``: after the last step's end, when the next step was predicted not to fit (finer
+  steps shrink it);
+- ``unused``: bubbles where no step ran at all (too short for any step, not announced, or the
+  task was paused; a lower announce threshold or smaller steps shrink it).
+
+The five parts sum to the bubbles' total, so each is a share of the measured idle time.
+
+    >>> use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
+    >>> use.covered_ms, use.lead_ms, use.between_ms, use.tail_ms, use.unused_ms
+    (6.5, 1.0, 0.5, 2.0, 2.0)
+    >>> use.bubbles, use.unused_bubbles, round(use.share("covered"), 3)
+    (2, 1, 0.542)
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+__all__ = ["PARTS", "IdleUse", "idle_use"]
+
+#: The parts of the idle time, in the order a bubble passes through them.
+PARTS: tuple[str, ...] = ("lead", "covered", "between", "tail", "unused")
+
+
+@dataclass(frozen=True)
+class IdleUse:
+    """Milliseconds of bubble time in each part (``PARTS``), and how many bubbles had no step."""
+
+    covered_ms: float = 0.0
+    lead_ms: float = 0.0
+    between_ms: float = 0.0
+    tail_ms: float = 0.0
+    unused_ms: float = 0.0
+    bubbles: int = 0
+    unused_bubbles: int = 0
+
+    @property
+    def total_ms(self) -> float:
+        """All the bubble time split here: the five parts summed."""
+        return sum(self.ms(p) for p in PARTS)
+
+    def ms(self, part: str) -> float:
+        """One part's milliseconds."""
+        if part not in PARTS:
+            raise ValueError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")
+        return float(getattr(self, f"{part}_ms"))
+
+    def share(self, part: str) -> float:
+        """One part ÷ the bubble time (NaN without bubble time)."""
+        total = self.total_ms
+        return self.ms(part) / total if total > 0 else math.nan
+
+    def __add__(self, other: IdleUse) -> IdleUse:
+        """Two splits pooled (e.g. the blocks of one mode)."""
+        return IdleUse(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted((float(s), float(e)) for s, e in intervals if e > s):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def idle_use(
+    bubbles: Iterable[tuple[float, float]], steps: Iterable[tuple[float, float]]
+) -> IdleUse:
+    """Split the bubbles' time by what the side-task ``steps`` made of it (all in ms).
+
+    Args:
+        bubbles: one rank's bubbles as (start, end); overlapping ones are merged first.
+        steps: that rank's side-task steps as (start, end), from any task; a step that
+            straddles a bubble's edge counts only inside it.
+    """
+    work = _merged(steps)
+    starts = [s for s, _ in work]
+    parts = dict.fromkeys(PARTS, 0.0)
+    count = unused = 0
+    for lo, hi in _merged(bubbles):
+        count += 1
+        i = max(bisect.bisect_right(starts, lo) - 1, 0)
+        inside: list[tuple[float, float]] = []
+        for s, e in work[i:]:
+            if s >= hi:
+                break
+            if e > lo:
+                inside.append((max(s, lo), min(e, hi)))
+        if not inside:
+            parts["unused"] += hi - lo
+            unused += 1
+            continue
+        covered = sum(e - s for s, e in inside)
+        parts["covered"] += covered
+        parts["lead"] += inside[0][0] - lo
+        parts["tail"] += hi - inside[-1][1]
+        parts["between"] += (inside[-1][1] - inside[0][0]) - covered
+    return IdleUse(**{f"{p}_ms": v for p, v in parts.items()}, bubbles=count, unused_bubbles=unused)

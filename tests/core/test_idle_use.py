@@ -1,0 +1,61 @@
+"""Where the idle time went: the five parts of every bubble sum to it, each in its place."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from freeride_lab.core.idle_use import PARTS, IdleUse, idle_use
+
+
+def test_each_part_lands_where_a_reader_would_put_it() -> None:
+    # bubble 0-10: wake-up 1 ms, steps 1-4 and 4.5-8, 2 ms left at the end; bubble 20-22 unused
+    use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
+    assert (use.lead_ms, use.covered_ms, use.between_ms, use.tail_ms, use.unused_ms) == (
+        1.0, 6.5, 0.5, 2.0, 2.0,
+    )  # fmt: skip
+    assert (use.bubbles, use.unused_bubbles) == (2, 1)
+
+
+def test_steps_outside_bubbles_and_past_their_edges_count_only_inside() -> None:
+    # a step overrunning the bubble's end, one between bubbles, one starting before a bubble
+    use = idle_use([(0.0, 5.0), (10.0, 15.0)], [(3.0, 7.0), (7.5, 8.0), (9.0, 11.0)])
+    assert use.covered_ms == pytest.approx(2.0 + 1.0)
+    assert use.tail_ms == pytest.approx(0.0 + 4.0)
+    assert use.lead_ms == pytest.approx(3.0 + 0.0)
+    assert use.unused_ms == 0.0
+
+
+def test_overlapping_steps_of_two_tasks_are_not_counted_twice() -> None:
+    use = idle_use([(0.0, 10.0)], [(0.0, 6.0), (2.0, 8.0)])
+    assert use.covered_ms == 8.0 and use.tail_ms == 2.0
+
+
+def test_shares_are_fractions_of_the_bubble_time_and_pooling_adds_them() -> None:
+    a = idle_use([(0.0, 10.0)], [(2.0, 7.0)])
+    pooled = a + idle_use([(0.0, 10.0)], [])
+    assert pooled.total_ms == 20.0 and pooled.share("covered") == 0.25
+    assert pooled.unused_bubbles == 1 and pooled.bubbles == 2
+    assert math.isnan(IdleUse().share("tail"))
+    with pytest.raises(ValueError, match="unknown part 'idle'"):
+        pooled.share("idle")
+
+
+_span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], t[0] + t[1]))
+
+
+@given(st.lists(_span, max_size=30), st.lists(_span, max_size=60))
+def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -> None:
+    use = idle_use(bubbles, steps)
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(bubbles):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    assert use.total_ms == pytest.approx(sum(e - s for s, e in merged), abs=1e-6)
+    assert all(use.ms(p) >= -1e-9 for p in PARTS)
+    assert use.bubbles == len(merged)
