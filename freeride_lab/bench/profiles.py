@@ -110,6 +110,8 @@ class BenchProfile:
     governor_target_frac: float = 0.005
     #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
     announce_min_ms: float = 1.0
+    #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
+    step_group_ms: float = 1.0
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -130,7 +132,8 @@ class BenchProfile:
             )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
-        RuntimeOptions(announce_min_ms=self.announce_min_ms)  # its one check, before any run
+        # their one check, before any run
+        RuntimeOptions(announce_min_ms=self.announce_min_ms, step_group_ms=self.step_group_ms)
 
     def replace(self, **changes: Any) -> BenchProfile:
         return dataclasses.replace(self, **changes)
@@ -214,5 +217,6 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
             timed="alternate",
             pg_timeout_s=1800,
             announce_min_ms=p.announce_min_ms,
+            step_group_ms=p.step_group_ms,
         ),
     )  # fmt: skip

@@ -52,6 +52,8 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
     p.add_argument("--announce-min-ms", type=float, default=None,
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
+    p.add_argument("--step-group-ms", type=float, default=None,
+                   help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
     return p
 
 
@@ -80,7 +82,7 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             None if args.real_stage == "all" else tuple(int(x) for x in args.real_stage.split(","))
         )
         runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
-    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms"):
+    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     profile = profile.replace(runs=runs, **changes)

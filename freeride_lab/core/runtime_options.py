@@ -28,6 +28,8 @@ TimedMode = bool | Literal["alternate"]
 MAX_SECONDS = 3600.0  # stop_grace_s and pg_timeout_s: beyond an hour a value is a typo
 MAX_ALTERNATE_EVERY = 10**6
 MAX_ANNOUNCE_MIN_MS = 1e6
+#: A step group longer than this would outlast most bubbles it could start in.
+MAX_STEP_GROUP_MS = 100.0
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -115,6 +117,9 @@ class RuntimeOptions:
         alternate_every: steps per block when ``timed="alternate"``.
         announce_min_ms: the shortest predicted bubble announced live to side tasks, in ms;
             0 announces every one (``pipeline.timed_stage`` [Note: quiet slots]).
+        step_group_ms: side-task steps much shorter than this are launched in groups that
+            last about this long together, with one device wait and one step record per group
+            (``sidetasks.host.iterative`` [Note: step groups]); 0 waits after every step.
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -125,6 +130,7 @@ class RuntimeOptions:
     timed: TimedMode = True
     alternate_every: int = 1
     announce_min_ms: float = 1.0
+    step_group_ms: float = 1.0
     emulate: EmulateOptions | None = None
 
     def __post_init__(self) -> None:
@@ -157,6 +163,15 @@ class RuntimeOptions:
                 "tasks (0 announces every one)"
             )
         object.__setattr__(self, "announce_min_ms", float(least))
+        group = self.step_group_ms
+        number = isinstance(group, int | float) and not isinstance(group, bool)
+        if not number or not 0 <= group <= MAX_STEP_GROUP_MS:
+            raise ValueError(
+                f"runtime step_group_ms={group!r} must be milliseconds in "
+                f"[0, {MAX_STEP_GROUP_MS:g}]: how long a group of short side-task steps may "
+                "last (0 waits for the device after every step)"
+            )
+        object.__setattr__(self, "step_group_ms", float(group))
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):
             raise ValueError(

@@ -163,15 +163,19 @@ def test_bench_names_the_valid_profiles_for_an_unknown_one(
     assert "'huge'" in capsys.readouterr().err and all(p in PROFILES for p in ("quick", "tiny"))
 
 
-@pytest.mark.parametrize("value", ["-1", "nan"])
-def test_a_bad_announce_threshold_is_a_usage_error_before_anything_runs(
-    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("announce-min-ms", "-1"), ("announce-min-ms", "nan"), ("step-group-ms", "-1"),
+     ("step-group-ms", "1e9")],
+)  # fmt: skip
+def test_a_bad_runtime_option_is_a_usage_error_before_anything_runs(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
     argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
-            "--announce-min-ms", value, "--out", str(out)]  # fmt: skip
+            f"--{flag}", value, "--out", str(out)]  # fmt: skip
     assert main(argv) == 2
-    assert "announce_min_ms" in capsys.readouterr().err
+    assert flag.replace("-", "_") in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -308,3 +308,36 @@ def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
     from freeride_lab.sidetasks.host import base
 
     assert base._spin_lead_s(device, override) == pytest.approx(lead_s)
+
+
+# -- step groups ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_ms", [1.0, 0.0])
+def test_short_steps_run_in_groups_that_stay_inside_their_bubble(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess], group_ms: float
+) -> None:
+    """0.1 ms steps in 30 ms bubbles: with the run's step_group_ms = 1 ms the host launches
+    several per device wait and writes one record per group; with 0, one per step. Either way
+    every call is counted once and no group starts a call after its bubble was seen to end."""
+    run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"step_group_ms": group_ms}}})
+    proc = start_task_host(
+        run_dir, hosts, ref("Counting"), options={"step_s": 0.0001}, limits={"budget_s": 0.002}
+    )
+    activate(proc)
+    bubbles = drive_bubbles(edges, 6, length_s=0.03, predicted_s=0.03, gap_s=0.05)
+    assert stop(proc) == 0
+    events = task_events(run_dir, "t1")
+    steps = steps_of(events)
+    assert steps
+    sizes = [s.progress for s in steps]
+    if group_ms:
+        assert max(sizes) > 1  # calls were grouped
+        assert sum(sizes) > len(steps)
+    else:
+        assert set(sizes) == {1.0}
+    for step in steps:
+        _, end_ns = bubble_of(step, bubbles)
+        assert step.start_ns < end_ns  # every group began inside its bubble
+        if step.end_ns <= end_ns:
+            assert step.overrun_ns == 0

@@ -81,11 +81,18 @@ class StepAccounting(Checkpointing):
         return self._ends[key]
 
     def _record_step(
-        self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+        self,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        progress: float,
+        overrun_ns: int,
+        calls: int = 1,
     ) -> None:
-        """An iterative step: its event, a profile sample, the overrun policy."""
+        """An iterative step (or a group of ``calls`` steps: ``host.iterative`` [Note: step
+        groups]): its event, a profile sample of one step's time, the overrun policy."""
         self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
-        self._sample_profile(end_ns - start_ns)
+        self._sample_profile((end_ns - start_ns) // calls)
         if self.spec.task.gating != "bubbles":
             return  # naive co-location overruns by design; the policy would only stop it
         self._window.append(overrun_ns)

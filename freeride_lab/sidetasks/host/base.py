@@ -54,8 +54,12 @@ class HostBase:
         conn: Connection | None,
         sink: EventSink,
         beacon: TaskBeacon | None = None,
+        step_group_ns: int = 0,
     ) -> None:
         self.spec = spec
+        self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
+        # recent per-step times (ns), which a group's size is planned from
+        self._recent_step_ns: collections.deque[float] = collections.deque(maxlen=16)
         self.conn = conn
         self.sink = sink
         self.beacon = beacon  # marks for the worker's watchdog; written by this thread only

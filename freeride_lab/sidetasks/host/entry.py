@@ -13,6 +13,7 @@ import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.heartbeat import TaskBeacon
@@ -37,6 +38,17 @@ def _task_sink(spec: HostSpec) -> EventSink:
     return EventSink(path, bus=bus)
 
 
+def _step_group_ns(spec: HostSpec) -> int:
+    """The run's ``RuntimeOptions.step_group_ms`` in ns; its default where run.json has none
+    (see ``host.iterative`` [Note: step groups])."""
+    try:
+        runtime = RunDir(Path(spec.run_dir)).read_run().get("config", {}).get("runtime") or {}
+        options = RuntimeOptions.from_dict(dict(runtime))
+    except (OSError, ValueError, TypeError):
+        options = RuntimeOptions()
+    return round(options.step_group_ms * 1e6)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m freeride_lab.sidetasks.host``."""
     parser = argparse.ArgumentParser(prog="python -m freeride_lab.sidetasks.host")
@@ -51,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(spec.control_fd) if spec.control_fd >= 0 else None
     beacon = TaskBeacon.attach(spec.beacon_fd) if spec.beacon_fd >= 0 else None
     sink = _task_sink(spec)
-    host = TaskHost(spec, conn=conn, sink=sink, beacon=beacon)
+    host = TaskHost(spec, conn=conn, sink=sink, beacon=beacon, step_group_ns=_step_group_ns(spec))
     signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
     try:
         code = host.run()
