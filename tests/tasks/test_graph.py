@@ -171,11 +171,6 @@ def test_to_host_after_to_device_keeps_iterating() -> None:
     assert task.device == "cpu" and task.iterations == 2
 
 
-def test_step_before_setup_says_to_call_setup() -> None:
-    with pytest.raises(RuntimeError, match=r"setup\(\)"):
-        SGDMFTask().step()
-
-
 def test_too_dense_graph_is_rejected_with_a_fix() -> None:
     with pytest.raises(ValueError, match=r"PageRankTask: n_edges=100 > .* lower n_edges"):
         PageRankTask(n_nodes=10, n_edges=100)
