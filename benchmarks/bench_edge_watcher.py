@@ -55,21 +55,14 @@ class PollingWatcher(_CudaEdgeWatcher):
 
     def _run(self) -> None:
         while not self._closed:
-            if not self._queue:
-                self._wake.wait(0.1)
-                self._wake.clear()
+            if not self._edge_queued():
                 continue
             edge, step, slot, event, duration_ns = self._queue[0]
             if not event.query():
                 time.sleep(self.poll_s)
                 continue
             self._queue.popleft()
-            t_ns = time.time_ns() + self._offset
-            self._release(event)
-            if edge == "start":
-                self._tracker.open(step, slot, t_ns, duration_ns)
-            else:
-                self._tracker.close(t_ns)
+            self._announce(edge, step, slot, event, duration_ns)
 
 
 def recorder(mode: str) -> ActionRecorder:

@@ -78,6 +78,7 @@ import numpy as np
 import pandas as pd
 
 from freeride_lab.core.bubbles import (  # one table toolkit for core
+    _ACTION_COLUMNS,
     _empty,
     _require,
     _typed,
@@ -99,7 +100,6 @@ PART_COLUMNS: tuple[str, ...] = ("schedule_ms", "peer_ms", "host_ms")
 # ends of a span's segments: peer, schedule (agreement); peer, schedule (data); host
 _SEGMENTS = ("agree_peer_end", "agree_end", "data_peer_end", "data_end", "host_end")
 
-_ACTION_COLUMNS = ("step", "rank", "stage", "action", "microbatch", "start_ms", "end_ms")
 _BY_STEP_SCHEMA: dict[str, str] = {
     "step": "int64",
     "rank": "int64",

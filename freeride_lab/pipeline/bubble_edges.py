@@ -121,15 +121,29 @@ class _CudaEdgeWatcher:
 
     def _run(self) -> None:
         while not self._closed:
-            if not self._queue:
-                self._wake.wait(0.1)
-                self._wake.clear()
+            if not self._edge_queued():
                 continue
             edge, step, slot, event, duration_ns = self._queue.popleft()
             event.synchronize()  # GIL released while waiting
-            t_ns = time.time_ns() + self._offset
-            self._release(event)
-            if edge == "start":
-                self._tracker.open(step, slot, t_ns, duration_ns)
-            else:
-                self._tracker.close(t_ns)
+            self._announce(edge, step, slot, event, duration_ns)
+
+    def _edge_queued(self) -> bool:
+        """True when an edge waits in the queue; otherwise sleep until one is pushed (at most
+        0.1 s, so that ``close`` is noticed) and return False."""
+        if self._queue:
+            return True
+        self._wake.wait(0.1)
+        self._wake.clear()
+        return False
+
+    def _announce(
+        self, edge: str, step: int, slot: int, event: Any, duration_ns: int | None
+    ) -> None:
+        """Hand an edge whose ``event`` has completed to the tracker, stamped now on the run
+        clock, and give the event back for reuse."""
+        t_ns = time.time_ns() + self._offset
+        self._release(event)
+        if edge == "start":
+            self._tracker.open(step, slot, t_ns, duration_ns)
+        else:
+            self._tracker.close(t_ns)

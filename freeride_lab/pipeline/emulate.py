@@ -92,7 +92,8 @@ from freeride_lab.core.runtime_options import EmulateOptions
 from freeride_lab.io.rundir import RunDir, create_file
 from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
 from freeride_lab.pipeline.emulate_control import Control, ControlFile, EdgeGate, Gate
-from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
+from freeride_lab.pipeline.models import StageChunk
+from freeride_lab.pipeline.stage_build import gpt_chunks
 
 if TYPE_CHECKING:
     from freeride_lab.pipeline.stop import StopControl
@@ -214,17 +215,9 @@ class Emulation:
                     "use emulate device 'cpu' or run on a CUDA machine"
                 )
             torch.cuda.set_device(device)
-        gpt = GPTConfig(
-            seq_len=config.seq_len,
-            layers=config.layers,
-            d_model=spec.d_model,
-            heads=spec.heads,
-            seed=config.seed,
-        )
-        built = build_stage_chunks(gpt, n_stages, only=stage_ids)
+        built = gpt_chunks(config, stage_ids, n_stages, d_model=spec.d_model, heads=spec.heads)
         chunks = []
-        for i in stage_ids:
-            chunk = built[i]
+        for chunk in built:
             assert isinstance(chunk, StageChunk)
             chunks.append(
                 EmulatedChunk(

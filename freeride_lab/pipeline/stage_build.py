@@ -38,6 +38,7 @@ __all__ = [
     "build_modules",
     "check_torch_supports_layout",
     "example_io",
+    "gpt_chunks",
     "loss_function",
     "make_batches",
     "make_edges",
@@ -78,11 +79,20 @@ def build_modules(config: RunConfig, stage_ids: Sequence[int], n_stages: int) ->
     if config.workload == "synthetic":
         costs = config.stage_costs_ms()  # per global stage: each chunk its own costs
         return list(build_sleep_chunks(config.d_model, [costs[s] for s in stage_ids]))
+    return gpt_chunks(config, stage_ids, n_stages, d_model=config.d_model, heads=config.heads)
+
+
+def gpt_chunks(
+    config: RunConfig, stage_ids: Sequence[int], n_stages: int, *, d_model: int, heads: int
+) -> list[nn.Module]:
+    """The GPT's chunks ``stage_ids`` of ``n_stages``, ``d_model`` wide with ``heads`` heads
+    and ``config``'s context, depth and seed: the text workload builds them at the config's
+    width, emulate mode at its own."""
     gpt = GPTConfig(
         seq_len=config.seq_len,
         layers=config.layers,
-        d_model=config.d_model,
-        heads=config.heads,
+        d_model=d_model,
+        heads=heads,
         seed=config.seed,
     )
     chunks = build_stage_chunks(gpt, n_stages, only=stage_ids)

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from freeride_lab.sidetasks.api import IterativeSideTask
+from freeride_lab.tasks.device import HostReturningTask, releasing_device_cache
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
 __all__ = [
@@ -210,7 +210,7 @@ def edge_ratings(src: np.ndarray, dst: np.ndarray, n_nodes: int, *, seed: int = 
     return clipped
 
 
-class _GraphTask(IterativeSideTask):
+class _GraphTask(HostReturningTask):
     """Shared graph plumbing: options, device moves, tensor state. Unit: iterations."""
 
     unit: ClassVar[str] = "iterations"
@@ -224,6 +224,8 @@ class _GraphTask(IterativeSideTask):
     )
     #: Names of tensor attributes that ``to_device`` moves.
     _tensors: ClassVar[tuple[str, ...]]
+    #: Of those, the ones that ``state_dict`` saves (host copies): the rest is regenerated.
+    _saved: ClassVar[tuple[str, ...]]
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -247,21 +249,28 @@ class _GraphTask(IterativeSideTask):
             setattr(self, name, getattr(self, name).to(target))
         self.device = str(target)
 
-    def to_host(self) -> None:
-        """Move everything back to host memory and release the device's cached blocks."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        self.to_device("cpu")
-        if was_cuda:
-            torch.cuda.empty_cache()
-
     def teardown(self) -> None:
         """Drop the graph and the state."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        for name in self._tensors:
-            setattr(self, name, None)
-        self._ready = False
-        if was_cuda:
-            torch.cuda.empty_cache()
+        with releasing_device_cache(self.device):
+            for name in self._tensors:
+                setattr(self, name, None)
+            self._ready = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Iterations done and the ``_saved`` tensors (host copies): exact resume."""
+        self._require_setup()
+        state: dict[str, Any] = {"progress": self.progress, "iterations": self.iterations}
+        for name in self._saved:
+            state[name] = getattr(self, name).detach().to("cpu", copy=True)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()`` (after ``setup()``, on any device)."""
+        self._require_setup()
+        self.progress = float(state.get("progress", 0.0))
+        self.iterations = int(state["iterations"])
+        for name in self._saved:
+            setattr(self, name, state[name].to(device=self.device, dtype=self.dtype))
 
     def _graph(self) -> tuple[np.ndarray, np.ndarray]:
         cfg = self.config
@@ -282,6 +291,7 @@ class PageRankTask(_GraphTask):
         {"n_nodes": 1_000_000, "n_edges": 8_000_000, "tol": 0.0, "max_iterations": None}
     )
     _tensors = ("matrix", "dangling", "ranks")
+    _saved = ("ranks",)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -331,20 +341,11 @@ class PageRankTask(_GraphTask):
 
     def state_dict(self) -> dict[str, Any]:
         """Iterations done, the ranks (host copy) and the latest change: exact resume."""
-        self._require_setup()
-        return {
-            "progress": self.progress,
-            "iterations": self.iterations,
-            "ranks": self.ranks.detach().to("cpu", copy=True),
-            "last_delta": self.last_delta,
-        }
+        return {**super().state_dict(), "last_delta": self.last_delta}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` (after ``setup()``, on any device)."""
-        self._require_setup()
-        self.progress = float(state.get("progress", 0.0))
-        self.iterations = int(state["iterations"])
-        self.ranks = state["ranks"].to(device=self.device, dtype=self.dtype)
+        super().load_state_dict(state)
         delta = state.get("last_delta")
         self._delta = None if delta is None else torch.tensor(delta, dtype=self.dtype)
 
@@ -359,6 +360,7 @@ class SGDMFTask(_GraphTask):
         {"n_nodes": 1_000_000, "n_edges": 8_000_000, "batch_edges": 1 << 20}
     )
     _tensors = ("users", "items", "ratings", "user_factors", "item_factors")
+    _saved = ("user_factors", "item_factors")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -437,21 +439,3 @@ class SGDMFTask(_GraphTask):
     def is_finished(self) -> bool:
         """True once ``max_epochs`` epochs are done (never when it is None)."""
         return self.config.max_epochs is not None and self.iterations >= self.config.max_epochs
-
-    def state_dict(self) -> dict[str, Any]:
-        """Epochs done and both factor matrices (host copies): exact resume."""
-        self._require_setup()
-        return {
-            "progress": self.progress,
-            "iterations": self.iterations,
-            "user_factors": self.user_factors.detach().to("cpu", copy=True),
-            "item_factors": self.item_factors.detach().to("cpu", copy=True),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict()`` (after ``setup()``, on any device)."""
-        self._require_setup()
-        self.progress = float(state.get("progress", 0.0))
-        self.iterations = int(state["iterations"])
-        for name in ("user_factors", "item_factors"):
-            setattr(self, name, state[name].to(device=self.device, dtype=self.dtype))

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.sidetasks.api import IterativeSideTask
+from freeride_lab.tasks.device import HostReturningTask, releasing_device_cache
 from freeride_lab.tasks.options import check_choice, check_int, resolve_options
 
 __all__ = ["InferenceOptions", "InferenceTask", "TinyLM", "kv_cache_bytes"]
@@ -153,7 +153,7 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-class InferenceTask(IterativeSideTask):
+class InferenceTask(HostReturningTask):
     """Greedy batch inference with a KV cache; one step = one prefill chunk or a few decode
     tokens per sequence (unit: tokens)."""
 
@@ -208,13 +208,6 @@ class InferenceTask(IterativeSideTask):
         self._cache, self._cached = None, 0
         self.device = str(target)
 
-    def to_host(self) -> None:
-        """Back to host memory; the device's cached blocks are released."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        self.to_device("cpu")
-        if was_cuda:
-            torch.cuda.empty_cache()
-
     @torch.inference_mode()
     def step(self) -> float:
         """One prefill chunk or ``decode_per_step`` tokens per sequence; returns tokens done."""
@@ -252,10 +245,8 @@ class InferenceTask(IterativeSideTask):
 
     def teardown(self) -> None:
         """Drop the model, the batch and the cache."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        self.model = self.tokens = self._cache = None
-        if was_cuda:
-            torch.cuda.empty_cache()
+        with releasing_device_cache(self.device):
+            self.model = self.tokens = self._cache = None
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and the batch's token ids (see [Note: resuming a batch])."""

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.sidetasks.api import IterativeSideTask
+from freeride_lab.tasks.device import HostReturningTask, releasing_device_cache
 from freeride_lab.tasks.nets import IMPLS, build_model
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
@@ -107,7 +107,7 @@ def make_image_batches(
     return images, labels
 
 
-class _VisionTask(IterativeSideTask):
+class _VisionTask(HostReturningTask):
     """Shared training loop; subclasses name the architecture and their presets."""
 
     unit: ClassVar[str] = "samples"
@@ -182,13 +182,6 @@ class _VisionTask(IterativeSideTask):
         self.images, self.labels = images.to(target), labels.to(target)
         self.device = str(target)
 
-    def to_host(self) -> None:
-        """Move everything back to host memory and release the device's cached blocks."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        self.to_device("cpu")
-        if was_cuda:
-            torch.cuda.empty_cache()
-
     def step(self) -> float:
         """One training iteration on the next batch; returns ``batch_size`` samples."""
         model, optimizer, images, labels = self._require_setup()
@@ -211,11 +204,9 @@ class _VisionTask(IterativeSideTask):
 
     def teardown(self) -> None:
         """Drop model, optimizer and data."""
-        was_cuda = torch.device(self.device).type == "cuda"
-        self.model = self.optimizer = self.images = self.labels = None
-        self._last_loss = None
-        if was_cuda:
-            torch.cuda.empty_cache()
+        with releasing_device_cache(self.device):
+            self.model = self.optimizer = self.images = self.labels = None
+            self._last_loss = None
 
     def state_dict(self) -> dict[str, Any]:
         """Host copies of model, Adam state, step count and random streams: exact resume."""

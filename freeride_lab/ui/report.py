@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from freeride_lab.lab.frames import SIDE_TASK_STEP_COLUMNS
 from freeride_lab.ui.report_figures import (
     cost_figure,
     figure_fragments,
@@ -62,19 +63,6 @@ __all__ = [
 ]
 
 TEMPLATES = Path(__file__).parent / "templates"
-SIDE_TASK_STEP_COLUMNS = [
-    "task_id",
-    "name",
-    "stage",
-    "rank",
-    "step",
-    "start_ms",
-    "end_ms",
-    "duration_ms",
-    "progress",
-    "unit",
-    "overrun_ms",
-]
 _PACKAGES = (
     "freeride-lab",
     "torch",
@@ -184,7 +172,7 @@ def write_report(
     side = (
         side_task_steps
         if side_task_steps is not None
-        else pd.DataFrame(columns=SIDE_TASK_STEP_COLUMNS)
+        else pd.DataFrame(columns=list(SIDE_TASK_STEP_COLUMNS))
     )
     if side_task_ledger is None and not side.empty:
         side_task_ledger = ledger(side)

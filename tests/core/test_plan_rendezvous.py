@@ -56,22 +56,6 @@ def test_without_send_waits_the_rendezvous_plan_runs_every_schedule() -> None:
         assert len(got) > 0 and (got["start_ms"] >= 0).all()
 
 
-def test_from_actions_recovers_rendezvous_overheads_of_a_simulated_run() -> None:
-    truth = Costs(
-        forward_ms=(1.0, 1.2, 0.8, 1.1),
-        backward_ms=(2.0, 2.5, 1.5, 2.2),
-        comm_ms=0.3,
-        dispatch_ms=0.1,
-        rendezvous=True,
-    )
-    table = simulate("1F1B", 4, 8, costs=truth, steps=2)
-    got = Costs.from_actions(table, statistic="mean", rendezvous=True)
-    assert got.rendezvous
-    np.testing.assert_allclose(got.forward_ms, truth.forward_ms, atol=1e-6)
-    assert got.comm_ms == pytest.approx(0.3, abs=1e-6)
-    assert got.dispatch_ms == pytest.approx(0.1, abs=1e-6)
-
-
 def test_compare_with_run_agrees_with_a_rendezvous_run_of_its_own_costs() -> None:
     costs = Costs(forward_ms=(1.0, 2.0, 1.0), backward_ms=(2.0, 4.0, 2.0), comm_ms=0.3,
                   dispatch_ms=0.1, rendezvous=True)  # fmt: skip

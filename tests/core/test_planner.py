@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -263,14 +265,22 @@ def test_full_backward_defaults_to_input_plus_weight() -> None:
     np.testing.assert_allclose(table[:, 1], 2.0)
 
 
-def test_from_actions_recovers_costs_of_a_simulated_run() -> None:
+@pytest.mark.parametrize(
+    ("rendezvous", "statistic"), [(False, "median"), (True, "mean")], ids=["free", "rendezvous"]
+)
+def test_from_actions_recovers_costs_of_a_simulated_run(
+    rendezvous: bool, statistic: Literal["median", "mean"]
+) -> None:
     truth = Costs(
         forward_ms=(1.0, 1.2, 0.8, 1.1),
         backward_ms=(2.0, 2.5, 1.5, 2.2),
         comm_ms=0.3,
         dispatch_ms=0.1,
+        rendezvous=rendezvous,
     )
-    got = Costs.from_actions(simulate("1F1B", 4, 8, costs=truth, steps=2))
+    table = simulate("1F1B", 4, 8, costs=truth, steps=2)
+    got = Costs.from_actions(table, statistic=statistic, rendezvous=rendezvous)
+    assert got.rendezvous is rendezvous
     np.testing.assert_allclose(got.forward_ms, truth.forward_ms, atol=1e-6)
     np.testing.assert_allclose(got.backward_ms, truth.backward_ms, atol=1e-6)
     assert got.comm_ms == pytest.approx(0.3, abs=1e-6)

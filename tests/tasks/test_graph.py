@@ -109,18 +109,6 @@ def test_pagerank_with_zero_tol_runs_exactly_max_iterations() -> None:
     assert task.iterations == 30
 
 
-def test_pagerank_state_dict_round_trip_resumes_identically() -> None:
-    original = _ready(PageRankTask, **SMALL)
-    original.step()
-    state = original.state_dict()
-    original.step()
-    resumed = _ready(PageRankTask, **SMALL)
-    resumed.load_state_dict(state)
-    resumed.step()
-    assert torch.equal(resumed.ranks, original.ranks)
-    assert resumed.iterations == 2
-
-
 def test_sgd_mf_rmse_falls_every_epoch_with_gardenia_settings() -> None:
     task = _ready(SGDMFTask, n_nodes=400, n_edges=4000, batch_edges=256, rank=8)
     rmse = [task.rmse()]
@@ -139,17 +127,31 @@ def test_sgd_mf_recovers_the_low_rank_ratings_with_a_larger_step() -> None:
     assert task.rmse() < 0.3 * start  # the noise floor is 0.1
 
 
-def test_sgd_mf_state_dict_round_trip_resumes_identically() -> None:
-    options = {"n_nodes": 400, "n_edges": 4000, "batch_edges": 512}
-    original = _ready(SGDMFTask, **options)
+@pytest.mark.parametrize(
+    ("cls", "options", "saved"),
+    [
+        (PageRankTask, SMALL, ("ranks",)),
+        (
+            SGDMFTask,
+            {"n_nodes": 400, "n_edges": 4000, "batch_edges": 512},
+            ("user_factors", "item_factors"),
+        ),
+    ],
+    ids=["pagerank", "sgd_mf"],
+)
+def test_state_dict_round_trip_resumes_identically(
+    cls: type, options: dict[str, object], saved: tuple[str, ...]
+) -> None:
+    original = _ready(cls, **options)
     original.step()
     state = original.state_dict()
     original.step()
-    resumed = _ready(SGDMFTask, **options)
+    resumed = _ready(cls, **options)
     resumed.load_state_dict(state)
     resumed.step()
-    assert torch.equal(resumed.user_factors, original.user_factors)
-    assert torch.equal(resumed.item_factors, original.item_factors)
+    for name in saved:
+        assert torch.equal(getattr(resumed, name), getattr(original, name))
+    assert resumed.iterations == 2
 
 
 def test_sgd_mf_finishes_after_max_epochs() -> None:
@@ -167,11 +169,6 @@ def test_to_host_after_to_device_keeps_iterating() -> None:
     task.to_device("cpu")
     task.step()
     assert task.device == "cpu" and task.iterations == 2
-
-
-def test_step_before_setup_says_to_call_setup() -> None:
-    with pytest.raises(RuntimeError, match=r"setup\(\)"):
-        SGDMFTask().step()
 
 
 def test_too_dense_graph_is_rejected_with_a_fix() -> None:

@@ -155,11 +155,6 @@ def test_to_host_after_to_device_keeps_processing() -> None:
     assert task.images_done == 2 and task.device == "cpu"
 
 
-def test_step_before_setup_says_to_call_setup() -> None:
-    with pytest.raises(RuntimeError, match=r"setup\(\)"):
-        ImageTask().step()
-
-
 def test_a_logo_larger_than_the_output_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"ImageTask: logo_size=200 .* does not fit"):
         ImageTask(output_size=128, logo_size=200)

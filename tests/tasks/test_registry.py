@@ -47,6 +47,12 @@ def test_every_builtin_loads_as_an_iterative_task_with_its_unit_and_key(name: st
     assert set(cls.gpu_defaults) <= {f for f in cls(preset="gpu").config.__dataclass_fields__}  # type: ignore[attr-defined, call-arg]
 
 
+@pytest.mark.parametrize("name", list(BUILTIN_TASKS))
+def test_every_builtin_refuses_a_step_before_setup_saying_to_call_it(name: str) -> None:
+    with pytest.raises(RuntimeError, match=r"setup\(\)"):
+        load_task_class(name)().step()
+
+
 def test_reference_keys_are_the_cost_models_names() -> None:
     assert sorted(REFERENCE_KEYS.values()) == sorted(
         ["resnet18", "resnet50", "vgg19", "pagerank", "sgd", "image"]

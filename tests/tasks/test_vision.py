@@ -135,11 +135,6 @@ def test_to_host_after_to_device_keeps_training() -> None:
     assert task.steps_done == 2
 
 
-def test_step_before_setup_says_to_call_setup() -> None:
-    with pytest.raises(RuntimeError, match=r"setup\(\)"):
-        ResNet18Task().step()
-
-
 def test_is_finished_after_max_steps() -> None:
     task = _ready(ResNet18Task, max_steps=2)
     task.step()
