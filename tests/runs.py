@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.io.rundir import RunDir
 
 if TYPE_CHECKING:
+    from freeride_lab.core.sidetask_state import SideTaskState
     from freeride_lab.lab.session import Session
     from freeride_lab.sidetasks.process import TaskProcess
 
@@ -118,6 +120,49 @@ def launch_with_vanilla(
     return main, vanilla
 
 
+@dataclass
+class Runs:
+    """A live run with side tasks (``main``), the same run without them (``vanilla``: the
+    reference losses), and the ids of the tasks attached to ``main``, by role."""
+
+    main: Session
+    vanilla: Session
+    ids: dict[str, str]
+
+
+@contextlib.contextmanager
+def runs_with_tasks(
+    config: RunConfig,
+    root: Path,
+    attach: Callable[[Session], dict[str, dict[str, Any]]],
+    *,
+    startup_s: float,
+) -> Iterator[Runs]:
+    """``launch_with_vanilla``, then ``attach(main)`` (the attached tasks' dicts, by role) once
+    ``main`` trained its first step (within ``startup_s``); both runs stop on the way out."""
+    main, vanilla = launch_with_vanilla(config, root)
+    try:
+        wait_in_run(lambda: main.steps_done >= 1, startup_s, "the first training step", main)
+        attached = attach(main)
+        yield Runs(main, vanilla, {role: task["id"] for role, task in attached.items()})
+    finally:
+        main.stop()
+        vanilla.stop()
+
+
+def assert_trains_every_step(session: Session, *, steps: int, ranks: int, timeout_s: float) -> None:
+    """``session`` finishes within ``timeout_s`` with every one of its ``steps`` timed on each
+    of its ``ranks``, and no failure."""
+    from freeride_lab.pipeline.launcher import RunState
+
+    assert session.wait(timeout_s=timeout_s) == RunState.FINISHED
+    table = session.steps
+    assert sorted(set(zip(table["step"], table["rank"], strict=True))) == [
+        (s, r) for s in range(steps) for r in range(ranks)
+    ]
+    assert session.failure is None
+
+
 def failed_in(path: Path, task_id: str) -> dict[str, Any] | None:
     """The FAIL event of ``task_id`` in an event file, if it holds one."""
     try:
@@ -194,3 +239,14 @@ def start_task_host(
     proc.start(host, log_path=run_dir.logs_dir / f"task-{task_id}.log")
     hosts.append(proc)
     return proc
+
+
+def serve_until(proc: TaskProcess, *states: SideTaskState, timeout_s: float = 60.0) -> None:
+    """Serve the messages of a task process (``proc.receive``) until its state is one of
+    ``states``; AssertionError if that takes over ``timeout_s`` or its connection is gone."""
+    deadline = time.monotonic() + timeout_s
+    while proc.state not in states:
+        if proc.conn is None or time.monotonic() > deadline:
+            raise AssertionError(f"task {proc.task_id} is {proc.state}, waited for {states}")
+        if proc.conn.poll(0.05):
+            proc.receive()

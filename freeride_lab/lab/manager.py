@@ -45,13 +45,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import ControlAck
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.stages import StagePlacer
+from freeride_lab.lab.task_commands import AttachOptions, LimitChanges
 from freeride_lab.lab.task_requests import check_task, limit_changes, limits_of, new_task_id
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.lab.worker_health import WorkerHealth
@@ -116,31 +117,12 @@ class SideTaskManager:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def attach(
-        self,
-        task: str,
-        *,
-        stage: int | None = None,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int = 1,
-        budget_ms: float | None = None,
-        options: Mapping[str, Any] | None = None,
-        policy: str = "KILL",
-        gating: str = "bubbles",
-    ) -> dict[str, Any]:
+    def attach(self, task: str, **request: Unpack[AttachOptions]) -> dict[str, Any]:
         """Attach ``task`` (a reference, or the id of a detached task to resume); its dict.
 
-        Args:
-            stage: a stage index; None places it (``core.placement``).
-            memory: device-memory cap, bytes or a size string ("4GB", "512MiB"); None = none
-                (its profiled request is reported once measured).
-            sm_pct: share of the GPU's SMs (MPS only), 0-100.
-            priority: MPS client priority, 0 normal or 1 below normal.
-            budget_ms: the step budget; None profiles the task (``task_host``).
-            options: keyword arguments of the task class (JSON values).
-            policy: overrun policy (WARN, SHRINK_BUDGET, PAUSE, KILL).
-            gating: "bubbles" (managed) or "none" (naive co-location, for comparisons).
+        The keyword arguments and their defaults are ``Session.attach``'s: ``stage`` None
+        places the task (``core.placement``), ``budget_ms`` None profiles it (``task_host``),
+        ``gating="none"`` co-locates it naively (for comparisons).
 
         Raises:
             ValueError: the request is invalid or no stage can take it; nothing was sent.
@@ -151,14 +133,16 @@ class SideTaskManager:
             records = self.book.records()
             previous = records.get(task) if isinstance(task, str) else None
             if previous is not None:
-                return self._reattach(previous, stage, memory, sm_pct, priority, budget_ms)
+                return self._reattach(previous, request)
+            options = request.get("options")
             if options is not None and not isinstance(options, Mapping):
                 raise ValueError(f"options={options!r} must be a dict of keyword arguments")
+            gating = request.get("gating", "bubbles")
             if gating not in GATINGS:
                 raise ValueError(f"gating={gating!r} is unknown; valid: {', '.join(GATINGS)}")
-            policy = str(parse_overrun_policy(policy))
+            policy = str(parse_overrun_policy(request.get("policy", "KILL")))
             ref, name, unit, theta = check_task(task)
-            limits = limits_of(memory, sm_pct, priority, budget_ms)
+            limits = limits_of(request)
             record = TaskRecord(
                 id=new_task_id(name, set(records)),
                 task=ref,
@@ -174,7 +158,7 @@ class SideTaskManager:
                 reference_throughput=theta,
             )
             record.spec()  # validates options (JSON) and the rest before anything is sent
-            rank, note = self.placer.choose_rank(record, limits, stage)
+            rank, note = self.placer.choose_rank(record, limits, request.get("stage"))
             record.rank, record.stage, record.placement = rank, self.placer.lowest(rank), note
             ack = self._send_attach(record)
             record.attached_ns = record.limits_ns = ack.t_ns
@@ -183,23 +167,19 @@ class SideTaskManager:
             log.info("attached %s (%s) to stage %d: %s", record.id, ref, record.stage, note)
             return self.book.view(record)
 
-    def _reattach(
-        self,
-        record: TaskRecord,
-        stage: int | None,
-        memory: int | str | None,
-        sm_pct: float | None,
-        priority: int | None,
-        budget_ms: float | None,
-    ) -> dict[str, Any]:
+    def _reattach(self, record: TaskRecord, request: AttachOptions) -> dict[str, Any]:
         state = self.book.state(record.id)
         if not record.detached and not is_terminal(SideTaskState(state)):
             raise ValueError(
                 f"task {record.id!r} is still attached ({state}) on stage {record.stage}; "
                 f"detach it first (session.detach({record.id!r})) or tune it"
             )
-        changes = limit_changes(memory, sm_pct, priority if priority != 1 else None, budget_ms)
+        given: dict[str, Any] = dict(request)
+        if given.get("priority") == 1:  # the default: the task keeps the priority it had
+            del given["priority"]
+        changes = limit_changes(given)
         limits = GpuLimits.from_dict(record.limits).replace(**changes)
+        stage = request.get("stage")
         where = record.stage if stage is None else stage
         rank, note = self.placer.choose_rank(record, limits, where)
         record.rank, record.stage = rank, self.placer.lowest(rank)
@@ -214,16 +194,9 @@ class SideTaskManager:
         return self.book.view(record)
 
     def tune(
-        self,
-        task_id: str,
-        *,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int | None = None,
-        budget_ms: float | None = None,
-        by: str = "user",
+        self, task_id: str, *, by: str = "user", **limits: Unpack[LimitChanges]
     ) -> dict[str, Any]:
-        """Change limits of a live task (None = unchanged); its dict.
+        """Change limits of a live task (as ``Session.tune``; None = unchanged); its dict.
 
         A memory, SM-share or priority change restarts the task process from its checkpoint,
         which profiles it again. ``by="governor"`` marks a budget as the governor's, so the
@@ -236,18 +209,18 @@ class SideTaskManager:
             self._check_live()
             record = self.book.record(task_id)
             self._check_attached(record, "tune")
-            changes = limit_changes(memory, sm_pct, priority, budget_ms)
+            changes = limit_changes(limits)
             if not changes:
                 return self.book.view(record)
-            limits = GpuLimits.from_dict(record.limits).replace(**changes)
+            tuned = GpuLimits.from_dict(record.limits).replace(**changes)
             if "memory_bytes" in changes:
-                self.placer.check_stage(record, limits, record.rank)
+                self.placer.check_stage(record, tuned, record.rank)
             ack = self._call(record.rank, lambda w: w.tune(record.id, **changes))
             if not ack.ok:
                 raise ValueError(f"worker of stage {record.stage} refused: {ack.message}")
-            record.limits = limits.to_dict()
+            record.limits = tuned.to_dict()
             if "budget_s" in changes and by == "user":
-                record.user_budget_s = limits.budget_s
+                record.user_budget_s = tuned.budget_s
             if ack.payload.get("restarted"):
                 record.limits_ns = ack.t_ns
             self.book.save(record)

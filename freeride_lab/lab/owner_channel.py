@@ -46,7 +46,7 @@ from multiprocessing.connection import (
 )
 from typing import Any
 
-from freeride_lab.io.handshake import authenticate
+from freeride_lab.io.handshake import accept_authenticated
 
 log = logging.getLogger(__name__)
 
@@ -113,30 +113,25 @@ class OwnerServer:
         return f"<OwnerServer {self.address[0]}:{self.address[1]} {state}>"
 
     def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(
-                target=self._serve, args=(conn,), name="freeride-owner-request", daemon=True
-            ).start()
+        accept_authenticated(
+            self._listener,
+            self._secret,
+            self._serve,
+            stopping=self._closed.is_set,
+            name="freeride-owner-request",
+            timeout_s=HANDSHAKE_TIMEOUT_S,
+            on_refusal=lambda why: log.warning("owner channel: refused a connection: %s", why),
+        )
 
     def _serve(self, conn: Connection) -> None:
+        """Answer the one request of an authenticated connection."""
         try:
-            refusal = authenticate(conn, self._secret, timeout_s=HANDSHAKE_TIMEOUT_S)
-            if refusal is not None:
-                log.warning("owner channel: refused a connection: %s", refusal)
-                return
-            try:
-                raw = conn.recv_bytes(MAX_REQUEST_BYTES)
-            except (EOFError, OSError):
-                return
-            reply = self._handle(raw)
-            with contextlib.suppress(OSError):
-                conn.send_bytes(json.dumps(reply, default=str).encode())
-        finally:
-            conn.close()
+            raw = conn.recv_bytes(MAX_REQUEST_BYTES)
+        except (EOFError, OSError):
+            return
+        reply = self._handle(raw)
+        with contextlib.suppress(OSError):
+            conn.send_bytes(json.dumps(reply, default=str).encode())
 
     def _handle(self, raw: bytes) -> dict[str, Any]:
         """The reply to one request (see the module docstring)."""

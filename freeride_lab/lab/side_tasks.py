@@ -129,7 +129,7 @@ class SideTaskControls:
         sm_pct: float | None = None,
         priority: int = 1,
         budget_ms: float | None = None,
-        options: dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
         policy: str = "KILL",
         gating: str = "bubbles",
     ) -> dict[str, Any]:

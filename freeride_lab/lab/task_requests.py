@@ -2,7 +2,7 @@
 reference, the limits, and a fresh task id.
 
     ref, name, unit = check_task("pagerank")         # or "pkg.mod:Class", "file.py:Class"
-    limits = limits_of("4GiB", sm_pct=50, priority=1, budget_ms=20)
+    limits = limits_of({"memory": "4GiB", "sm_pct": 50, "budget_ms": 20})
     task_id = new_task_id(name, taken={"pagerank-3fa1"})
 
 Each raises ``ValueError`` with one clear message naming the value (``lab.manager``).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,16 @@ def reference_throughput(cls: type) -> float | None:
     return float(theta)
 
 
-def limits_of(
-    memory: int | str | None, sm_pct: float | None, priority: int | None, budget_ms: float | None
-) -> GpuLimits:
-    return GpuLimits().replace(**limit_changes(memory, sm_pct, priority, budget_ms))
+def limits_of(given: Mapping[str, Any]) -> GpuLimits:
+    """A new task's limits: the defaults, with the ones ``given`` (``limit_changes``)."""
+    return GpuLimits().replace(**limit_changes(given))
 
 
-def limit_changes(
-    memory: int | str | None, sm_pct: float | None, priority: int | None, budget_ms: float | None
-) -> dict[str, Any]:
-    """``GpuLimits`` fields for the given (not None) arguments, checked."""
+def limit_changes(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``GpuLimits`` fields for the limits ``given`` (memory, sm_pct, priority, budget_ms, as
+    ``attach`` and ``tune`` take them; other keys and None values are ignored), checked."""
+    memory, sm_pct = given.get("memory"), given.get("sm_pct")
+    priority, budget_ms = given.get("priority"), given.get("budget_ms")
     changes: dict[str, Any] = {}
     if memory is not None:
         changes["memory_bytes"] = parse_bytes(memory)

@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 from multiprocessing.connection import Client
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from freeride_lab.core import events as ev
@@ -270,12 +269,7 @@ class WorkerProcess:
     def __enter__(self) -> WorkerProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -288,24 +282,11 @@ class WorkerProcess:
         return f"<WorkerProcess(rank={self.rank}, device={self.device!r}, {state})>"
 
 
-def start_worker(
-    run_dir: str | os.PathLike[str],
-    rank: int,
-    *,
-    device: str = "cpu",
-    stage: int | None = None,
-    clock_offset_ns: int = 0,
-    mps_active: bool | None = None,
-) -> WorkerProcess:
-    """Create the rank's edge file and start its worker; the started ``WorkerProcess``."""
-    return WorkerProcess(
-        run_dir,
-        rank,
-        device=device,
-        stage=stage,
-        clock_offset_ns=clock_offset_ns,
-        mps_active=mps_active,
-    ).start()
+def start_worker(run_dir: str | os.PathLike[str], rank: int, **options: Any) -> WorkerProcess:
+    """Create the rank's edge file and start its worker; the started ``WorkerProcess``
+    (``options``: its keyword arguments, ``device``, ``stage``, ``clock_offset_ns`` and
+    ``mps_active``)."""
+    return WorkerProcess(run_dir, rank, **options).start()
 
 
 def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> WorkerProcess:

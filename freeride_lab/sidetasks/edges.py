@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from types import TracebackType
 
 from freeride_lab.io.rundir import create_file
 from freeride_lab.sidetasks.edge_record import (
@@ -151,12 +150,7 @@ class EdgeWriter:
     def __enter__(self) -> EdgeWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -270,12 +264,7 @@ class EdgeReader:
     def __enter__(self) -> EdgeReader:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

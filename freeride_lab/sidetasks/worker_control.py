@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from freeride_lab.core import events as ev
-from freeride_lab.io.handshake import authenticate
+from freeride_lab.io.handshake import accept_authenticated
 from freeride_lab.sidetasks.messages import (
     MAX_FRAME_BYTES,
     MessageError,
@@ -98,38 +98,33 @@ class ControlServer:
     def _accept_loop(self) -> None:
         listener = self._listener
         assert listener is not None
-        while not self._stopping():
-            try:
-                conn = listener.accept()
-            except OSError:
-                return
-            threading.Thread(
-                target=self._serve_client, args=(conn,), name="worker-client", daemon=True
-            ).start()
+        accept_authenticated(
+            listener,
+            self._secret,
+            self._serve_client,
+            stopping=self._stopping,
+            name="worker-client",
+            timeout_s=_HANDSHAKE_TIMEOUT_S,
+            on_refusal=lambda why: log.warning("worker: refused a control connection: %s", why),
+        )
 
     def _serve_client(self, conn: Connection) -> None:
-        try:
-            refusal = authenticate(conn, self._secret, timeout_s=_HANDSHAKE_TIMEOUT_S)
-            if refusal is not None:
-                log.warning("worker: refused a control connection: %s", refusal)
+        """Answer an authenticated client's commands until it hangs up."""
+        while True:
+            try:
+                raw = conn.recv_bytes(MAX_FRAME_BYTES)
+            except EOFError:
                 return
-            while True:
-                try:
-                    raw = conn.recv_bytes(MAX_FRAME_BYTES)
-                except EOFError:
-                    return
-                except OSError as exc:  # a frame over the cap is not read: the stream is lost
-                    log.warning("worker: closed a control connection: %s", exc)
-                    return
-                try:
-                    message = command_dict(decode_command(raw))
-                except MessageError as exc:
-                    log.warning("worker: refused a command: %s", exc)
-                    conn.send_bytes(ev.to_json(self._ack("?", False, str(exc))).encode())
-                    continue
-                self._answer(conn, message)
-        finally:
-            conn.close()
+            except OSError as exc:  # a frame over the cap is not read: the stream is lost
+                log.warning("worker: closed a control connection: %s", exc)
+                return
+            try:
+                message = command_dict(decode_command(raw))
+            except MessageError as exc:
+                log.warning("worker: refused a command: %s", exc)
+                conn.send_bytes(ev.to_json(self._ack("?", False, str(exc))).encode())
+                continue
+            self._answer(conn, message)
 
     def _answer(self, conn: Connection, message: dict[str, Any]) -> None:
         """Send the loop's ack to ``message``, or a refusal after ``_REPLY_TIMEOUT_S``."""

@@ -66,34 +66,34 @@ def first_of(run: Path, kind: str) -> int:
     )
 
 
-def change_first(kind: str, change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], int]:
-    """Damage: change the first ``kind`` event of rank 0 (still JSON); its line number."""
+def rewrite_first(kind: str, rewrite: Callable[[bytes], bytes]) -> Callable[[Path], int]:
+    """Damage: ``rewrite`` the line of the first ``kind`` event of rank 0; its line number."""
 
     def damage(run: Path) -> int:
         path = run / RANK_0
         lines = lines_of(path)
         i = first_of(run, kind)
-        event = json.loads(lines[i])
-        change(event)
-        lines[i] = json.dumps(event).encode()
+        lines[i] = rewrite(lines[i])
         write_lines(path, lines)
         return i + 1
 
     return damage
+
+
+def change_first(kind: str, change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], int]:
+    """Damage: change the first ``kind`` event of rank 0 (still JSON); its line number."""
+
+    def changed(line: bytes) -> bytes:
+        event = json.loads(line)
+        change(event)
+        return json.dumps(event).encode()
+
+    return rewrite_first(kind, changed)
 
 
 def replace_first(kind: str, text: bytes) -> Callable[[Path], int]:
     """Damage: put ``text`` in place of the first ``kind`` event of rank 0; its line number."""
-
-    def damage(run: Path) -> int:
-        path = run / RANK_0
-        lines = lines_of(path)
-        i = first_of(run, kind)
-        lines[i] = text
-        write_lines(path, lines)
-        return i + 1
-
-    return damage
+    return rewrite_first(kind, lambda _line: text)
 
 
 def insert(at: int, text: bytes) -> Callable[[Path], int]:

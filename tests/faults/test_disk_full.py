@@ -22,6 +22,7 @@ import pytest
 from runs import synthetic_config
 from waits import run_processes, wait_until
 
+from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import StepTimed
 from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.io.sink import EventSink
@@ -55,6 +56,24 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+@contextlib.contextmanager
+def training_on(disk: Path, config: RunConfig) -> Iterator[Session]:
+    """A run of ``config`` in ``disk``, once it trained its first steps; on the way out it is
+    stopped and every process of it has exited."""
+    run_dir = disk / "run"
+    run = Session.launch(config, run_dir=run_dir, grace_s=3)
+    try:
+        wait_until(
+            lambda: run.steps_done >= 2, timeout_s=STARTUP_S, what="the first training steps"
+        )
+        yield run
+    finally:
+        run.stop()
+    wait_until(
+        lambda: not run_processes(run_dir), timeout_s=10, what="every process of the run to exit"
+    )
 
 
 def fill(disk: Path) -> Path:
@@ -160,12 +179,8 @@ def test_closing_a_sink_on_a_full_disk_counts_the_unwritten_events_as_dropped(
 def test_a_run_trains_through_a_full_disk_and_writes_its_events_once_there_is_room(
     small_disk: Path,
 ) -> None:
-    run_dir = small_disk / "run"
-    run = Session.launch(CONFIG, run_dir=run_dir, grace_s=3)
-    try:
-        wait_until(
-            lambda: run.steps_done >= 2, timeout_s=STARTUP_S, what="the first training steps"
-        )
+    with training_on(small_disk, CONFIG) as run:
+        run_dir = run.run_dir.path
         filler = fill(small_disk)
         full_ns = time.time_ns()
         deadline = time.monotonic() + FULL_FOR_S  # the fault lasts this long; nothing to await
@@ -191,29 +206,13 @@ def test_a_run_trains_through_a_full_disk_and_writes_its_events_once_there_is_ro
         for path in sorted((run_dir / "events").glob("*.jsonl")):  # no line torn by the full disk
             assert all(json.loads(line) for line in path.read_bytes().splitlines()), path
         assert len(Session.open(run_dir).steps) == STEPS * 2
-    finally:
-        run.stop()
-    wait_until(
-        lambda: not run_processes(run_dir), timeout_s=10, what="every process of the run to exit"
-    )
 
 
 def test_a_run_that_ends_on_a_full_disk_is_still_reported_finished(small_disk: Path) -> None:
     # The launcher cannot write its final status; the owner settles the run from what it saw.
-    config = dataclasses.replace(CONFIG, steps=12)
-    run_dir = small_disk / "run"
-    run = Session.launch(config, run_dir=run_dir, grace_s=3)
-    try:
-        wait_until(
-            lambda: run.steps_done >= 2, timeout_s=STARTUP_S, what="the first training steps"
-        )
+    with training_on(small_disk, dataclasses.replace(CONFIG, steps=12)) as run:
         filler = fill(small_disk)
         end = run.wait(timeout_s=STARTUP_S)
         assert end == RunState.FINISHED, run.failure
         assert run.failure is None
         filler.unlink()
-    finally:
-        run.stop()
-    wait_until(
-        lambda: not run_processes(run_dir), timeout_s=10, what="every process of the run to exit"
-    )

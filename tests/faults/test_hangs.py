@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -96,6 +97,31 @@ class Trainer:
             self.bubble()
 
 
+def in_a_step(
+    worker: WorkerProcess,
+    client: WorkerClient,
+    marker: Path,
+    task: str,
+    *,
+    task_id: str,
+    options: dict[str, Any] | None = None,
+    **fields: Any,
+) -> tuple[int, Trainer]:
+    """Attach the unruly ``task`` (it writes ``marker`` as its step begins; a 10 ms budget,
+    ``fields`` for the rest of its spec) and announce bubbles until its step has begun; its
+    task process's pid and the trainer that announced them."""
+    pid = client.attach(
+        ref(task),
+        task_id=task_id,
+        options={"marker_path": str(marker), **(options or {})},
+        limits={"budget_s": 0.01},
+        **fields,
+    ).payload["pid"]
+    trainer = Trainer(worker)
+    trainer.until(lambda: read_marker(marker), what=f"a step of {task_id}", timeout_s=STARTUP_S)
+    return pid, trainer
+
+
 # -- hung tasks -------------------------------------------------------------------------------
 
 
@@ -103,14 +129,7 @@ def test_a_step_holding_the_gil_is_killed_from_outside_and_fails_hung(
     run_dir: RunDir, worker: WorkerProcess, client: WorkerClient, tmp_path: Path
 ) -> None:
     marker = tmp_path / "hog-started"
-    pid = client.attach(
-        ref("GilHog"),
-        task_id="hog",
-        options={"marker_path": str(marker)},
-        limits={"budget_s": 0.01},
-    ).payload["pid"]
-    trainer = Trainer(worker)
-    trainer.until(lambda: read_marker(marker), what="the GIL-holding step", timeout_s=STARTUP_S)
+    pid, trainer = in_a_step(worker, client, marker, "GilHog", task_id="hog")
     started_ns = read_marker(marker)
     assert started_ns is not None
     trainer.until(lambda: failure(run_dir, "hog"), what="the hung task to fail", timeout_s=30)
@@ -129,14 +148,9 @@ def test_a_task_sigstopped_in_a_step_is_killed_and_fails_hung(
     run_dir: RunDir, worker: WorkerProcess, client: WorkerClient, tmp_path: Path
 ) -> None:
     marker = tmp_path / "step-started"
-    pid = client.attach(
-        ref("StuckStep"),
-        task_id="stopped",
-        options={"marker_path": str(marker), "sleep_s": 0.5},
-        limits={"budget_s": 0.01},
-    ).payload["pid"]
-    trainer = Trainer(worker)
-    trainer.until(lambda: read_marker(marker), what="its step to start", timeout_s=STARTUP_S)
+    pid, trainer = in_a_step(
+        worker, client, marker, "StuckStep", task_id="stopped", options={"sleep_s": 0.5}
+    )
     psutil.Process(pid).suspend()  # SIGSTOP: the step would have ended 0.5 s after it began
     trainer.until(
         lambda: failure(run_dir, "stopped"), what="the stopped task to fail", timeout_s=15
@@ -170,16 +184,15 @@ def test_a_task_sigstopped_between_steps_is_killed_and_fails_hung(
 def test_detaching_a_task_stuck_in_its_step_ends_it_within_10_s_under_every_policy(
     run_dir: RunDir, worker: WorkerProcess, client: WorkerClient, tmp_path: Path, policy: str
 ) -> None:
-    marker = tmp_path / "stuck"
-    pid = client.attach(
-        ref("StuckStep"),
+    pid, _ = in_a_step(
+        worker,
+        client,
+        tmp_path / "stuck",
+        "StuckStep",
         task_id="stuck",
-        options={"marker_path": str(marker)},
         overrun_policy=policy,
         hang_after_s=300.0,  # so that only the detach ends it
-        limits={"budget_s": 0.01},
-    ).payload["pid"]
-    Trainer(worker).until(lambda: read_marker(marker), what="its step", timeout_s=STARTUP_S)
+    )
     begun = time.monotonic()
     ack = client.detach("stuck")
     took_s = time.monotonic() - begun
@@ -193,16 +206,10 @@ def test_detaching_a_task_stuck_in_its_step_ends_it_within_10_s_under_every_poli
 def test_stopping_the_worker_ends_a_stuck_and_a_queued_task_within_10_s(
     run_dir: RunDir, worker: WorkerProcess, client: WorkerClient, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "stuck"
-    stuck = client.attach(
-        ref("StuckStep"),
-        task_id="stuck",
-        options={"marker_path": str(marker)},
-        hang_after_s=300.0,
-        limits={"budget_s": 0.01},
-    ).payload["pid"]
+    stuck, _ = in_a_step(
+        worker, client, tmp_path / "stuck", "StuckStep", task_id="stuck", hang_after_s=300.0
+    )
     queued = client.attach(COUNTING, task_id="queued").payload["pid"]
-    Trainer(worker).until(lambda: read_marker(marker), what="its step", timeout_s=STARTUP_S)
     begun = time.monotonic()
     worker.stop()
     took_s = time.monotonic() - begun

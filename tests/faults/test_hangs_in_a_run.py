@@ -18,11 +18,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from runs import failed_in, processes, synthetic_config, task, wait_in_run
+from runs import assert_trains_every_step, failed_in, processes, synthetic_config, task, wait_in_run
 from unruly_tasks import read_marker, ref
 
 from freeride_lab.lab.session import Session
-from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 pytestmark = pytest.mark.slow  # one training run of about two minutes on two CPU cores
@@ -142,13 +141,7 @@ def test_a_sigstopped_worker_is_killed_and_its_task_fails_hung_without_anyone_re
 
 
 def test_training_completes_every_step(run: Run) -> None:
-    session = run.session
-    assert session.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
-    steps = session.steps
-    assert sorted(set(zip(steps["step"], steps["rank"], strict=True))) == [
-        (s, r) for s in range(STEPS) for r in range(2)
-    ]
-    assert session.failure is None
+    assert_trains_every_step(run.session, steps=STEPS, ranks=2, timeout_s=STARTUP_S + STEPS * 2.0)
 
 
 def test_no_process_of_the_run_is_left_after_stop(run: Run) -> None:

@@ -9,10 +9,9 @@ must not grow the file past the cap either. The same flood during a real trainin
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from runs import start_task_host
+from runs import serve_until, start_task_host
 from unruly_tasks import ref
 
 from freeride_lab.core.sidetask_state import SideTaskState
@@ -21,19 +20,11 @@ from freeride_lab.sidetasks.process import TaskProcess
 from freeride_lab.sidetasks.task_log import TASK_LOG_CAP_BYTES
 
 MB = 1_000_000
+FLOOD_S = 120.0  # the longest a task flooding its output may take to reach a state
 
 
 def start_flood(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> TaskProcess:
     return start_task_host(run_dir, hosts, ref("Flood"), "loud", options=options)
-
-
-def serve_until(proc: TaskProcess, state: SideTaskState, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while proc.state is not state:
-        if proc.conn is None or time.monotonic() > deadline:
-            raise AssertionError(f"task {proc.task_id} is {proc.state}, waited for {state}")
-        if proc.conn.poll(0.05):
-            proc.receive()
 
 
 def stop_and_drain(proc: TaskProcess) -> int:
@@ -48,9 +39,10 @@ def test_a_task_printing_100_mib_leaves_at_most_10_mb_of_log_and_goes_on(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
     proc = start_flood(run_dir, hosts, total_mib=100)
-    serve_until(proc, SideTaskState.CREATED)  # setup() printed all of it and returned
+    # setup() printed all of it and returned
+    serve_until(proc, SideTaskState.CREATED, timeout_s=FLOOD_S)
     assert proc.request({"cmd": "activate"})
-    serve_until(proc, SideTaskState.PAUSED)
+    serve_until(proc, SideTaskState.PAUSED, timeout_s=FLOOD_S)
     assert stop_and_drain(proc) == 0
     assert proc.state is SideTaskState.STOPPED
     log = run_dir.logs_dir / "task-loud.log"
@@ -67,6 +59,6 @@ def test_a_restarted_task_does_not_grow_its_log_past_the_cap(
 ) -> None:
     for _ in range(2):
         proc = start_flood(run_dir, hosts, total_mib=12)
-        serve_until(proc, SideTaskState.CREATED)
+        serve_until(proc, SideTaskState.CREATED, timeout_s=FLOOD_S)
         assert stop_and_drain(proc) == 0
     assert (run_dir.logs_dir / "task-loud.log").stat().st_size <= TASK_LOG_CAP_BYTES

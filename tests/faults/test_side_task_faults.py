@@ -15,14 +15,16 @@ import os
 import re
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runs import (
+    Runs,
+    assert_trains_every_step,
     failed_in,
-    launch_with_vanilla,
     processes,
+    runs_with_tasks,
     synthetic_config,
     task,
     toy,
@@ -41,35 +43,23 @@ STEPS = 150
 CONFIG = synthetic_config(steps=STEPS, seed=11, notes={"note": HTML_CONFIG})
 
 
-@dataclass
-class Runs:
-    main: Session
-    vanilla: Session
-    ids: dict[str, str]
+def attach_tasks(main: Session) -> dict[str, dict[str, Any]]:
+    counting = {"step_s": 0.003}
+    return {  # stage 0 runs them in this order, one at a time
+        "teardown": main.attach(toy("RaisingInTeardown"), stage=0, policy="WARN"),
+        "victim": main.attach(toy("Counting"), stage=0, options=counting, policy="WARN"),
+        "html": main.attach(
+            toy("HtmlUnit"), stage=0, options={**counting, "limit": 5}, policy="WARN"
+        ),
+        "orphan": main.attach(toy("Counting"), stage=1, options=counting, policy="WARN"),
+    }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-task-faults")
-    main, vanilla = launch_with_vanilla(CONFIG, root)
-    try:
-        wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
-        ids = {  # stage 0 runs them in this order, one at a time
-            "teardown": main.attach(toy("RaisingInTeardown"), stage=0, policy="WARN")["id"],
-            "victim": main.attach(
-                toy("Counting"), stage=0, options={"step_s": 0.003}, policy="WARN"
-            )["id"],
-            "html": main.attach(
-                toy("HtmlUnit"), stage=0, options={"step_s": 0.003, "limit": 5}, policy="WARN"
-            )["id"],
-            "orphan": main.attach(
-                toy("Counting"), stage=1, options={"step_s": 0.003}, policy="WARN"
-            )["id"],
-        }
-        yield Runs(main, vanilla, ids)
-    finally:
-        main.stop()
-        vanilla.stop()
+    with runs_with_tasks(CONFIG, root, attach_tasks, startup_s=STARTUP_S) as started:
+        yield started
 
 
 # -- while training runs -----------------------------------------------------------------------
@@ -130,13 +120,8 @@ def test_training_completes_every_step_with_the_losses_of_a_run_without_faults(
     runs: Runs,
 ) -> None:
     run = runs.main
-    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
+    assert_trains_every_step(run, steps=STEPS, ranks=2, timeout_s=STARTUP_S + STEPS * 2.0)
     assert runs.vanilla.wait(timeout_s=STARTUP_S) == RunState.FINISHED
-    steps = run.steps
-    assert sorted(set(zip(steps["step"], steps["rank"], strict=True))) == [
-        (s, r) for s in range(STEPS) for r in range(2)
-    ]
-    assert run.failure is None
     with_faults = run.steps.query("rank == 1").sort_values("step")["loss"].tolist()
     without = runs.vanilla.steps.query("rank == 1").sort_values("step")["loss"].tolist()
     assert with_faults == without

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runs import start_task_host
+from runs import serve_until, start_task_host
 from unruly_tasks import ref
 
 from freeride_lab.core import events as ev
@@ -35,15 +35,6 @@ def start_host(run_dir: RunDir, hosts: list[TaskProcess], **options: Any) -> Tas
     return start_task_host(
         run_dir, hosts, ref("Misbehaves"), options=options, limits={"budget_s": 0.001}
     )
-
-
-def serve_until(proc: TaskProcess, *states: SideTaskState, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while proc.state not in states:
-        if proc.conn is None or time.monotonic() > deadline:
-            raise AssertionError(f"task {proc.task_id} is {proc.state}, waited for {states}")
-        if proc.conn.poll(0.05):
-            proc.receive()
 
 
 def bubbles_until_exit(proc: TaskProcess, edges: EdgeWriter, timeout_s: float = 60.0) -> int:

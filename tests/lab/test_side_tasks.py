@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-from runs import launch_with_vanilla, synthetic_config, task, toy, wait_in_run
+from runs import (
+    Runs,
+    assert_trains_every_step,
+    runs_with_tasks,
+    synthetic_config,
+    task,
+    toy,
+    wait_in_run,
+)
 
 from freeride_lab.core.budget import memory_request_gib, step_budget_s
 from freeride_lab.lab.session import Session
@@ -33,33 +40,22 @@ PAGERANK = {"n_nodes": 2000, "n_edges": 10000, "tol": 0.0, "max_iterations": Non
 TOLERANCE_MS = 5.0  # run-clock stamps of a rank and of a task process, same host
 
 
-@dataclass
-class Runs:
-    main: Session
-    vanilla: Session
-    ids: dict[str, str]
+def attach_tasks(main: Session) -> dict[str, dict[str, Any]]:
+    return {
+        "pagerank": main.attach("pagerank", stage=1, options=PAGERANK, policy="WARN"),
+        "counting": main.attach(toy("Counting"), stage=2, options={"step_s": 0.003}, policy="WARN"),
+        # stage 0's FIFO: each starts once the one before it has failed
+        "raises": main.attach(toy("RaisingInStep"), stage=0),
+        "hog": main.attach(toy("MemoryHog"), stage=0, memory="256MiB"),
+        "hangs": main.attach(toy("HangingStep"), stage=0, policy="KILL"),
+    }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("side-tasks")
-    main, vanilla = launch_with_vanilla(CONFIG, root)
-    try:
-        wait_in_run(lambda: main.steps_done >= 1, STARTUP_S, "the first training step", main)
-        ids = {
-            "pagerank": main.attach("pagerank", stage=1, options=PAGERANK, policy="WARN")["id"],
-            "counting": main.attach(
-                toy("Counting"), stage=2, options={"step_s": 0.003}, policy="WARN"
-            )["id"],
-            # stage 0's FIFO: each starts once the one before it has failed
-            "raises": main.attach(toy("RaisingInStep"), stage=0)["id"],
-            "hog": main.attach(toy("MemoryHog"), stage=0, memory="256MiB")["id"],
-            "hangs": main.attach(toy("HangingStep"), stage=0, policy="KILL")["id"],
-        }
-        yield Runs(main, vanilla, ids)
-    finally:
-        main.stop()
-        vanilla.stop()
+    with runs_with_tasks(CONFIG, root, attach_tasks, startup_s=STARTUP_S) as started:
+        yield started
 
 
 def created(run: Session, task_id: str) -> pd.DataFrame:
@@ -248,13 +244,7 @@ def test_governor_tunes_live_tasks_and_logs_its_decisions(runs: Runs) -> None:
 
 
 def test_training_completes_every_step_on_every_rank(runs: Runs) -> None:
-    run = runs.main
-    assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
-    steps = run.steps
-    assert sorted(set(zip(steps["step"], steps["rank"], strict=True))) == [
-        (s, r) for s in range(STEPS) for r in range(4)
-    ]
-    assert run.failure is None
+    assert_trains_every_step(runs.main, steps=STEPS, ranks=4, timeout_s=STARTUP_S + STEPS * 2.0)
 
 
 def test_losses_equal_a_run_without_side_tasks(runs: Runs) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from runs import start_task_host
+from runs import serve_until, start_task_host
 from tasks_for_tests import ref
 
 from freeride_lab.core import events as ev
@@ -28,19 +29,15 @@ R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
 
 
-def wait_state(proc: TaskProcess, *states: S, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while proc.state not in states:
-        if proc.conn is None or time.monotonic() > deadline:
-            raise AssertionError(f"task {proc.task_id} is {proc.state}, waited for {states}")
-        if proc.conn.poll(0.05):
-            proc.receive()
-
-
-def activate(proc: TaskProcess) -> None:
-    wait_state(proc, S.CREATED)
+def start_active(
+    run_dir: RunDir, hosts: list[TaskProcess], task: str, **fields: Any
+) -> TaskProcess:
+    """``start_task_host``, then activate the task: it waits for bubbles (PAUSED)."""
+    proc = start_task_host(run_dir, hosts, task, **fields)
+    serve_until(proc, S.CREATED)
     assert proc.request({"cmd": "activate"})
-    wait_state(proc, S.PAUSED)
+    serve_until(proc, S.PAUSED)
+    return proc
 
 
 def stop(proc: TaskProcess) -> int:
@@ -100,10 +97,9 @@ def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[in
 def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_task_host(
+    proc = start_active(
         run_dir, hosts, ref("Counting"), options={"step_s": 0.003}, limits={"budget_s": 0.005}
     )
-    activate(proc)
     bubbles = drive_bubbles(edges, 6)
     assert stop(proc) == 0
     steps = steps_of(task_events(run_dir, "t1"))
@@ -119,8 +115,7 @@ def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
 def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_task_host(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
-    activate(proc)
+    proc = start_active(run_dir, hosts, ref("Counting"), options={"step_s": 0.002})
     bubbles = drive_bubbles(edges, 3, length_s=0.03, predicted_s=10.0, gap_s=0.2)
     assert stop(proc) == 0
     steps = steps_of(task_events(run_dir, "t1"))
@@ -132,15 +127,13 @@ def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
 def test_stop_saves_a_checkpoint_that_a_new_host_restores(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    first = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
-    activate(first)
+    first = start_active(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     drive_bubbles(edges, 3)
     assert stop(first) == 0
     saved = json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"]
     assert saved > 0
 
-    second = start_task_host(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
-    activate(second)
+    second = start_active(run_dir, hosts, ref("Counting"), limits={"budget_s": 0.004})
     drive_bubbles(edges, 3, first_step=3)
     assert stop(second) == 0
     created = [s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED"]
@@ -162,8 +155,7 @@ def test_error_in_setup_fails_the_task_and_its_process_only(
 def test_error_in_step_fails_the_task_with_its_reason(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_task_host(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
-    activate(proc)
+    proc = start_active(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
     drive_bubbles(edges, 2)
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
@@ -173,10 +165,9 @@ def test_error_in_step_fails_the_task_with_its_reason(
 def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_task_host(
+    proc = start_active(
         run_dir, hosts, ref("MemoryHog"), limits={"memory_bytes": "256MiB", "budget_s": 0.001}
     )
-    activate(proc)
     assert proc.proc is not None
     deadline, step = time.monotonic() + 60.0, 0
     while proc.proc.poll() is None and time.monotonic() < deadline:  # steps until it runs out
@@ -192,7 +183,7 @@ def test_cpu_task_reports_that_gpu_limits_do_not_apply(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
     proc = start_task_host(run_dir, hosts, ref("Counting"), limits={"sm_pct": 50})
-    wait_state(proc, S.CREATED)
+    serve_until(proc, S.CREATED)
     assert stop(proc) == 0
     created = next(s for s in states_of(task_events(run_dir, "t1")) if s.state == "CREATED")
     assert "cpu: memory cap via RLIMIT_AS; SM share and priority do not apply" in created.reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import pandas as pd
 
@@ -20,6 +20,7 @@ from freeride_lab.core.config import RunConfig
 from freeride_lab.core.plan import Costs, simulate
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS, STEP_COLUMNS
+from freeride_lab.lab.task_commands import AttachOptions, LimitChanges
 from freeride_lab.pipeline.launcher import RunState
 
 GIB = 1024**3
@@ -193,20 +194,13 @@ class FakeSession:
             for s in range(self.config.stages)
         ]
 
-    def attach(
-        self,
-        task: str,
-        *,
-        stage: int | None = None,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int = 1,
-        budget_ms: float | None = None,
-        options: dict[str, Any] | None = None,
-        policy: str = "KILL",
-        gating: str = "bubbles",
-    ) -> dict[str, Any]:
-        self.calls.append(("attach", task, stage, memory, sm_pct, priority, budget_ms, options))
+    def attach(self, task: str, **request: Unpack[AttachOptions]) -> dict[str, Any]:
+        memory, sm_pct = request.get("memory"), request.get("sm_pct")
+        priority, budget_ms = request.get("priority", 1), request.get("budget_ms")
+        stage = request.get("stage")
+        self.calls.append(
+            ("attach", task, stage, memory, sm_pct, priority, budget_ms, request.get("options"))
+        )
         if self._state.done:
             raise RuntimeError(f"run {self.run_id} is {self._state}; attach needs a live run")
         stage = 0 if stage is None else int(stage)
@@ -230,24 +224,15 @@ class FakeSession:
         }
         return dict(self._tasks[task_id])
 
-    def tune(
-        self,
-        task_id: str,
-        *,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int | None = None,
-        budget_ms: float | None = None,
-    ) -> dict[str, Any]:
-        self.calls.append(("tune", task_id, memory, sm_pct, priority, budget_ms))
+    def tune(self, task_id: str, **limits: Unpack[LimitChanges]) -> dict[str, Any]:
+        given: list[Any] = [
+            limits.get(key) for key in ("memory", "sm_pct", "priority", "budget_ms")
+        ]
+        self.calls.append(("tune", task_id, *given))
         task = self._task(task_id)
-        self._check(stage=task["stage"], memory=memory, sm_pct=sm_pct)
-        for key, value in (
-            ("memory_bytes", memory),
-            ("sm_pct", sm_pct),
-            ("priority", priority),
-            ("budget_ms", budget_ms),
-        ):
+        self._check(stage=task["stage"], memory=given[0], sm_pct=given[1])
+        task_keys = ("memory_bytes", "sm_pct", "priority", "budget_ms")  # the task dict's names
+        for key, value in zip(task_keys, given, strict=True):
             if value is not None:
                 task[key] = value
         return dict(task)

@@ -6,14 +6,17 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from freeride_lab.lab.task_commands import SideTaskCommands
+
 if TYPE_CHECKING:  # the launch cell imports this module; pandas comes with the first tables
     import pandas as pd
 
 __all__ = ["DashboardSession", "SessionController"]
 
 
-class DashboardSession(Protocol):
-    """The part of ``freeride_lab.lab.session.Session`` the dashboard reads and drives."""
+class DashboardSession(SideTaskCommands, Protocol):
+    """The part of ``freeride_lab.lab.session.Session`` the dashboard reads and drives (its
+    side-task commands: ``lab.task_commands``)."""
 
     run_id: str
     config: Any  # RunConfig
@@ -32,30 +35,6 @@ class DashboardSession(Protocol):
     @property
     def tasks(self) -> list[dict[str, Any]]: ...
     def stage_info(self) -> list[dict[str, Any]]: ...
-    def attach(
-        self,
-        task: str,
-        *,
-        stage: int | None = None,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int = 1,
-        budget_ms: float | None = None,
-        options: dict[str, Any] | None = None,
-        policy: str = "KILL",
-        gating: str = "bubbles",
-    ) -> dict[str, Any]: ...
-    def tune(
-        self,
-        task_id: str,
-        *,
-        memory: int | str | None = None,
-        sm_pct: float | None = None,
-        priority: int | None = None,
-        budget_ms: float | None = None,
-    ) -> dict[str, Any]: ...
-    def move(self, task_id: str, stage: int) -> dict[str, Any]: ...
-    def detach(self, task_id: str) -> dict[str, Any]: ...
 
 
 class SessionController:
