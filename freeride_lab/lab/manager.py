@@ -52,7 +52,7 @@ from freeride_lab.core.events import ControlAck
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.stages import StagePlacer
-from freeride_lab.lab.task_commands import AttachOptions, LimitChanges
+from freeride_lab.lab.task_commands import AttachOptions, LimitChanges, check_keywords
 from freeride_lab.lab.task_requests import check_task, limit_changes, limits_of, new_task_id
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.lab.worker_health import WorkerHealth
@@ -127,7 +127,9 @@ class SideTaskManager:
         Raises:
             ValueError: the request is invalid or no stage can take it; nothing was sent.
             RuntimeError: the run cannot take side tasks (finished, or ``side_tasks=False``).
+            TypeError: an argument that ``attach`` does not take.
         """
+        check_keywords("attach", request, AttachOptions)
         with self._lock:
             self._check_live()
             records = self.book.records()
@@ -204,7 +206,9 @@ class SideTaskManager:
 
         Raises:
             ValueError: unknown task, a task that is not live, or a bad limit; nothing sent.
+            TypeError: an argument that ``tune`` does not take.
         """
+        check_keywords("tune", limits, LimitChanges)
         with self._lock:
             self._check_live()
             record = self.book.record(task_id)

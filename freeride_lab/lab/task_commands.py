@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, TypedDict, Unpack
 
-__all__ = ["AttachOptions", "LimitChanges", "SideTaskCommands"]
+__all__ = ["AttachOptions", "LimitChanges", "SideTaskCommands", "check_keywords"]
 
 
 class LimitChanges(TypedDict, total=False):
@@ -40,6 +40,22 @@ class AttachOptions(TypedDict, total=False):
     options: Mapping[str, Any] | None
     policy: str
     gating: str
+
+
+def check_keywords(command: str, given: Mapping[str, Any], shape: type) -> None:
+    """Raise as Python would for a misspelt keyword: ``**request: Unpack[...]`` is only
+    checked by a type checker, and a typo must not be dropped silently at run time.
+
+    Raises:
+        TypeError: a key of ``given`` is not a field of the TypedDict ``shape``.
+    """
+    valid = shape.__annotations__
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise TypeError(
+            f"{command}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"valid: {', '.join(valid)}"
+        )
 
 
 class SideTaskCommands(Protocol):

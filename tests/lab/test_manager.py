@@ -374,6 +374,17 @@ def test_unknown_task_ids_are_named_with_the_known_ones(run: Run) -> None:
         run.manager.detach("zz")
 
 
+def test_a_misspelt_argument_is_refused_not_dropped(run: Run) -> None:
+    with pytest.raises(
+        TypeError, match=r"attach\(\) got unexpected keyword argument\(s\) 'budget'"
+    ):
+        run.manager.attach(COUNTING, stage=0, budget=5)  # type: ignore[call-arg]
+    assert task_dirs(run) == []
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    with pytest.raises(TypeError, match=r"tune\(\) .* 'sm'; valid: memory, sm_pct"):
+        run.manager.tune(tid, sm=50)  # type: ignore[call-arg]
+
+
 def test_a_second_manager_sees_the_same_tasks(run: Run) -> None:
     tid = run.manager.attach(COUNTING, stage=2, budget_ms=15)["id"]
     run.state(tid, "PAUSED", "INIT")
