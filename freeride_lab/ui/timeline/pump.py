@@ -13,6 +13,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from freeride_lab.io.background import BackgroundThread
+
 if TYPE_CHECKING:  # pandas is loaded where tables are read (the package stays light to import)
     import pandas as pd
 
@@ -128,8 +130,7 @@ class TimelinePump:
         self.polls = 0
         self.errors = 0
         self._last: Hashable = object()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name="freeride-timeline-pump")
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -137,24 +138,16 @@ class TimelinePump:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
     def start(self) -> TimelinePump:
         """Start polling (no-op if already running)."""
-        if not self.running:
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop,), name="freeride-timeline-pump", daemon=True
-            )
-            self._thread.start()
+        self._thread.start()
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop polling and wait up to ``timeout_s`` for the thread. Idempotent."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        self._thread.stop(timeout_s)
 
     def __enter__(self) -> TimelinePump:
         return self.start()
