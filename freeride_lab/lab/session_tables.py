@@ -177,7 +177,7 @@ class SessionTables:
             min_ms: shortest gap counted in ``n_bubbles``; None uses ``bubble_min_ms``.
         """
         from freeride_lab.core import attribution as core_attribution
-        from freeride_lab.lab.run_bubbles import bubble_summary
+        from freeride_lab.lab.run_bubbles import bubble_summary, run_shape
 
         cfg = self.config
         actions = self.actions
@@ -190,12 +190,6 @@ class SessionTables:
             min_ms=self.bubble_min_ms if min_ms is None else min_ms,
         )
         by_rank = core_attribution.attribution_by_rank(
-            actions,
-            steps=self.steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-            skip_steps=skip_steps,
+            actions, steps=self.steps, skip_steps=skip_steps, **run_shape(cfg)
         )
         return core_attribution.with_attribution(summary, by_rank)

@@ -8,18 +8,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.lab.frames import SIDE_TASK_STEP_COLUMNS
+from freeride_lab.lab import frames
 
-ACTION_COLUMNS = [
-    "step",
-    "rank",
-    "stage",
-    "action",
-    "microbatch",
-    "start_ms",
-    "end_ms",
-    "duration_ms",
-]
+ACTION_COLUMNS = [c for c in frames.ACTION_COLUMNS if not c.endswith("_ns")]
 
 
 def drawn_tables(
@@ -29,5 +20,5 @@ def drawn_tables(
     return (
         pd.DataFrame(actions, columns=ACTION_COLUMNS),
         pd.DataFrame(bubbles, columns=list(BUBBLE_COLUMNS)),
-        pd.DataFrame(side_task_steps, columns=list(SIDE_TASK_STEP_COLUMNS)),
+        pd.DataFrame(side_task_steps, columns=list(frames.SIDE_TASK_STEP_COLUMNS)),
     )

@@ -104,11 +104,12 @@ def fingerprint(tables: TimelineTables) -> Hashable:
 MIN_INTERVAL_S = 0.1  # at most 10 redraws per second
 
 
-class TimelinePump:
+class TimelinePump(BackgroundThread):
     """Daemon thread that polls ``source`` every ``interval_s`` and redraws ``target`` on new data.
 
     Whatever changed between two polls is drawn once (coalesced); an unchanged source costs one
-    fingerprint. ``start``/``stop`` are idempotent; a failing source is logged and retried.
+    fingerprint. ``start``/``stop`` (``BackgroundThread``'s) are idempotent; a failing source
+    is logged and retried.
     """
 
     def __init__(
@@ -130,27 +131,15 @@ class TimelinePump:
         self.polls = 0
         self.errors = 0
         self._last: Hashable = object()
-        self._thread = BackgroundThread(self._run, name="freeride-timeline-pump")
+        super().__init__(self._run, name="freeride-timeline-pump")
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"<TimelinePump {state} interval_s={self.interval_s} redraws={self.redraws}>"
 
-    @property
-    def running(self) -> bool:
-        return self._thread.running
-
-    def start(self) -> TimelinePump:
-        """Start polling (no-op if already running)."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 2.0) -> None:
-        """Stop polling and wait up to ``timeout_s`` for the thread. Idempotent."""
-        self._thread.stop(timeout_s)
-
     def __enter__(self) -> TimelinePump:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
