@@ -349,17 +349,10 @@ def block_row(
 
 
 def versions() -> dict[str, Any]:
-    import importlib.metadata
-
     import torch
 
     from freeride_lab.gpu import nvml
-
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "unknown"
+    from freeride_lab.lab.launch import software_versions
 
     gpu = None
     if nvml.is_available() and nvml.device_count() > 0:
@@ -367,10 +360,9 @@ def versions() -> dict[str, Any]:
         name = None if handle is None else nvml.query("nvmlDeviceGetName", handle, default=None)
         gpu = name.decode() if isinstance(name, bytes) else name
     return {
-        "python": platform.python_version(),
+        **software_versions(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "freeride_lab": version("freeride-lab"),
         "driver": nvml.driver_version(),
         "gpu": gpu,
         "nvml": nvml.unavailable_reason() or "ok",

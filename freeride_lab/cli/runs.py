@@ -75,6 +75,14 @@ def _run_dir_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (printed by launch)")
 
 
+def _task_parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A command on one side task of a run: ``RUN_DIR TASK_ID``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
+    _run_dir_arg(p)
+    p.add_argument("task_id", metavar="TASK_ID")
+    return p
+
+
 def _limit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", default=None, help="memory cap, e.g. 4GB, 512MiB or bytes")
     p.add_argument("--sm", type=float, default=None, help="SM share in percent (MPS only)")
@@ -335,11 +343,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 def add_tune(subparsers: Any) -> argparse.ArgumentParser:
     """``tune``: change a live side task's limits."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "tune", help="change a side task's limits (memory, SM share, priority, budget)"
+    p = _task_parser(
+        subparsers, "tune", "change a side task's limits (memory, SM share, priority, budget)"
     )
-    _run_dir_arg(p)
-    p.add_argument("task_id", metavar="TASK_ID")
     _limit_options(p)
     return p
 
@@ -361,12 +367,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def add_detach(subparsers: Any) -> argparse.ArgumentParser:
     """``detach``: checkpoint and stop a side task."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "detach", help="checkpoint and stop a side task (attach TASK_ID resumes it)"
+    return _task_parser(
+        subparsers, "detach", "checkpoint and stop a side task (attach TASK_ID resumes it)"
     )
-    _run_dir_arg(p)
-    p.add_argument("task_id", metavar="TASK_ID")
-    return p
 
 
 def cmd_detach(args: argparse.Namespace) -> int:

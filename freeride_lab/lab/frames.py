@@ -16,13 +16,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from freeride_lab.lab.event_columns import (
-    ACTION_RAW,
-    MEMORY_RAW,
-    SIDE_TASK_STEP_RAW,
-    STEP_RAW,
-    Event,
-)
+from freeride_lab.lab.event_columns import RAW_BY_KIND, Event
 
 __all__ = [
     "ACTION_COLUMNS",
@@ -109,17 +103,11 @@ def actions_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataF
     start_ns, end_ns (int64, run clock), start_ms, end_ms, duration_ms (float64, from t0).
     Sorted by step, rank, start_ns.
     """
-    rows = [e for e in events if e.get("kind") == "action"]
-    if not rows:
-        return _empty(_ACTION_SCHEMA)
-    return _actions_of(pd.DataFrame.from_records(rows, columns=list(ACTION_RAW)), t0_ns)
+    return _frame_of_events(events, "action", t0_ns)
 
 
 def _actions_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
-    t0 = _t0(t0_ns, f["start_ns"])
-    f["start_ms"] = (f["start_ns"] - t0) / _NS
-    f["end_ms"] = (f["end_ns"] - t0) / _NS
-    f["duration_ms"] = (f["end_ns"] - f["start_ns"]) / _NS
+    _span_ms(f, t0_ns)
     return _typed(f.sort_values(["step", "rank", "start_ns"], kind="stable"), _ACTION_SCHEMA)
 
 
@@ -131,17 +119,11 @@ def steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataFra
     optimizer_start_ms, optimizer_end_ms (float64; what ``core.bubbles.extract_bubbles`` needs
     to count the optimizer as busy). Sorted by step, rank.
     """
-    rows = [e for e in events if e.get("kind") == "step"]
-    if not rows:
-        return _empty(_STEP_SCHEMA)
-    return _steps_of(pd.DataFrame.from_records(rows, columns=list(STEP_RAW)), t0_ns)
+    return _frame_of_events(events, "step", t0_ns)
 
 
 def _steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
-    t0 = _t0(t0_ns, f["start_ns"])
-    f["start_ms"] = (f["start_ns"] - t0) / _NS
-    f["end_ms"] = (f["end_ns"] - t0) / _NS
-    f["duration_ms"] = (f["end_ns"] - f["start_ns"]) / _NS
+    t0 = _span_ms(f, t0_ns)
     f["optimizer_ms"] = (f["optimizer_end_ns"] - f["optimizer_start_ns"]) / _NS
     f["optimizer_start_ms"] = (f["optimizer_start_ns"] - t0) / _NS
     f["optimizer_end_ms"] = (f["optimizer_end_ns"] - t0) / _NS
@@ -156,10 +138,7 @@ def memory_frame(events: Iterable[Event]) -> pd.DataFrame:
     Columns, in order: step, rank (int64), device, peak_reserved_bytes, capacity_bytes
     (int64), peak_reserved_frac (float64, 0 to 1; NaN without a capacity). Sorted by step, rank.
     """
-    rows = [e for e in events if e.get("kind") == "memory"]
-    if not rows:
-        return _empty(_MEMORY_SCHEMA)
-    return _memory_of(pd.DataFrame.from_records(rows, columns=list(MEMORY_RAW)))
+    return _frame_of_events(events, "memory", None)
 
 
 def _memory_of(f: pd.DataFrame) -> pd.DataFrame:
@@ -176,18 +155,11 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
     duration_ms, progress (in ``unit``, this step only) (float64); unit (str); overrun_ms
     (float64, how far the step ran past its bubble). Sorted by start_ms.
     """
-    rows = [e for e in events if e.get("kind") == "side_task_step"]
-    if not rows:
-        return _empty(_SIDE_TASK_STEP_SCHEMA)
-    raw = pd.DataFrame.from_records(rows, columns=list(SIDE_TASK_STEP_RAW))
-    return _side_task_steps_of(raw, t0_ns)
+    return _frame_of_events(events, "side_task_step", t0_ns)
 
 
 def _side_task_steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
-    t0 = _t0(t0_ns, f["start_ns"])
-    f["start_ms"] = (f["start_ns"] - t0) / _NS
-    f["end_ms"] = (f["end_ns"] - t0) / _NS
-    f["duration_ms"] = (f["end_ns"] - f["start_ns"]) / _NS
+    _span_ms(f, t0_ns)
     f["overrun_ms"] = f["overrun_ns"].fillna(0) / _NS
     return _typed(f.sort_values("start_ms", kind="stable"), _SIDE_TASK_STEP_SCHEMA)
 
@@ -214,6 +186,13 @@ def events_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataFr
     return f
 
 
+def _frame_of_events(events: Iterable[Event], kind: str, t0_ns: int | None) -> pd.DataFrame:
+    """The table of ``kind`` built from the events of that kind among ``events``."""
+    rows = [e for e in events if e.get("kind") == kind]
+    raw = pd.DataFrame.from_records(rows, columns=list(RAW_BY_KIND[kind])) if rows else None
+    return frame_of(kind, raw, t0_ns)
+
+
 def frame_of(kind: str, raw: pd.DataFrame | None, t0_ns: int | None) -> pd.DataFrame:
     """The table of ``kind`` ("action", "step", "memory", "side_task_step") from its raw
     columns (``event_columns.RAW_BY_KIND``; consumed), typed; empty with its columns if None."""
@@ -231,8 +210,14 @@ _TABLES = {
 }
 
 
-def _t0(t0_ns: int | None, starts: pd.Series) -> int:
-    return int(t0_ns) if t0_ns is not None else int(starts.min())
+def _span_ms(f: pd.DataFrame, t0_ns: int | None) -> int:
+    """Adds start_ms, end_ms (from t0) and duration_ms from the ``*_ns`` columns; returns t0
+    (``t0_ns``, else the earliest start)."""
+    t0 = int(t0_ns) if t0_ns is not None else int(f["start_ns"].min())
+    f["start_ms"] = (f["start_ns"] - t0) / _NS
+    f["end_ms"] = (f["end_ns"] - t0) / _NS
+    f["duration_ms"] = (f["end_ns"] - f["start_ns"]) / _NS
+    return t0
 
 
 def _empty(schema: Mapping[str, str]) -> pd.DataFrame:

@@ -51,6 +51,7 @@ __all__ = [
     "RunProcesses",
     "live_session",
     "parse_state",
+    "software_versions",
     "with_side_tasks",
 ]
 
@@ -92,7 +93,9 @@ def parse_state(value: object) -> RunState:
         return RunState.STARTING  # no status yet (or one this version does not know)
 
 
-def _versions() -> dict[str, str]:
+def software_versions() -> dict[str, str]:
+    """The python, torch and freeride_lab versions here ("unknown" for one not installed)."""
+
     def version(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
@@ -210,7 +213,7 @@ class RunProcesses:
                 "rank_entry": list(rank_entry),
                 "grace_s": self.grace_s,
                 "host": socket.gethostname(),
-                "versions": _versions(),
+                "versions": software_versions(),
                 "mps": mps,
                 "detached": detached,
             }

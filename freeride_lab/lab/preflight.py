@@ -49,27 +49,35 @@ def check_environment(config: RunConfig, run_dir: Path) -> None:
         _check_cuda(config.stages // config.nnodes)
 
 
-def _check_port_free(port: int) -> None:
+def _bind_error(host: str, port: int, *, reuse: bool = False) -> OSError | None:
+    """What binding a TCP socket to (``host``, ``port``) here meets; None when it binds.
+    ``reuse`` sets SO_REUSEADDR (a port a closed run left in TIME_WAIT counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("", port))
+            s.bind((host, port))
         except OSError as e:
-            raise ValueError(
-                f"master_port={port} is already in use on this host ({e.strerror}); "
-                "pick another port or pass master_port=None to choose a free one"
-            ) from None
+            return e
+    return None
+
+
+def _check_port_free(port: int) -> None:
+    e = _bind_error("", port, reuse=True)
+    if e is not None:
+        raise ValueError(
+            f"master_port={port} is already in use on this host ({e.strerror}); "
+            "pick another port or pass master_port=None to choose a free one"
+        )
 
 
 def _check_bindable(host: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError as e:
-            raise ValueError(
-                f"bus_host={host!r} cannot be bound on this host ({e.strerror or e}); "
-                "use '127.0.0.1' or one of this host's addresses"
-            ) from None
+    e = _bind_error(host, 0)
+    if e is not None:
+        raise ValueError(
+            f"bus_host={host!r} cannot be bound on this host ({e.strerror or e}); "
+            "use '127.0.0.1' or one of this host's addresses"
+        )
 
 
 def _check_run_dir(path: Path) -> None:

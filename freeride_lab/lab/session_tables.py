@@ -141,19 +141,10 @@ class SessionTables:
         schedule leaves it idle with this run's own action costs), ``peer_ms`` (waiting on
         another rank beyond that, and transfers), ``host_ms`` (the rank's own overhead); the
         parts sum to ``duration_ms`` (``freeride_lab.core.attribution.attribute_bubbles``)."""
-        from freeride_lab.core import attribution as core_attribution
+        from freeride_lab.lab.run_bubbles import attributed_bubbles
 
         actions, steps = self.actions, self.steps
-        cfg = self.config
-        return core_attribution.attribute_bubbles(
-            actions,
-            self._bubbles_of(actions, steps),
-            steps=steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-        )
+        return attributed_bubbles(self.config, actions, self._bubbles_of(actions, steps), steps)
 
     def _recent_bubbles(self, steps: int = 6) -> pd.DataFrame:
         """The bubbles of the last ``steps`` recorded steps (enough for predictions: k=5)."""
@@ -165,18 +156,9 @@ class SessionTables:
         return self._bubbles_of(actions, table)
 
     def _bubbles_of(self, actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-        from freeride_lab.core import bubbles as core_bubbles
+        from freeride_lab.lab.run_bubbles import run_bubbles
 
-        cfg = self.config
-        return core_bubbles.extract_bubbles(
-            actions,
-            steps=steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-            min_ms=self.bubble_min_ms,
-        )
+        return run_bubbles(self.config, actions, steps, min_ms=self.bubble_min_ms)
 
     def summary(
         self, *, skip_steps: int | None = None, min_ms: float | None = None
@@ -195,28 +177,19 @@ class SessionTables:
             min_ms: shortest gap counted in ``n_bubbles``; None uses ``bubble_min_ms``.
         """
         from freeride_lab.core import attribution as core_attribution
-        from freeride_lab.core import bubbles as core_bubbles
+        from freeride_lab.lab.run_bubbles import bubble_summary, run_shape
 
         cfg = self.config
         actions = self.actions
         if skip_steps is None:
             skip_steps = 1 if actions["step"].nunique() > 1 else 0
-        summary = core_bubbles.summary(
+        summary = bubble_summary(
+            cfg,
             actions,
-            cfg.schedule,
-            cfg.stages,
-            cfg.microbatches,
-            cfg.chunks,
             skip_steps=skip_steps,
             min_ms=self.bubble_min_ms if min_ms is None else min_ms,
         )
         by_rank = core_attribution.attribution_by_rank(
-            actions,
-            steps=self.steps,
-            schedule=cfg.schedule,
-            stages=cfg.stages,
-            microbatches=cfg.microbatches,
-            chunks=cfg.chunks,
-            skip_steps=skip_steps,
+            actions, steps=self.steps, skip_steps=skip_steps, **run_shape(cfg)
         )
         return core_attribution.with_attribution(summary, by_rank)

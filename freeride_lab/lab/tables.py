@@ -36,27 +36,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RELEASE_ROWS", "EventTables", "EventTailer", "read_events"]
 
-# Names of ``lab.frames`` this module still answers to, loaded on first use (pandas).
-_FROM_FRAMES = frozenset(
-    {
-        "ACTION_COLUMNS",
-        "MEMORY_COLUMNS",
-        "SIDE_TASK_STEP_COLUMNS",
-        "STEP_COLUMNS",
-        "actions_frame",
-        "events_frame",
-        "memory_frame",
-        "run_start_ns",
-        "side_task_steps_frame",
-        "steps_frame",
-    }
-)
-
 
 def __getattr__(name: str) -> Any:
-    if name not in _FROM_FRAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module("freeride_lab.lab.frames"), name)
+    """The public names of ``lab.frames``, which this module still answers to, loaded on first
+    use (pandas); a private name is never looked up there."""
+    if not name.startswith("_"):
+        frames = importlib.import_module("freeride_lab.lab.frames")
+        if name in frames.__all__:
+            return getattr(frames, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Columns:

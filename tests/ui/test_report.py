@@ -11,8 +11,8 @@ import pytest
 for _ui_package in ("plotly",):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 
-from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
-from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS  # noqa: E402
+from drawn_tables import drawn_tables  # noqa: E402
+
 from freeride_lab.ui.report import bubble_table, environment_info, step_table, write_report  # noqa: E402
 from freeride_lab.ui.report_format import percent  # noqa: E402
 
@@ -61,27 +61,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
             )
             step_rows.append((step, rank, t, t + 20, 20.0 + step, 1.0, 2.5, 512))
     return (
-        pd.DataFrame(
-            actions,
-            columns=[
-                "step",
-                "rank",
-                "stage",
-                "action",
-                "microbatch",
-                "start_ms",
-                "end_ms",
-                "duration_ms",
-            ],
-        ),
-        pd.DataFrame(
-            bubbles,
-            columns=list(BUBBLE_COLUMNS),
-        ),
-        pd.DataFrame(
-            side,
-            columns=list(SIDE_TASK_STEP_COLUMNS),
-        ),
+        *drawn_tables(actions, bubbles, side),
         pd.DataFrame(
             step_rows,
             columns=[

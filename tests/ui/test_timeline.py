@@ -14,8 +14,8 @@ import pytest
 for _ui_package in ("plotly",):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 
-from freeride_lab.core.bubbles import BUBBLE_COLUMNS  # noqa: E402
-from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS  # noqa: E402
+from drawn_tables import drawn_tables  # noqa: E402
+
 from freeride_lab.ui.timeline import (  # noqa: E402
     Timeline,
     TimelinePump,
@@ -61,28 +61,7 @@ def fake_tables(
                             )
                         )
                     t += 10.0
-    actions_df = pd.DataFrame(
-        actions,
-        columns=[
-            "step",
-            "rank",
-            "stage",
-            "action",
-            "microbatch",
-            "start_ms",
-            "end_ms",
-            "duration_ms",
-        ],
-    )
-    bubbles_df = pd.DataFrame(
-        bubbles,
-        columns=list(BUBBLE_COLUMNS),
-    )
-    side_df = pd.DataFrame(
-        side_rows,
-        columns=list(SIDE_TASK_STEP_COLUMNS),
-    )
-    return actions_df, bubbles_df, side_df
+    return drawn_tables(actions, bubbles, side_rows)
 
 
 def summary_frame(ranks: int = 2) -> pd.DataFrame:

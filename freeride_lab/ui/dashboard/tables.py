@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from freeride_lab.core import attribution as core_attribution
-from freeride_lab.core import bubbles as core_bubbles
+from freeride_lab.lab.run_bubbles import attributed_bubbles, bubble_summary, run_bubbles
 from freeride_lab.ui.dashboard.controller import DashboardSession
 
 __all__ = ["DrawnTables", "recent_tables"]
@@ -43,24 +42,8 @@ def recent_tables(
         actions = actions[actions["step"] >= kept[0]]
         side = side[side["step"] >= kept[0]]
         table = table[table["step"] >= kept[0]]
-    bubbles = core_bubbles.extract_bubbles(
-        actions,
-        steps=table,
-        schedule=cfg.schedule,
-        stages=cfg.stages,
-        microbatches=cfg.microbatches,
-        chunks=cfg.chunks,
-        min_ms=session.bubble_min_ms,
-    )
-    bubbles = core_attribution.attribute_bubbles(  # why each bubble is there, for hover
-        actions,
-        bubbles,
-        steps=table,
-        schedule=cfg.schedule,
-        stages=cfg.stages,
-        microbatches=cfg.microbatches,
-        chunks=cfg.chunks,
-    )
+    bubbles = run_bubbles(cfg, actions, table, min_ms=session.bubble_min_ms)
+    bubbles = attributed_bubbles(cfg, actions, bubbles, table)  # why each is there, for hover
     summary = None
     whole_run = getattr(session, "summary", None)
     if kept and with_summary and callable(whole_run):
@@ -68,13 +51,5 @@ def recent_tables(
     elif kept and with_summary:
         # step 0 is warm-up: leave it out once a later step is there
         skip = 1 if len(kept) > 1 and kept[0] == steps[0] else 0
-        summary = core_bubbles.summary(
-            actions,
-            cfg.schedule,
-            cfg.stages,
-            cfg.microbatches,
-            cfg.chunks,
-            skip_steps=skip,
-            min_ms=session.bubble_min_ms,
-        )
+        summary = bubble_summary(cfg, actions, skip_steps=skip, min_ms=session.bubble_min_ms)
     return DrawnTables(actions, bubbles, side, summary)

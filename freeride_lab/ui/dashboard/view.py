@@ -37,6 +37,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from freeride_lab.io.background import BackgroundThread
 from freeride_lab.tasks import registry
 from freeride_lab.ui.board import SideTaskBoard, plain_controls
 from freeride_lab.ui.dashboard.controller import DashboardSession, SessionController
@@ -145,8 +146,7 @@ class Dashboard:
         self._user_tasks: dict[str, UserTask] = {}
         self._tasks_token: object = object()
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread(self._run, name=f"freeride-dashboard-{self.run_id}")
         self._final = False
         self._slow_at = -math.inf  # monotonic time of the last slow read
 
@@ -165,7 +165,7 @@ class Dashboard:
     @property
     def running(self) -> bool:
         """True while the pump thread runs."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
     # -- palette -------------------------------------------------------------------------------
 
@@ -311,23 +311,13 @@ class Dashboard:
             self.widget  # noqa: B018 - build before the thread touches the parts
             if self._timeline is None:
                 self._wait_for_the_cell()
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run,
-                args=(self._stop,),
-                name=f"freeride-dashboard-{self.run_id}",
-                daemon=True,
-            )
             self._thread.start()
             self.gpu.start()
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the pump and the GPU sampling; waits up to ``timeout_s``. Idempotent."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        self._thread.stop(timeout_s)
         self.gpu.stop()
 
     def __enter__(self) -> Dashboard:
@@ -397,11 +387,17 @@ class Dashboard:
                 self.redraws += 1
         return done and heavy  # the final state is drawn whole
 
-    def _set(self, name: str, value: Any) -> bool:
-        """Assign ``value`` to part ``name`` if it differs from the last; True if it did."""
+    def _changed(self, name: str, value: Any) -> bool:
+        """Whether ``value`` differs from the last one drawn as ``name``; keeps it if so."""
         if self._last.get(name) == value:
             return False
         self._last[name] = value
+        return True
+
+    def _set(self, name: str, value: Any) -> bool:
+        """Assign ``value`` to part ``name`` if it differs from the last; True if it did."""
+        if not self._changed(name, value):
+            return False
         part = self._parts.get(name)
         if part is not None:
             part.value = value
@@ -453,20 +449,18 @@ class Dashboard:
         tasks = [
             {**task, **explain(task, stages, run_over=run_over)} for task in self._cards.values()
         ]
-        if self._last.get("tasks") == tasks:
-            return False
-        self._last["tasks"] = tasks
-        self.board.set_tasks(tasks)
-        return True
+        changed = self._changed("tasks", tasks)
+        if changed:
+            self.board.set_tasks(tasks)
+        return changed
 
     def _tick_stages(self, session: DashboardSession) -> bool:
         stage_info = getattr(session, "stage_info", None)
         stages = [board_stage(s) for s in stage_info()] if stage_info is not None else []
-        if self._last.get("stages") == stages:
-            return False
-        self._last["stages"] = stages
-        self.board.set_stages(stages)
-        return True
+        changed = self._changed("stages", stages)
+        if changed:
+            self.board.set_stages(stages)
+        return changed
 
     def _tick_roles(self, session: DashboardSession) -> None:
         """Tell the GPU monitor which pids are training ranks (only where NVML samples)."""

@@ -13,6 +13,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from freeride_lab.io.background import BackgroundThread
+
 if TYPE_CHECKING:  # pandas is loaded where tables are read (the package stays light to import)
     import pandas as pd
 
@@ -102,11 +104,12 @@ def fingerprint(tables: TimelineTables) -> Hashable:
 MIN_INTERVAL_S = 0.1  # at most 10 redraws per second
 
 
-class TimelinePump:
+class TimelinePump(BackgroundThread):
     """Daemon thread that polls ``source`` every ``interval_s`` and redraws ``target`` on new data.
 
     Whatever changed between two polls is drawn once (coalesced); an unchanged source costs one
-    fingerprint. ``start``/``stop`` are idempotent; a failing source is logged and retried.
+    fingerprint. ``start``/``stop`` (``BackgroundThread``'s) are idempotent; a failing source
+    is logged and retried.
     """
 
     def __init__(
@@ -128,36 +131,15 @@ class TimelinePump:
         self.polls = 0
         self.errors = 0
         self._last: Hashable = object()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(self._run, name="freeride-timeline-pump")
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"<TimelinePump {state} interval_s={self.interval_s} redraws={self.redraws}>"
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> TimelinePump:
-        """Start polling (no-op if already running)."""
-        if not self.running:
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, args=(self._stop,), name="freeride-timeline-pump", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 2.0) -> None:
-        """Stop polling and wait up to ``timeout_s`` for the thread. Idempotent."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-
     def __enter__(self) -> TimelinePump:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

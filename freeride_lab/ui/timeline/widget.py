@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from freeride_lab.core.bubbles import BUBBLE_COLUMNS
+from freeride_lab.lab.frames import ACTION_COLUMNS
 from freeride_lab.ui.timeline.figures import (
     FIGURE_CONFIG,
     fractions_figure,
@@ -50,7 +52,7 @@ class Timeline:
         self.window_steps = window_steps
         self.redraws = 0
         empty = timeline_traces(
-            pd.DataFrame(columns=_ACTION_COLUMNS), pd.DataFrame(columns=_BUBBLE_COLUMNS)
+            pd.DataFrame(columns=ACTION_COLUMNS), pd.DataFrame(columns=BUBBLE_COLUMNS)
         )
         # traces at construction: see [Note: widget messages before the front end]
         self.figure = go.FigureWidget(
@@ -270,26 +272,3 @@ class Timeline:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
-
-
-_ACTION_COLUMNS = [
-    "step",
-    "rank",
-    "stage",
-    "action",
-    "microbatch",
-    "start_ms",
-    "end_ms",
-    "duration_ms",
-]
-_BUBBLE_COLUMNS = [
-    "step",
-    "rank",
-    "stage",
-    "slot",
-    "start_ms",
-    "end_ms",
-    "duration_ms",
-    "kind",
-    "label",
-]
