@@ -54,7 +54,29 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     p.add_argument("--step-group-ms", type=float, default=None,
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
+    p.add_argument("--task-options", default=None, metavar="JSON",
+                   help='options per task, e.g. {"resnet18": {"micro_batches": 4}}')  # fmt: skip
     return p
+
+
+def _task_options(text: str, base: Any) -> dict[str, dict[str, Any]]:
+    """``--task-options`` merged over the profile's: a JSON object of task -> options."""
+    import json
+
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"--task-options is not JSON ({exc}); e.g. '{{\"resnet18\": {{}}}}'"
+        ) from None
+    if not isinstance(given, dict) or not all(isinstance(v, dict) for v in given.values()):
+        raise ValueError(
+            f"--task-options={text!r} must be a JSON object of task name -> options object"
+        )
+    merged = {name: dict(opts) for name, opts in base.items()}
+    for name, opts in given.items():
+        merged[name] = {**merged.get(name, {}), **opts}
+    return merged
 
 
 def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
@@ -85,6 +107,8 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
     for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
+    if args.task_options:
+        changes["task_options"] = _task_options(args.task_options, profile.task_options)
     profile = profile.replace(runs=runs, **changes)
     return profile
 

@@ -1,7 +1,8 @@
 """Image-classifier training side tasks: ResNet-18, ResNet-50 and VGG-19 (FreeRide §12).
 
 One ``step()`` is one training iteration (forward, cross-entropy, backward, Adam step) on one
-batch of generated images and returns ``batch_size`` samples. FreeRide trained torchvision
+batch of generated images and returns ``batch_size`` samples, or, with ``micro_batches`` k > 1,
+one k-th of it (see [Note: micro-batches]). FreeRide trained torchvision
 models on MNIST resized to 3x224x224 with batch 64 and Adam lr 1e-3; here the images are made
 deterministically from ``seed`` (nothing is downloaded), and the networks come from
 ``tasks.nets``::
@@ -15,6 +16,17 @@ deterministically from ``seed`` (nothing is downloaded), and the networks come f
 ``n_batches`` fixed batches are drawn once in ``setup()`` and cycled. Every class has a smooth
 random prototype (a 4x4 pattern upsampled to the image size); an image is its class prototype
 plus unit Gaussian noise, so the labels are learnable and the loss falls as training goes on.
+
+[Note: micro-batches]
+A step the length of a whole batch (17 ms for ResNet-18 at batch 64 on an H200) does not fit
+the shorter bubbles, and the last milliseconds of the longer ones stay empty. With
+``micro_batches=k`` the batch is split into k slices (``tensor_split``: sizes differ by at most
+one); each ``step()`` runs forward and backward on one slice, summing its loss scaled by
+1/batch_size so that the accumulated gradient is the whole batch's mean, and the k-th step
+also runs Adam. The model sees the same data and takes the same optimizer steps as with one
+step per batch; only BatchNorm's batch statistics are taken per slice, as in any gradient
+accumulation. A checkpoint between the slices keeps the accumulated gradients, so a restored
+task continues the batch it was in.
 
 [Note: the task's own random stream]
 Dropout (VGG-19) draws random numbers. Each step runs inside ``torch.random.fork_rng`` with the
@@ -59,7 +71,8 @@ class VisionOptions:
     lr: float = 1e-3  # Adam learning rate (FreeRide: 1e-3)
     n_batches: int = 4  # distinct generated batches, cycled
     seed: int = 0  # weights, images and the task's random stream
-    max_steps: int | None = None  # is_finished() after this many steps; None: never
+    max_steps: int | None = None  # is_finished() after this many batches; None: never
+    micro_batches: int = 1  # steps per batch, with gradient accumulation ([Note: micro-batches])
     impl: str = "own"  # "own" (tasks.nets), "torchvision" or "auto"
 
     def __post_init__(self) -> None:
@@ -71,6 +84,12 @@ class VisionOptions:
         check_int("n_batches", self.n_batches)
         check_int("seed", self.seed, minimum=0)
         check_int("max_steps", self.max_steps, optional=True)
+        check_int("micro_batches", self.micro_batches)
+        if self.micro_batches > 1 and self.batch_size // self.micro_batches < 2:
+            raise ValueError(
+                f"micro_batches={self.micro_batches} must be at most batch_size // 2 = "
+                f"{self.batch_size // 2}: each slice needs two images (BatchNorm's statistics)"
+            )
         check_choice("impl", self.impl, IMPLS)
 
 
@@ -129,7 +148,8 @@ class _VisionTask(HostReturningTask):
         self.config: VisionOptions = resolve_options(
             type(self).__name__, self.options_type, presets, options
         )
-        self.steps_done = 0
+        self.steps_done = 0  # whole batches (optimizer steps)
+        self.micro_done = 0  # slices of the current batch done ([Note: micro-batches])
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.images: torch.Tensor | None = None  # (N, B, 3, H, W) float32
@@ -183,23 +203,32 @@ class _VisionTask(HostReturningTask):
         self.device = str(target)
 
     def step(self) -> float:
-        """One training iteration on the next batch; returns ``batch_size`` samples."""
+        """One training iteration on the next batch, or its next slice with ``micro_batches``
+        > 1 ([Note: micro-batches]); returns the samples it trained on."""
         model, optimizer, images, labels = self._require_setup()
-        i = self.steps_done % self.config.n_batches
+        cfg = self.config
+        i = self.steps_done % cfg.n_batches
         x, y = images[i], labels[i]  # (B, 3, H, W), (B,)
+        if cfg.micro_batches > 1:
+            x = x.tensor_split(cfg.micro_batches)[self.micro_done]  # (b, 3, H, W)
+            y = y.tensor_split(cfg.micro_batches)[self.micro_done]  # (b,)
         with self._own_rng():
             model.train()
-            logits = model(x)  # (B, classes)
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad(set_to_none=True)
+            if self.micro_done == 0:
+                optimizer.zero_grad(set_to_none=True)
+            logits = model(x)  # (b, classes)
+            loss = F.cross_entropy(logits, y, reduction="sum") / cfg.batch_size
             loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        self._last_loss = loss.detach()
-        self.steps_done += 1
-        return float(self.config.batch_size)
+            self.micro_done += 1
+            if self.micro_done == cfg.micro_batches:
+                optimizer.step()
+                self.micro_done = 0
+                self.steps_done += 1
+        self._last_loss = loss.detach() * (cfg.batch_size / len(y))  # the slice's mean
+        return float(len(y))
 
     def is_finished(self) -> bool:
-        """True once ``max_steps`` steps are done (never when it is None)."""
+        """True once ``max_steps`` batches are done (never when it is None)."""
         return self.config.max_steps is not None and self.steps_done >= self.config.max_steps
 
     def teardown(self) -> None:
@@ -215,6 +244,9 @@ class _VisionTask(HostReturningTask):
             {
                 "progress": self.progress,
                 "steps_done": self.steps_done,
+                "micro_done": self.micro_done,
+                # mid-batch: the gradients accumulated so far ([Note: micro-batches])
+                "grads": [p.grad for p in model.parameters()] if self.micro_done else None,
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "rng_cpu": self._rng_cpu,
@@ -230,6 +262,10 @@ class _VisionTask(HostReturningTask):
         optimizer.load_state_dict(state["optimizer"])
         self.progress = float(state.get("progress", 0.0))
         self.steps_done = int(state["steps_done"])
+        self.micro_done = int(state.get("micro_done", 0))
+        grads = state.get("grads")
+        for p, g in zip(model.parameters(), grads or [], strict=bool(grads)):
+            p.grad = None if g is None else g.to(p.device)
         self._rng_cpu = state["rng_cpu"].clone()
         rng_cuda = state.get("rng_cuda")
         self._rng_cuda = None if rng_cuda is None else rng_cuda.clone()

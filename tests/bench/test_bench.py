@@ -198,3 +198,28 @@ def test_real_stage_all_rotates_through_every_stage_even_in_runs_that_name_one()
     assert [r.real_stages for r in everything.runs] == [None, None]  # None: every stage
     some = bench_options("--real-stage", "0,3", "--repeats", "3")
     assert {r.real_stages for r in some.runs} == {(0, 3)} and some.repeats == 3
+
+
+def test_task_options_from_the_command_line_merge_over_the_profiles() -> None:
+    profile = bench_options("--task-options", '{"resnet18": {"micro_batches": 4}}')
+    assert profile.task_options["resnet18"]["micro_batches"] == 4  # type: ignore[attr-defined]
+    cpu = bench_profile_of(
+        build_parser().parse_args(
+            ["bench", "--emulate-peers", "--task-options", '{"pagerank": {"seed": 3}}']
+        ),
+        "cpu",
+    )
+    assert cpu.task_options["pagerank"]["seed"] == 3
+    assert len(cpu.task_options["pagerank"]) > 1  # the profile's own options stay
+
+
+@pytest.mark.parametrize("text", ["{", '["resnet18"]', '{"resnet18": 4}'])
+def test_bad_task_options_are_a_usage_error_before_anything_runs(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--task-options", text, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    assert "--task-options" in capsys.readouterr().err
+    assert not out.exists()

@@ -107,6 +107,60 @@ def test_state_dict_round_trip_resumes_with_the_same_losses(cls: type) -> None:
     assert resumed.steps_done == original.steps_done == 4
 
 
+def test_micro_batches_split_each_batch_and_step_the_optimizer_once_per_batch() -> None:
+    task = _ready(ResNet18Task, batch_size=7, micro_batches=3)
+    done = [task.step() for _ in range(3)]
+    assert done == [3.0, 2.0, 2.0]  # the slices cover the batch once
+    assert task.steps_done == 1 and task.micro_done == 0
+    assert task.optimizer is not None
+    assert {int(s["step"]) for s in task.optimizer.state.values()} == {1}
+    task.step()
+    assert (task.steps_done, task.micro_done) == (1, 1)
+
+
+def test_one_slice_per_step_matches_a_whole_batch_without_batch_statistics() -> None:
+    """VGG-19 without BatchNorm, dropout off: 4 slices accumulate the whole batch's gradient
+    (to float rounding) before the one optimizer step."""
+    whole = _ready(VGG19Task, batch_size=8)
+    sliced = _ready(VGG19Task, batch_size=8, micro_batches=4)
+    for task in (whole, sliced):
+        assert task.model is not None
+        for m in task.model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+    whole.step()
+    for _ in range(4):
+        sliced.step()
+    assert whole.model is not None and sliced.model is not None
+    for a, b in zip(whole.model.parameters(), sliced.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_a_checkpoint_between_slices_resumes_the_batch_it_was_in() -> None:
+    original = _ready(VGG19Task, n_batches=2, micro_batches=2)
+    original.step()  # half of the first batch
+    state = original.state_dict()
+    expected = []
+    for _ in range(3):
+        original.step()
+        expected.append(original.last_loss)
+    resumed = _ready(VGG19Task, n_batches=2, micro_batches=2)
+    resumed.load_state_dict(state)
+    got = []
+    for _ in range(3):
+        resumed.step()
+        got.append(resumed.last_loss)
+    assert got == expected
+    assert original.model is not None and resumed.model is not None
+    for a, b in zip(original.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_more_micro_batches_than_images_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"micro_batches=3 must be at most batch_size // 2 = 2"):
+        ResNet18Task(**TINY, micro_batches=3)
+
+
 def test_state_dict_is_a_snapshot_not_a_view() -> None:
     task = _ready(ResNet18Task)
     state = task.state_dict()
