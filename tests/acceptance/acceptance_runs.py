@@ -22,9 +22,10 @@ Why these numbers:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pandas as pd
 from runs import log_tails
@@ -68,23 +69,34 @@ class Shape:
         return f"{self.schedule}-S{self.stages}-M{self.microbatches}"
 
 
+R = TypeVar("R")  # what was run: a ``Shape`` here, a ``GatedRun`` in ``gated_runs``
+
+
 @dataclass(frozen=True)
-class FinishedRun:
+class FinishedRun(Generic[R]):
     """A run that ended, with its tables read once."""
 
-    shape: Shape
+    run: R
     session: Session
     state: RunState
     actions: pd.DataFrame  # every step, as Session.actions
+    skip_steps: int = SKIP_STEPS  # warm-up steps left out of ``measured``
 
     @property
     def measured(self) -> pd.DataFrame:
         """Actions of the steps after the warm-up."""
-        return self.actions[self.actions["step"] >= SKIP_STEPS]
+        return self.actions[self.actions["step"] >= self.skip_steps]
 
     def explain(self) -> str:
         """The run's state, failure and log tails, for assertion messages."""
-        return f"{self.shape}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
+        return f"{self.run}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
+
+
+def finished(runs: Mapping[R, FinishedRun[R]], run: R) -> FinishedRun[R]:
+    """The finished run of ``run``; fails with its state and log tails if it did not finish."""
+    result = runs[run]
+    assert result.state == RunState.FINISHED, result.explain()
+    return result
 
 
 class RunFarm:
@@ -93,9 +105,9 @@ class RunFarm:
     def __init__(self, root: Path, planned: Iterable[Shape] = ()) -> None:
         self.root = root
         self.planned = list(dict.fromkeys(planned))
-        self._done: dict[Shape, FinishedRun] = {}
+        self._done: dict[Shape, FinishedRun[Shape]] = {}
 
-    def get(self, shapes: Iterable[Shape]) -> dict[Shape, FinishedRun]:
+    def get(self, shapes: Iterable[Shape]) -> dict[Shape, FinishedRun[Shape]]:
         """The finished run of each shape, launching those not run yet (and every planned one)."""
         wanted = list(dict.fromkeys(shapes))
         missing = [s for s in dict.fromkeys([*wanted, *self.planned]) if s not in self._done]
