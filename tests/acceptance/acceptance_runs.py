@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 import pandas as pd
-from runs import log_tails
+from runs import log_tails, synthetic_config
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -51,18 +51,12 @@ class Shape:
     t_ms: float = T_MS
 
     def config(self) -> RunConfig:
-        return RunConfig(
-            schedule=self.schedule,
+        return synthetic_config(
+            steps=STEPS,
             stages=self.stages,
             microbatches=self.microbatches,
-            steps=STEPS,
-            workload="synthetic",
-            t_forward_ms=self.t_ms,
-            t_backward_input_ms=self.t_ms,
-            t_backward_weight_ms=self.t_ms,
-            d_model=16,
-            seq_len=8,
-            microbatch_size=2,
+            phase_ms=self.t_ms,
+            schedule=self.schedule,
         )
 
     def __str__(self) -> str:

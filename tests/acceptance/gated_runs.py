@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from acceptance_runs import FinishedRun
+from runs import synthetic_config
 from start_gate import GATE, go_file, ready_file
 
 from freeride_lab.core.config import CostMs, RunConfig, RuntimeOptions
@@ -48,21 +49,20 @@ class GatedRun:
     label: str = field(default="", compare=True)
 
     def config(self) -> RunConfig:
-        return RunConfig(
-            schedule=self.schedule,
+        costs = {
+            "t_forward_ms": self.t_forward_ms,
+            "t_backward_input_ms": self.t_backward_input_ms,
+            "t_backward_weight_ms": self.t_backward_weight_ms,
+        }
+        return synthetic_config(
+            steps=self.steps,
             stages=self.stages,
             microbatches=self.microbatches,
+            schedule=self.schedule,
             chunks=self.chunks,
-            steps=self.steps,
-            workload="synthetic",
-            t_forward_ms=self.t_forward_ms,
-            t_backward_input_ms=self.t_backward_input_ms,
-            t_backward_weight_ms=self.t_backward_weight_ms,
-            d_model=16,
-            seq_len=8,
-            microbatch_size=2,
             side_tasks=False,
             runtime=RuntimeOptions(edges_factory=GATE),
+            **costs,
         )
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ theory but never clearly below it: the band is [theory - 1, theory + 5] percenta
 from __future__ import annotations
 
 import pytest
-from acceptance_runs import FinishedRun, RunFarm, Shape, finished
+from acceptance_runs import FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.theory import theory_bubble_fraction
@@ -25,11 +25,6 @@ SHAPES = [Shape(name, s, m) for name in CLASSIC for s, m in SIZES]
 ZB_SIZE = (4, 8)
 ZB_SHAPES = [Shape(name, *ZB_SIZE) for name in ZERO_BUBBLE]
 RUNS = [*SHAPES, *ZB_SHAPES]
-
-
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
 
 
 def measured_fraction(run: FinishedRun) -> float:

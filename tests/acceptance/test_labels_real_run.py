@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from acceptance_runs import T_MS, FinishedRun, RunFarm, Shape, finished
+from acceptance_runs import T_MS, FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import extract_bubbles
 
@@ -30,11 +30,6 @@ MIN_MS = T_MS / 4
 PAPER_1F1B_S4_M4 = {0: "BDDD", 1: "ABDDC", 2: "ABDC", 3: "A"}  # the paper's list, in time order
 OTHER = Shape("1F1B", 3, 5)
 RUNS = [Shape("1F1B", 4, 4), OTHER]
-
-
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
 
 
 def paper_rules(stages: int, microbatches: int, stage: int) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from acceptance_runs import SKIP_STEPS, FinishedRun, RunFarm, Shape, finished
+from acceptance_runs import SKIP_STEPS, FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.plan import Costs, compare_with_run, simulate
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.timeout(900)
 
 SHAPES = [Shape(name, 4, 8) for name in ("GPipe", "1F1B", "Interleaved1F1B")]
 RUNS = SHAPES
-
-
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
