@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from acceptance_runs import FinishedRun
@@ -49,21 +49,11 @@ class GatedRun:
     label: str = field(default="", compare=True)
 
     def config(self) -> RunConfig:
-        costs = {
-            "t_forward_ms": self.t_forward_ms,
-            "t_backward_input_ms": self.t_backward_input_ms,
-            "t_backward_weight_ms": self.t_backward_weight_ms,
-        }
-        return synthetic_config(
-            steps=self.steps,
-            stages=self.stages,
-            microbatches=self.microbatches,
-            schedule=self.schedule,
-            chunks=self.chunks,
-            side_tasks=False,
-            runtime=RuntimeOptions(edges_factory=GATE),
-            **costs,
-        )
+        """Its fields that ``RunConfig`` has too, on the small synthetic model, without side-task
+        workers, each rank waiting at the start gate."""
+        shared = {f.name for f in fields(RunConfig)}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name in shared}
+        return synthetic_config(**own, side_tasks=False, runtime=RuntimeOptions(edges_factory=GATE))
 
     def __str__(self) -> str:
         tail = f"-{self.label}" if self.label else ""
