@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_output import cpu_model, write_results
 
 from freeride_lab.core.edge_timing import NextBubbleClock
 from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter, Phase
@@ -244,18 +245,10 @@ def _stats(x: np.ndarray) -> dict[str, float]:
 
 def machine() -> dict[str, Any]:
     """What this ran on, for the results file."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu_model": model,
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
@@ -329,8 +322,6 @@ def main() -> None:
         "writer_call_back_to_back_us": hot,
         "wake_up_floor": floor,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     cpus = f"{info['cpu_count']} CPUs ({info['cpu_model']}), load {info['load_avg_1m_at_start']}"
     print(f"edge latency, {args.edges} edges per run, {cpus}")
     head = f"{'writer/reader':<20} {'p50 us':>9} {'p90 us':>9} {'p99 us':>9} {'max us':>9}"
@@ -347,7 +338,7 @@ def main() -> None:
     print(f"writer call back to back (warm, no waiter): p50 {hot['p50']} us, p99 {hot['p99']} us")
     fl = floor["latency_us"]
     print(f"wake-up floor (pipe byte, blocking read): p50 {fl['p50']} us, p99 {fl['p99']} us")
-    print(f"wrote {args.out}")
+    write_results(result, args.out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ synchronisation, so a step's time is its kernels' time plus whatever the host ad
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -32,6 +31,7 @@ from statistics import mean
 from typing import Any
 
 import torch
+from bench_output import write_results
 
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.core.schedule import ActionKind
@@ -138,8 +138,7 @@ def main() -> None:
             f"{result['step_ms']['none']:.3f} ms: {iv.value:+.2%} [{iv.lo:+.2%}, {iv.hi:+.2%}]"
         )
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_results(result, args.out)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench_output import write_results
+
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_ARGS = "--schedule 1F1B --stages 4 --microbatches 4 --steps 1000 --workload synthetic"
@@ -168,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "medians": medians,
     }  # fmt: skip
-    out = args.out or RESULTS / f"launch-cpu-{datetime.now(UTC):%Y-%m-%d}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"written to {out}")
+    write_results(record, args.out or RESULTS / f"launch-cpu-{datetime.now(UTC):%Y-%m-%d}.json")
     return 0
 
 

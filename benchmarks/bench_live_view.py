@@ -41,6 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench_output import cpu_model, write_results
+
 RESULTS = Path(__file__).parent / "results"
 GOAL_EVENTS_PER_S = 5000.0
 GOAL_REDRAW_HZ = 10.0
@@ -334,19 +336,11 @@ def machine() -> dict[str, Any]:
     import pandas as pd
     import plotly
 
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "pandas": pd.__version__,
         "plotly": plotly.__version__,
         "note": "shared machine; other processes may run, so rates are lower bounds",
@@ -422,10 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['latency_ratio']:.2f} of limit"
         )
     date = datetime.now(UTC).date().isoformat()
-    out = args.out or RESULTS / f"live-view-cpu-{date}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(report, args.out or RESULTS / f"live-view-cpu-{date}.json")
     return 0
 
 

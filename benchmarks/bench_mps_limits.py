@@ -22,7 +22,6 @@ restarts the task process from its checkpoint (MPS reads both at process start).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import statistics
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_output import write_results
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "modes": rows,
     }
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_results(result, args.out)
     return 0
 
 

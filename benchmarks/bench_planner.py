@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from bench_output import write_results
 
 from freeride_lab.core.plan import Costs, PlanArrays, plan_arrays, simulate, simulate_summary
 from freeride_lab.core.schedule import SCHEDULES, Schedule, torch_plan
@@ -121,10 +122,7 @@ def main() -> None:
         "costs": {"forward_ms": 1.0, "backward_ms": 2.0, "comm_ms": 0.1, "dispatch_ms": 0.05},
         "rows": rows,
     }
-    out = args.out or RESULTS / f"planner-cpu-{now.date().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(result, args.out or RESULTS / f"planner-cpu-{now.date().isoformat()}.json")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from bench_output import write_results
 
 from freeride_lab.core import events as ev
 from freeride_lab.lab.tables import (
@@ -252,10 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "new": result["new"],
         "old_over_new": ratios,
     }
-    out = args.out or RESULTS / f"session-memory-cpu-{record['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(record, args.out or RESULTS / f"session-memory-cpu-{record['date']}.json")
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_output import write_results
 
 from freeride_lab.tasks import BUILTIN_TASKS, load_task_class
 
@@ -116,9 +117,7 @@ def main() -> None:
     }
     tag = "cuda" if gpu else "cpu"
     out = args.out or RESULTS / f"tasks-{args.preset}-{tag}-{datetime.now(UTC):%Y-%m-%d}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results(result, out, indent=1)
 
 
 if __name__ == "__main__":

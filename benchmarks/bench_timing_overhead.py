@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_output import write_results
 
 from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.intervals import Interval, mean_interval
@@ -298,9 +299,7 @@ def main() -> None:
         f"quiet slots {rc['edges_quiet_slots']['min']}/{rc['edges_quiet_slots']['median']}"
     )
     out = args.out or RESULTS / f"timing-overhead-{args.device}-{started.date().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(results, out)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,13 @@ Why these numbers:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pandas as pd
-from runs import log_tails
+from runs import log_tails, synthetic_config
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
@@ -50,41 +51,46 @@ class Shape:
     t_ms: float = T_MS
 
     def config(self) -> RunConfig:
-        return RunConfig(
-            schedule=self.schedule,
+        return synthetic_config(
+            steps=STEPS,
             stages=self.stages,
             microbatches=self.microbatches,
-            steps=STEPS,
-            workload="synthetic",
-            t_forward_ms=self.t_ms,
-            t_backward_input_ms=self.t_ms,
-            t_backward_weight_ms=self.t_ms,
-            d_model=16,
-            seq_len=8,
-            microbatch_size=2,
+            phase_ms=self.t_ms,
+            schedule=self.schedule,
         )
 
     def __str__(self) -> str:
         return f"{self.schedule}-S{self.stages}-M{self.microbatches}"
 
 
+R = TypeVar("R")  # what was run: a ``Shape`` here, a ``GatedRun`` in ``gated_runs``
+
+
 @dataclass(frozen=True)
-class FinishedRun:
+class FinishedRun(Generic[R]):
     """A run that ended, with its tables read once."""
 
-    shape: Shape
+    run: R
     session: Session
     state: RunState
     actions: pd.DataFrame  # every step, as Session.actions
+    skip_steps: int = SKIP_STEPS  # warm-up steps left out of ``measured``
 
     @property
     def measured(self) -> pd.DataFrame:
         """Actions of the steps after the warm-up."""
-        return self.actions[self.actions["step"] >= SKIP_STEPS]
+        return self.actions[self.actions["step"] >= self.skip_steps]
 
     def explain(self) -> str:
         """The run's state, failure and log tails, for assertion messages."""
-        return f"{self.shape}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
+        return f"{self.run}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
+
+
+def finished(runs: Mapping[R, FinishedRun[R]], run: R) -> FinishedRun[R]:
+    """The finished run of ``run``; fails with its state and log tails if it did not finish."""
+    result = runs[run]
+    assert result.state == RunState.FINISHED, result.explain()
+    return result
 
 
 class RunFarm:
@@ -93,9 +99,9 @@ class RunFarm:
     def __init__(self, root: Path, planned: Iterable[Shape] = ()) -> None:
         self.root = root
         self.planned = list(dict.fromkeys(planned))
-        self._done: dict[Shape, FinishedRun] = {}
+        self._done: dict[Shape, FinishedRun[Shape]] = {}
 
-    def get(self, shapes: Iterable[Shape]) -> dict[Shape, FinishedRun]:
+    def get(self, shapes: Iterable[Shape]) -> dict[Shape, FinishedRun[Shape]]:
         """The finished run of each shape, launching those not run yet (and every planned one)."""
         wanted = list(dict.fromkeys(shapes))
         missing = [s for s in dict.fromkeys([*wanted, *self.planned]) if s not in self._done]

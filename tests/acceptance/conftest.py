@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
-from acceptance_runs import RunFarm, Shape
+from acceptance_runs import FinishedRun, RunFarm, Shape
 from gated_runs import GatedFarm, GatedRun
 
 
@@ -47,3 +48,15 @@ def gated_farm(
         yield farm
     finally:
         farm.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest) -> Mapping[Any, FinishedRun[Any]]:
+    """The finished runs the test's module lists: its ``GATED_RUNS`` (from ``gated_farm``) or
+    else its ``RUNS`` (from ``farm``); only the farm the module needs is started."""
+    module = request.module
+    if hasattr(module, "GATED_RUNS"):
+        gated: GatedFarm = request.getfixturevalue("gated_farm")
+        return gated.get(module.GATED_RUNS)
+    shared: RunFarm = request.getfixturevalue("farm")
+    return shared.get(module.RUNS)

@@ -17,16 +17,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import pandas as pd
-from runs import log_tails
+from acceptance_runs import FinishedRun
+from runs import synthetic_config
 from start_gate import GATE, go_file, ready_file
 
 from freeride_lab.core.config import CostMs, RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
-from freeride_lab.pipeline.launcher import RunState
 
 HERE = Path(__file__).resolve().parent
 MAX_RANKS = 20  # ranks per batch: 20 torch imports on two cores take about a minute
@@ -50,45 +49,19 @@ class GatedRun:
     label: str = field(default="", compare=True)
 
     def config(self) -> RunConfig:
-        return RunConfig(
-            schedule=self.schedule,
-            stages=self.stages,
-            microbatches=self.microbatches,
-            chunks=self.chunks,
-            steps=self.steps,
-            workload="synthetic",
-            t_forward_ms=self.t_forward_ms,
-            t_backward_input_ms=self.t_backward_input_ms,
-            t_backward_weight_ms=self.t_backward_weight_ms,
-            d_model=16,
-            seq_len=8,
-            microbatch_size=2,
-            side_tasks=False,
-            runtime=RuntimeOptions(edges_factory=GATE),
-        )
+        """Its fields that ``RunConfig`` has too, on the small synthetic model, without side-task
+        workers, each rank waiting at the start gate."""
+        shared = {f.name for f in fields(RunConfig)}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name in shared}
+        return synthetic_config(**own, side_tasks=False, runtime=RuntimeOptions(edges_factory=GATE))
 
     def __str__(self) -> str:
         tail = f"-{self.label}" if self.label else ""
         return f"{self.schedule}-S{self.stages}-M{self.microbatches}-V{self.chunks}{tail}"
 
 
-@dataclass(frozen=True)
-class GatedResult:
-    """A run that ended, with its tables read once."""
-
-    run: GatedRun
-    session: Session
-    state: RunState
-    actions: pd.DataFrame  # every step, as Session.actions
-
-    @property
-    def measured(self) -> pd.DataFrame:
-        """Actions of the steps after the warm-up."""
-        return self.actions[self.actions["step"] >= self.run.skip_steps]
-
-    def explain(self) -> str:
-        """The run's state, failure and log tails, for assertion messages."""
-        return f"{self.run}: {self.state} ({self.session.failure})\n{log_tails(self.session)}"
+#: A gated run that ended, with its tables read once (``measured`` skips its ``skip_steps``).
+GatedResult = FinishedRun[GatedRun]
 
 
 class GatedFarm:
@@ -130,7 +103,7 @@ class GatedFarm:
             self._open_gate(root, sessions)
             for run, session in sessions:
                 state = session.wait(timeout_s=RUN_TIMEOUT_S)
-                self._done[run] = GatedResult(run, session, state, session.actions)
+                self._done[run] = GatedResult(run, session, state, session.actions, run.skip_steps)
         finally:
             if previous is None:
                 os.environ.pop("PYTHONPATH", None)

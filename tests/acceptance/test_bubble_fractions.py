@@ -11,11 +11,10 @@ theory but never clearly below it: the band is [theory - 1, theory + 5] percenta
 from __future__ import annotations
 
 import pytest
-from acceptance_runs import FinishedRun, RunFarm, Shape
+from acceptance_runs import FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.theory import theory_bubble_fraction
-from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(1200)  # the module's runs start in the first test's setup
 
@@ -28,11 +27,6 @@ ZB_SHAPES = [Shape(name, *ZB_SIZE) for name in ZERO_BUBBLE]
 RUNS = [*SHAPES, *ZB_SHAPES]
 
 
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
-
-
 def measured_fraction(run: FinishedRun) -> float:
     """Mean over ranks and measured steps of the idle share of each step's global window."""
     return float(bubble_fraction(run.measured)["idle_frac"].mean())
@@ -42,8 +36,7 @@ def measured_fraction(run: FinishedRun) -> float:
 def test_measured_bubble_fraction_is_within_minus_1_plus_5_points_of_theory(
     runs: dict[Shape, FinishedRun], shape: Shape
 ) -> None:
-    run = runs[shape]
-    assert run.state == RunState.FINISHED, run.explain()
+    run = finished(runs, shape)
     config = run.session.config
     theory = theory_bubble_fraction(shape.schedule, shape.stages, shape.microbatches, config.chunks)
     measured = measured_fraction(run)
@@ -65,8 +58,7 @@ def test_run_summary_shows_the_same_measured_fraction_next_to_theory(
 def test_zero_bubble_schedule_measures_below_1f1b_at_the_same_size(
     runs: dict[Shape, FinishedRun], name: str
 ) -> None:
-    zb, one_f_one_b = runs[Shape(name, *ZB_SIZE)], runs[Shape("1F1B", *ZB_SIZE)]
-    assert zb.state == RunState.FINISHED, zb.explain()
-    assert one_f_one_b.state == RunState.FINISHED, one_f_one_b.explain()
+    zb = finished(runs, Shape(name, *ZB_SIZE))
+    one_f_one_b = finished(runs, Shape("1F1B", *ZB_SIZE))
     zb_frac, ref_frac = measured_fraction(zb), measured_fraction(one_f_one_b)
     assert zb_frac < ref_frac, f"{name} {zb_frac:.2%} vs 1F1B {ref_frac:.2%} at S, M = {ZB_SIZE}"

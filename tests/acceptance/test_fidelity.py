@@ -19,12 +19,12 @@ has imported torch. One shape per schedule is in the fast set; the other sizes a
 from __future__ import annotations
 
 import pytest
+from acceptance_runs import finished
 from gated_runs import GatedFarm, GatedResult, GatedRun
 
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction
-from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -92,8 +92,7 @@ def per_rank_fraction(result: GatedResult) -> dict[int, float]:
 def test_measured_bubble_fraction_is_within_minus_1_plus_3_points_of_theory_on_every_rank(
     gated_farm: GatedFarm, run: GatedRun
 ) -> None:
-    result = gated_farm.get([run])[run]
-    assert result.state == RunState.FINISHED, result.explain()
+    result = finished(gated_farm.get([run]), run)
     theory = theory_bubble_fraction(run.schedule, run.stages, run.microbatches, run.chunks)
     measured = per_rank_fraction(result)
     assert sorted(measured) == list(range(run.stages))

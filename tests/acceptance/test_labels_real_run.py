@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from acceptance_runs import T_MS, FinishedRun, RunFarm, Shape
+from acceptance_runs import T_MS, FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import extract_bubbles
-from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -31,11 +30,6 @@ MIN_MS = T_MS / 4
 PAPER_1F1B_S4_M4 = {0: "BDDD", 1: "ABDDC", 2: "ABDC", 3: "A"}  # the paper's list, in time order
 OTHER = Shape("1F1B", 3, 5)
 RUNS = [Shape("1F1B", 4, 4), OTHER]
-
-
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
 
 
 def paper_rules(stages: int, microbatches: int, stage: int) -> str:
@@ -93,8 +87,7 @@ def test_paper_rules_give_issue_2s_list_at_s4_m4() -> None:
 def test_real_1f1b_run_at_s4_m4_has_the_papers_labels(
     runs: dict[Shape, FinishedRun],
 ) -> None:
-    run = runs[Shape("1F1B", 4, 4)]
-    assert run.state == RunState.FINISHED, run.explain()
+    run = finished(runs, Shape("1F1B", 4, 4))
     check_labels(run, PAPER_1F1B_S4_M4)
 
 
@@ -114,8 +107,7 @@ def test_last_stage_idles_before_its_first_forward_and_after_its_last_backward(
 def test_labelling_follows_the_papers_rules_on_a_real_run_at_s3_m5(
     runs: dict[Shape, FinishedRun],
 ) -> None:
-    run = runs[OTHER]
-    assert run.state == RunState.FINISHED, run.explain()
+    run = finished(runs, OTHER)
     expected = {s: paper_rules(OTHER.stages, OTHER.microbatches, s) for s in range(OTHER.stages)}
     assert expected == {0: "BDD", 1: "ABDC", 2: "A"}
     check_labels(run, expected)

@@ -28,11 +28,11 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
-from gated_runs import GatedFarm, GatedResult, GatedRun
+from acceptance_runs import finished
+from gated_runs import GatedResult, GatedRun
 
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.plan import Costs, compare_with_run, simulate, simulate_summary
-from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -68,17 +68,6 @@ DRAWN = [
     drawn("Interleaved1F1B", 2, 4, 2, seed=3),
 ]
 GATED_RUNS = [SLOW_STAGE, *DRAWN]
-
-
-@pytest.fixture(scope="module")
-def runs(gated_farm: GatedFarm) -> dict[GatedRun, GatedResult]:
-    return gated_farm.get(GATED_RUNS)
-
-
-def finished(runs: dict[GatedRun, GatedResult], run: GatedRun) -> GatedResult:
-    result = runs[run]
-    assert result.state == RunState.FINISHED, result.explain()
-    return result
 
 
 @pytest.mark.parametrize("run", GATED_RUNS, ids=str)

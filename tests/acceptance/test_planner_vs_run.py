@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from acceptance_runs import SKIP_STEPS, FinishedRun, RunFarm, Shape
+from acceptance_runs import SKIP_STEPS, FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.plan import Costs, compare_with_run, simulate
-from freeride_lab.pipeline.launcher import RunState
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -28,17 +27,11 @@ SHAPES = [Shape(name, 4, 8) for name in ("GPipe", "1F1B", "Interleaved1F1B")]
 RUNS = SHAPES
 
 
-@pytest.fixture(scope="module")
-def runs(farm: RunFarm) -> dict[Shape, FinishedRun]:
-    return farm.get(RUNS)
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_simulated_idle_share_is_within_5pct_of_the_real_run_on_every_rank(
     runs: dict[Shape, FinishedRun], shape: Shape
 ) -> None:
-    run = runs[shape]
-    assert run.state == RunState.FINISHED, run.explain()
+    run = finished(runs, shape)
     config = run.session.config
     table = compare_with_run(
         run.actions,

@@ -24,16 +24,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.pipeline.timed_stage import TimedPipelineStage
-
-
-class QuietEdges:
-    """A bubble-edge receiver that accepts everything."""
-
-    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
-        pass
-
-    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        pass
+from tests.edge_receivers import QuietEdges
 
 
 def install(*, run_dir: RunDir, rank: int) -> QuietEdges:

@@ -18,10 +18,11 @@ import pandas as pd
 import pytest
 import torch
 from bubble_table import assert_complete_and_exact, busy_intervals, merged_ms, step_spans
-from runs import finish_torchrun, start_torchrun
+from edge_receivers import QUIET_EDGES
+from runs import finish_torchrun, start_torchrun, synthetic_config
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from freeride_lab.core.config import RunConfig, RuntimeOptions
+from freeride_lab.core.config import RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import run_start_ns
@@ -32,8 +33,6 @@ JOB_TIMEOUT_S = 240
 STEPS = 3
 T_MS = 5.0  # synthetic F, I and W cost per micro-batch per rank
 STAGES = {"1F1B": 3}  # the others run on 2 ranks
-# receives live bubble edges in the rank process (which imports it by module name)
-EDGES = "tests.pipeline.test_rank:quiet_edges"
 
 
 def available(name: str) -> bool:
@@ -54,20 +53,13 @@ class Run:
 
 def launch(path: Path, name: str) -> subprocess.Popen[bytes]:
     stages = STAGES.get(name, 2)
-    cfg = RunConfig(
-        schedule=name,
-        stages=stages,
-        microbatches=4,
+    cfg = synthetic_config(
         steps=STEPS,
-        workload="synthetic",
-        t_forward_ms=T_MS,
-        t_backward_input_ms=T_MS,
-        t_backward_weight_ms=T_MS,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
+        stages=stages,
+        phase_ms=T_MS,
+        schedule=name,
         # every gap announced, so that each carried slot 0 is seen live
-        runtime=RuntimeOptions(edges_factory=EDGES, announce_min_ms=0),
+        runtime=RuntimeOptions(edges_factory=QUIET_EDGES, announce_min_ms=0),
     )
     return start_torchrun(path, cfg)
 

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from runs import synthetic_config
 from waits import wait_until
 
 from freeride_lab.core.config import RunConfig
@@ -97,19 +98,7 @@ def test_launching_the_quickstart_run_loads_no_torch_or_pandas_in_the_kernel(
 
 
 def tiny(steps: int) -> RunConfig:
-    return RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
-        steps=steps,
-        workload="synthetic",
-        t_forward_ms=5.0,
-        t_backward_input_ms=5.0,
-        t_backward_weight_ms=5.0,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
-    )
+    return synthetic_config(steps=steps, microbatches=2, phase_ms=5.0)
 
 
 def test_progress_goes_from_starting_through_steps_to_stopped(tmp_path: Path) -> None:

@@ -475,15 +475,14 @@ def test_ledger_takes_throughput_over_training_wall_time() -> None:
 # -- governor --------------------------------------------------------------------------------
 
 
-def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) -> None:
-    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
-    run.state(tid, "PAUSED", "INIT")
-    periods = [1.0] * 6 + [1.2] * 6  # quiet steps set the baseline; then 20% slower with work
-    steps = _steps(periods, ranks=4)
-    side = _side_steps(list(range(6, 12)))
-    side["task_id"] = tid
-    log_path = run.run_dir.path / "governor.jsonl"
-    loop = GovernorLoop(
+def _governor_loop(
+    run: Run, steps: pd.DataFrame, side: pd.DataFrame, **options: Any
+) -> GovernorLoop:
+    """A live loop over fixed ``steps`` and ``side`` tables of a 4-rank run, whose governor
+    targets 1% overhead, decides on windows of 2 steps and leaves the SM share alone;
+    ``options`` add to the loop's (``log_path`` is the run's governor.jsonl unless given)."""
+    options.setdefault("log_path", run.run_dir.path / "governor.jsonl")
+    return GovernorLoop(
         run.manager,
         steps=lambda: steps,
         side_task_steps=lambda: side,
@@ -492,8 +491,19 @@ def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) ->
             target_frac=0.01, window=2, settle_steps=0, sm_min_pct=100, sm_max_pct=100
         ),
         ranks=4,
-        log_path=log_path,
+        **options,
     )
+
+
+def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    periods = [1.0] * 6 + [1.2] * 6  # quiet steps set the baseline; then 20% slower with work
+    steps = _steps(periods, ranks=4)
+    side = _side_steps(list(range(6, 12)))
+    side["task_id"] = tid
+    log_path = run.run_dir.path / "governor.jsonl"
+    loop = _governor_loop(run, steps, side, log_path=log_path)
     records = loop.tick()
     assert records, "no decision for 20% overhead"
     first, last = records[0], records[-1]
@@ -520,16 +530,10 @@ def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(ru
         run.state(tid, "PAUSED", "INIT")
     steps = _steps([1.2] * 6 + [1.0] * 6 + [1.2] * 6, ranks=4)  # 20% slow, quiet, slow again
     side = pd.concat([_side_steps(list(range(18))).assign(task_id=t) for t in (mine, other)])
-    loop = GovernorLoop(
-        run.manager,
-        steps=lambda: steps,
-        side_task_steps=lambda: side,
-        live=lambda: True,
-        governor=OverheadGovernor(
-            target_frac=0.01, window=2, settle_steps=0, sm_min_pct=100, sm_max_pct=100
-        ),
-        ranks=4,
-        log_path=run.run_dir.path / "governor.jsonl",
+    loop = _governor_loop(
+        run,
+        steps,
+        side,
         baseline_step_s=0.8,  # the quiet steps' window (``_steps``: 80% of the period)
         task_ids=(mine,),
         base_budget_s=lambda _: 0.008,

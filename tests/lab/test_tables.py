@@ -58,6 +58,18 @@ def started(rank: int, t_ns: int) -> RankStarted:
     )
 
 
+STEP_MARKS = ("start_ns", "end_ns", "optimizer_start_ns", "optimizer_end_ns")
+
+
+def step_timed(
+    rank: int, marks_ns: tuple[int, int, int, int], *, step: int = 0, **fields: Any
+) -> StepTimed:
+    """A step of ``rank`` whose window start, window end, optimizer start and optimizer end are
+    ``marks_ns``; ``fields`` set the rest (loss, tokens)."""
+    marks = dict(zip(STEP_MARKS, marks_ns, strict=True))
+    return StepTimed(rank=rank, step=step, **marks, **fields)
+
+
 def lines(*events: Event) -> bytes:
     return b"".join(to_json(e).encode() + b"\n" for e in events)
 
@@ -138,16 +150,7 @@ def test_action_times_are_ms_from_the_earliest_rank_start() -> None:
 
 
 def test_steps_frame_has_optimizer_ms_and_nan_loss_off_the_last_stage() -> None:
-    step = StepTimed(
-        rank=0,
-        step=0,
-        start_ns=0,
-        end_ns=10_000_000,
-        optimizer_start_ns=10_000_000,
-        optimizer_end_ns=13_000_000,
-        loss=None,
-        tokens=64,
-    )
+    step = step_timed(0, (0, 10_000_000, 10_000_000, 13_000_000), loss=None, tokens=64)
     frame = steps_frame(as_dicts(step), t0_ns=0)
     assert frame.loc[0, "optimizer_ms"] == 3.0
     assert pd.isna(frame.loc[0, "loss"])
@@ -155,14 +158,7 @@ def test_steps_frame_has_optimizer_ms_and_nan_loss_off_the_last_stage() -> None:
 
 
 def test_steps_frame_places_the_optimizer_on_the_actions_clock() -> None:
-    step = StepTimed(
-        rank=1,
-        step=0,
-        start_ns=2_000_000,
-        end_ns=10_000_000,
-        optimizer_start_ns=10_500_000,
-        optimizer_end_ns=13_000_000,
-    )
+    step = step_timed(1, (2_000_000, 10_000_000, 10_500_000, 13_000_000))
     tables = EventTables()
     tables.add(as_dicts(started(1, 1_000_000), step))
     row = tables.steps().iloc[0]
@@ -191,13 +187,10 @@ def mixed_run(steps: int) -> list[dict[str, Any]]:
                     BubbleEdge(rank=rank, stage=rank, step=step, slot=mb, edge="end", t_ns=t)
                 )
             out.append(
-                StepTimed(
-                    rank=rank,
+                step_timed(
+                    rank,
+                    (t, t + 9_000_000, t + 9_000_000, t + 9_500_000),
                     step=step,
-                    start_ns=t,
-                    end_ns=t + 9_000_000,
-                    optimizer_start_ns=t + 9_000_000,
-                    optimizer_end_ns=t + 9_500_000,
                     loss=1.5 if rank == 1 else None,
                     tokens=16,
                 )

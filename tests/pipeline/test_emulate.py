@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from edge_receivers import RecordingEdges
 
 from freeride_lab.core.config import EmulateOptions, RunConfig
 from freeride_lab.pipeline.emulate import (
@@ -23,22 +24,6 @@ from freeride_lab.pipeline.emulate import (
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
 
 B, T, W, D = 2, 8, 4, 16
-
-
-class _Edges:
-    """Records what the gate passes on."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
-        self.calls.append(("start", step, slot, t_ns, predicted_end_ns))
-
-    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        self.calls.append(("end", step, slot, t_ns))
-
-    def close(self) -> None:
-        self.calls.append(("close",))
 
 
 def _chunks(dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[EmulatedChunk]:
@@ -95,7 +80,7 @@ def test_control_travels_as_integers_for_the_all_reduce() -> None:
 
 
 def test_closed_gate_passes_no_edges() -> None:
-    inner = _Edges()
+    inner = RecordingEdges()
     gate = EdgeGate(inner)  # type: ignore[arg-type]
     gate.bubble_start(1, 0, 100, 200)
     gate.bubble_end(1, 0, 150)
@@ -103,7 +88,7 @@ def test_closed_gate_passes_no_edges() -> None:
 
 
 def test_passing_gate_forwards_real_edges_unchanged() -> None:
-    inner = _Edges()
+    inner = RecordingEdges()
     gate = EdgeGate(inner)  # type: ignore[arg-type]
     gate.set_gate(Gate.PASS, step=1, t_ns=0)
     gate.bubble_start(1, 2, 100, 200)
@@ -112,7 +97,7 @@ def test_passing_gate_forwards_real_edges_unchanged() -> None:
 
 
 def test_open_gate_publishes_one_endless_bubble_and_ends_it_on_the_next_switch() -> None:
-    inner = _Edges()
+    inner = RecordingEdges()
     gate = EdgeGate(inner)  # type: ignore[arg-type]
     gate.set_gate(Gate.OPEN, step=5, t_ns=1_000)
     gate.bubble_start(5, 0, 2_000, 3_000)  # real edges are swallowed while open
@@ -124,7 +109,7 @@ def test_open_gate_publishes_one_endless_bubble_and_ends_it_on_the_next_switch()
 
 def test_a_switch_away_from_passing_ends_the_real_bubble_the_worker_saw_start() -> None:
     # the bubble carried across the step boundary is open while the gate switches
-    inner = _Edges()
+    inner = RecordingEdges()
     gate = EdgeGate(inner)  # type: ignore[arg-type]
     gate.set_gate(Gate.PASS, step=1, t_ns=0)
     gate.bubble_start(2, 0, 100, 900)
@@ -134,7 +119,7 @@ def test_a_switch_away_from_passing_ends_the_real_bubble_the_worker_saw_start() 
 
 
 def test_a_passing_gate_drops_the_end_of_a_bubble_it_did_not_pass_the_start_of() -> None:
-    inner = _Edges()
+    inner = RecordingEdges()
     gate = EdgeGate(inner)  # type: ignore[arg-type]
     gate.bubble_start(3, 0, 100, 900)  # still closed
     gate.set_gate(Gate.PASS, step=3, t_ns=200)

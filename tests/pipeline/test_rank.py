@@ -12,9 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -22,6 +21,9 @@ from typing import Any
 
 import pytest
 import torch
+from edge_receivers import QUIET_EDGES
+from runs import synthetic_config
+from waits import wait_until
 
 from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.schedule import SCHEDULES, torch_plan
@@ -53,22 +55,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# Its own wait_until, not tests/waits.py: rank processes import this module (edges_factory)
-# as tests.pipeline.test_rank, where tests/ is not on sys.path.
-def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def make_run(path: Path, **config: Any) -> tuple[RunDir, RunConfig]:
-    cfg = RunConfig(**config)
+def make_run(path: Path, cfg: RunConfig) -> RunDir:
     run_dir = RunDir(path)
     run_dir.create()
     run_dir.write_json(run_dir.run_json, {"config": cfg.to_dict(), "run_id": path.name})
-    return run_dir, cfg
+    return run_dir
 
 
 def rank_env() -> dict[str, str]:
@@ -130,24 +121,10 @@ class Job:
     events: dict[int, list[dict[str, Any]]]
 
 
-def run_job(path: Path, nproc: int, **config: Any) -> Job:
-    run_dir, cfg = make_run(path, **config)
+def run_job(path: Path, nproc: int, cfg: RunConfig) -> Job:
+    run_dir = make_run(path, cfg)
     code = finish(torchrun(run_dir, nproc))
     return Job(run_dir, cfg, code, events(run_dir))
-
-
-class QuietEdges:
-    """A bubble-edge receiver that accepts everything (the rank imports it by name)."""
-
-    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
-        pass
-
-    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        pass
-
-
-def quiet_edges(*, run_dir: RunDir, rank: int) -> QuietEdges:
-    return QuietEdges()
 
 
 # -- (a) real text, 1F1B, live bubble edges on -------------------------------------------
@@ -157,9 +134,7 @@ TEXT_STEPS = 30
 
 @pytest.fixture(scope="module")
 def text_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    job = run_job(
-        tmp_path_factory.mktemp("text") / "run",
-        2,
+    config = RunConfig(
         schedule="1F1B",
         stages=2,
         microbatches=4,
@@ -173,10 +148,9 @@ def text_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
         lr=3e-3,
         seed=0,
         # every gap announced, sub-millisecond ones too, so that each slot can be checked
-        runtime=RuntimeOptions(
-            edges_factory="tests.pipeline.test_rank:quiet_edges", announce_min_ms=0
-        ),
+        runtime=RuntimeOptions(edges_factory=QUIET_EDGES, announce_min_ms=0),
     )
+    job = run_job(tmp_path_factory.mktemp("text") / "run", 2, config)
     assert job.returncode == 0, log_tail(job.run_dir)
     return job
 
@@ -241,27 +215,18 @@ def test_untimed_steps_record_their_window_but_no_action_and_no_bubble_edge(
 ) -> None:
     """The plain baseline (blocks of untimed steps) runs without the recorder: no action
     events, no bubble edges, yet the step's window, optimizer and loss, like a timed step."""
-    job = run_job(
-        tmp_path / "run",
-        2,
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
+    config = synthetic_config(
         steps=8,
-        workload="synthetic",
-        t_forward_ms=2,
-        t_backward_input_ms=2,
-        t_backward_weight_ms=2,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
+        microbatches=2,
+        phase_ms=2,
         runtime=RuntimeOptions(
-            edges_factory="tests.pipeline.test_rank:quiet_edges",
+            edges_factory=QUIET_EDGES,
             timed="alternate",
             alternate_every=2,
             announce_min_ms=0,  # 2 ms actions: announce every gap, short ones too
         ),
     )
+    job = run_job(tmp_path / "run", 2, config)
     assert job.returncode == 0, log_tail(job.run_dir)
     untimed = {2, 3, 6, 7}
     for rank, evs in job.events.items():
@@ -294,20 +259,8 @@ def schedule_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     root = tmp_path_factory.mktemp("schedules")
     started = {}
     for name in SCHEDULES:
-        run_dir, cfg = make_run(
-            root / name,
-            schedule=name,
-            stages=2,
-            microbatches=4,
-            steps=SCHEDULE_STEPS,
-            workload="synthetic",
-            t_forward_ms=T_MS,
-            t_backward_input_ms=T_MS,
-            t_backward_weight_ms=T_MS,
-            d_model=16,
-            seq_len=8,
-            microbatch_size=2,
-        )
+        cfg = synthetic_config(steps=SCHEDULE_STEPS, phase_ms=T_MS, schedule=name)
+        run_dir = make_run(root / name, cfg)
         started[name] = (run_dir, cfg, torchrun(run_dir, 2))
     return {
         name: Job(run_dir, cfg, finish(proc), events(run_dir))
@@ -384,21 +337,8 @@ def test_synthetic_sleeps_land_on_the_input_and_weight_halves(
 
 
 def test_two_torchrun_nodes_on_localhost_both_write_events(tmp_path: Path) -> None:
-    run_dir, _ = make_run(
-        tmp_path / "run",
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
-        steps=2,
-        nnodes=2,
-        workload="synthetic",
-        t_forward_ms=5,
-        t_backward_input_ms=5,
-        t_backward_weight_ms=5,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
-    )
+    config = synthetic_config(steps=2, microbatches=2, phase_ms=5, nnodes=2)
+    run_dir = make_run(tmp_path / "run", config)
     port = free_port()
     nodes = [torchrun(run_dir, 1, nnodes=2, node_rank=r, port=port) for r in (0, 1)]
     codes = [finish(p) for p in nodes]
@@ -424,21 +364,10 @@ class SignalJob:
 
 @pytest.fixture(scope="module")
 def signal_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignalJob]:
-    run_dir, cfg = make_run(
-        tmp_path_factory.mktemp("signals") / "run",
-        schedule="1F1B",
-        stages=2,
-        microbatches=2,
-        steps=500,
-        workload="synthetic",
-        t_forward_ms=5,
-        t_backward_input_ms=5,
-        t_backward_weight_ms=5,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
-        runtime=RuntimeOptions(stop_grace_s=20),
+    cfg = synthetic_config(
+        steps=500, microbatches=2, phase_ms=5, runtime=RuntimeOptions(stop_grace_s=20)
     )
+    run_dir = make_run(tmp_path_factory.mktemp("signals") / "run", cfg)
     proc = torchrun(run_dir, 2)
     try:
 
@@ -517,23 +446,18 @@ def test_launcher_death_stops_every_rank_gracefully_at_the_same_step(
 # -- GPU ----------------------------------------------------------------------------------
 
 
+def cuda_text_config(*, steps: int, **changes: Any) -> RunConfig:
+    """One rank of the small text model (2 layers, d_model 64) on CUDA, 4 micro-batches a step;
+    ``changes`` replace any field."""
+    model = {"layers": 2, "d_model": 64, "heads": 4, "seq_len": 64}
+    plan = {"schedule": "1F1B", "stages": 1, "microbatches": 4, "steps": steps}
+    return RunConfig(workload="text", device="cuda", **{**plan, **model, **changes})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_one_rank_trains_on_cuda_with_event_timing(tmp_path: Path) -> None:
-    job = run_job(
-        tmp_path / "run",
-        1,
-        schedule="1F1B",
-        stages=1,
-        microbatches=4,
-        steps=5,
-        workload="text",
-        device="cuda",
-        layers=2,
-        d_model=64,
-        heads=4,
-        seq_len=64,
-    )
+    job = run_job(tmp_path / "run", 1, cuda_text_config(steps=5))
     assert job.returncode == 0, log_tail(job.run_dir)
     evs = job.events[0]
     actions = of_kind(evs, "action")
@@ -551,26 +475,13 @@ def test_one_rank_trains_on_cuda_with_event_timing(tmp_path: Path) -> None:
 def test_cuda_steps_are_read_without_waiting_yet_all_arrive_in_order(tmp_path: Path) -> None:
     """Timed and untimed steps on CUDA, live edges on: records come off the device a step
     late, but every step arrives once, in order, with its loss, and edges are announced."""
-    job = run_job(
-        tmp_path / "run",
-        1,
-        schedule="1F1B",
-        stages=1,
-        microbatches=4,
-        steps=12,
-        workload="text",
-        device="cuda",
-        layers=2,
-        d_model=64,
-        heads=4,
-        seq_len=64,
-        runtime=RuntimeOptions(
-            edges_factory="tests.pipeline.test_rank:quiet_edges",
-            timed="alternate",
-            alternate_every=3,
-            announce_min_ms=0,  # every gap here is sub-millisecond: announce them anyway
-        ),
+    runtime = RuntimeOptions(
+        edges_factory=QUIET_EDGES,
+        timed="alternate",
+        alternate_every=3,
+        announce_min_ms=0,  # every gap here is sub-millisecond: announce them anyway
     )
+    job = run_job(tmp_path / "run", 1, cuda_text_config(steps=12, runtime=runtime))
     assert job.returncode == 0, log_tail(job.run_dir)
     evs = job.events[0]
     steps = of_kind(evs, "step")

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from edge_receivers import RecordingEdges
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from freeride_lab.core.schedule import ActionKind
@@ -40,17 +41,6 @@ class StandInPredictor:
 
     def predict(self, slot: int) -> int | None:
         return self.seen.get(slot)
-
-
-class RecordingEdges:
-    def __init__(self) -> None:
-        self.calls: list[tuple[object, ...]] = []
-
-    def bubble_start(self, step: int, slot: int, t_ns: int, predicted_end_ns: int | None) -> None:
-        self.calls.append(("start", step, slot, t_ns, predicted_end_ns))
-
-    def bubble_end(self, step: int, slot: int, t_ns: int) -> None:
-        self.calls.append(("end", step, slot, t_ns))
 
 
 class BrokenEdges:

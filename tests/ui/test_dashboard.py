@@ -18,6 +18,7 @@ import pytest
 for _ui_package in ("plotly", "anywidget"):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 from fake_session import GIB, FakeSession  # noqa: E402
+from runs import synthetic_config  # noqa: E402
 from waits import wait_until  # noqa: E402
 
 from freeride_lab.pipeline.launcher import RunState  # noqa: E402
@@ -309,19 +310,9 @@ STARTUP_S = 240.0  # first steps of a fresh run on a loaded two-core box
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One small real CPU run with its dashboard (not started: tests tick it), shared."""
-    from freeride_lab.core.config import RunConfig
     from freeride_lab.lab.session import Session
 
-    config = RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=4,
-        steps=3000,
-        workload="synthetic",
-        t_forward_ms=10.0,
-        t_backward_input_ms=10.0,
-        t_backward_weight_ms=10.0,
-    )
+    config = synthetic_config(steps=3000, phase_ms=10.0)
     session = Session.launch(config, run_dir=tmp_path_factory.mktemp("dash") / "run", grace_s=5)
     try:
         wait_until(lambda: session.steps_done >= 3, timeout_s=STARTUP_S, what="three steps")

@@ -8,8 +8,6 @@ also checked on one small real CPU run.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +17,13 @@ import pytest
 for _ui_package in ("plotly", "anywidget"):
     pytest.importorskip(_ui_package, reason="the notebook UI packages are not installed")
 from fake_session import FakeSession  # noqa: E402
+from runs import synthetic_config  # noqa: E402
+from waits import wait_until  # noqa: E402
 
 from freeride_lab.pipeline.launcher import RunState  # noqa: E402
 from freeride_lab.ui.dashboard import Dashboard, explain, html_summary  # noqa: E402
 
 STAGES = [{"stage": 0, "bubbles_ms": [42.3, 12.0]}, {"stage": 1, "bubbles_ms": [8.0]}]
-
-
-def wait_until(probe: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def make_dash(session: Any, tmp_path: Path, **kwargs: Any) -> Dashboard:
@@ -109,26 +100,30 @@ def test_each_state_says_why(state, fields, expected):
     assert explain(task(state=state, **fields), STAGES, run_over=False)["why"].startswith(expected)
 
 
-def test_the_board_card_carries_state_reason_label_code_name_and_id(tmp_path):
+@pytest.fixture
+def over_budget(tmp_path) -> tuple[FakeSession, Dashboard]:
+    """A session whose one task (sgd_mf on stage 0) has a 500 ms step budget, longer than every
+    bubble, and its dashboard, ticked twice: the second tick explains with the stages read on
+    the first."""
     session = FakeSession(steps=10)
     session.advance(2)
     session.attach("sgd_mf", stage=0, budget_ms=500.0)
     dash = make_dash(session, tmp_path)
     dash.tick()
-    dash.tick()  # the second tick explains with the stages read on the first
+    dash.tick()
+    return session, dash
+
+
+def test_the_board_card_carries_state_reason_label_code_name_and_id(over_budget):
+    _, dash = over_budget
     card = dash.board.tasks[0]
     assert card["label"] == "SGD-MF" and card["name"] == "sgd_mf"
     assert card["caption"] == "SGD-MF · sgd_mf · t1"
     assert "never runs" in card["why"] and card["fix"]["limits"]["budget_ms"] < 500
 
 
-def test_the_fix_is_a_tune_the_session_accepts(tmp_path):
-    session = FakeSession(steps=10)
-    session.advance(2)
-    session.attach("sgd_mf", stage=0, budget_ms=500.0)
-    dash = make_dash(session, tmp_path)
-    dash.tick()
-    dash.tick()
+def test_the_fix_is_a_tune_the_session_accepts(over_budget):
+    session, dash = over_budget
     fix = dash.board.tasks[0]["fix"]
     assert dash.board.submit({"op": "tune", "id": "t1", "limits": fix["limits"]})
     dash.tick()
@@ -186,19 +181,9 @@ def test_fraction_chart_shows_session_summary_for_the_whole_run(tmp_path):
 
 @pytest.mark.slow
 def test_fraction_chart_agrees_with_session_summary_on_a_real_run(tmp_path):
-    from freeride_lab.core.config import RunConfig
     from freeride_lab.lab.session import Session
 
-    config = RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=4,
-        steps=6,
-        workload="synthetic",
-        t_forward_ms=5.0,
-        t_backward_input_ms=5.0,
-        t_backward_weight_ms=5.0,
-    )
+    config = synthetic_config(steps=6, phase_ms=5.0)
     session = Session.launch(config, run_dir=tmp_path / "run", grace_s=5)
     try:
         wait_until(lambda: session.state.done, timeout_s=240, what="the run to finish")

@@ -112,28 +112,27 @@ def test_help_of_the_magic_is_written_for_the_notebook(ip):
     assert "usage:" not in doc and "RUN_DIR TASK" not in doc
 
 
-def test_question_mark_shows_the_notebook_help(ip, capsys):
-    assert run(ip, "%freeride?").success
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        # ``?`` and the bare magic show the notebook help
+        ("%freeride?", ["Example session:", "%%freeride_task NAME"]),
+        ("%freeride", ["Example session:", "%freeride attach [RUN_DIR] TASK"]),
+        # a subcommand's help shows what may be left out
+        (
+            "%freeride report --help",
+            [
+                "usage: %freeride report [-h] [RUN_DIR] [PATH]",
+                "default: the run this kernel launched",
+            ],
+        ),
+        ("%freeride attach --help", ["--budget-ms"]),
+    ],
+)
+def test_help_is_printed_without_ending_the_kernel(ip, capsys, line, shown):
+    assert run(ip, line).success
     out = capsys.readouterr().out
-    assert "Example session:" in out and "%%freeride_task NAME" in out
-
-
-def test_subcommand_help_shows_what_may_be_left_out(ip, capsys):
-    assert run(ip, "%freeride report --help").success
-    out = capsys.readouterr().out
-    assert "usage: %freeride report [-h] [RUN_DIR] [PATH]" in out
-    assert "default: the run this kernel launched" in out
-
-
-def test_bare_magic_prints_the_notebook_help(ip, capsys):
-    assert run(ip, "%freeride").success
-    out = capsys.readouterr().out
-    assert "Example session:" in out and "%freeride attach [RUN_DIR] TASK" in out
-
-
-def test_help_flag_prints_help_without_ending_the_kernel(ip, capsys):
-    assert run(ip, "%freeride attach --help").success
-    assert "--budget-ms" in capsys.readouterr().out
+    assert [text for text in shown if text not in out] == []
 
 
 # -- Tab completion ------------------------------------------------------------------------------

@@ -107,6 +107,16 @@ def test_report_returns_the_html_path(report):
     assert path.is_file()
 
 
+def report_in(tmp_path, actions, bubbles, steps, **fields):
+    """``write_report`` of these tables to ``tmp_path / "r.html"``, with an empty environment;
+    ``fields`` add the other arguments (``config`` is {"stages": 2}, ``summary`` None unless
+    given)."""
+    fields = {"config": {"stages": 2}, "environment": {}, "summary": None, **fields}
+    return write_report(
+        tmp_path / "r.html", actions=actions, bubbles=bubbles, steps=steps, **fields
+    )
+
+
 PLOTLY_BANNER = re.compile(r"\* plotly\.js (\([a-z -]+\) )?v\d")
 
 
@@ -182,16 +192,7 @@ def test_chrome_traces_per_rank_are_written_and_linked(report):
 
 def test_report_without_side_tasks_or_costs_still_renders(tmp_path):
     actions, bubbles, _, steps = fake_run()
-    path = write_report(
-        tmp_path / "r.html",
-        config={"stages": 2},
-        environment={},
-        actions=actions,
-        bubbles=bubbles,
-        steps=steps,
-        summary=None,
-    )
-    html = path.read_text()
+    html = report_in(tmp_path, actions, bubbles, steps).read_text()
     assert len(PLOTLY_BANNER.findall(html)) == 1
     assert 'id="side-task-progress"' not in html
     assert pd.read_parquet(tmp_path / "side_task_steps.parquet").empty
@@ -202,17 +203,7 @@ def test_report_accepts_a_cost_saving_dataclass(tmp_path):
 
     actions, bubbles, _, steps = fake_run()
     costs = cost_saving({"resnet18": 2000.0}, vanilla_s=10.0, freeride_s=10.1)
-    path = write_report(
-        tmp_path / "r.html",
-        config={"stages": 2},
-        environment={},
-        actions=actions,
-        bubbles=bubbles,
-        steps=steps,
-        summary=None,
-        costs=costs,
-    )
-    html = path.read_text()
+    html = report_in(tmp_path, actions, bubbles, steps, costs=costs).read_text()
     assert 'id="cost-saving"' in html
     assert percent(costs.saving_corrected_frac) in html
 
@@ -322,16 +313,8 @@ def test_overhead_headline_shows_its_95_percent_interval(tmp_path):
     side = side[side["step"].isin([2, 4, 6])]
     numbers = overheads(steps, side)
     assert numbers["training_overhead_lo_frac"] < numbers["training_overhead_mean_frac"]
-    html = write_report(
-        tmp_path / "r.html",
-        config={"stages": 2},
-        environment={},
-        actions=actions,
-        bubbles=bubbles,
-        steps=steps,
-        summary=SUMMARY,
-        side_task_steps=side,
-        overheads=numbers,
+    html = report_in(
+        tmp_path, actions, bubbles, steps, summary=SUMMARY, side_task_steps=side, overheads=numbers
     ).read_text()
     overhead = html[html.index('id="headline-overhead"') :]
     assert "[95% interval " in overhead[: overhead.index("</div>")]
@@ -343,16 +326,8 @@ def test_failed_side_tasks_are_listed_with_their_error(tmp_path):
         {"id": "t1", "name": "fine", "stage": 0, "state": "RUNNING", "error": ""},
         {"id": "t2", "name": EVIL, "stage": 1, "state": "FAILED", "error": "boom <b>x</b>"},
     ]
-    html = write_report(
-        tmp_path / "r.html",
-        config={},
-        environment={},
-        actions=actions,
-        bubbles=bubbles,
-        steps=steps,
-        summary=None,
-        side_task_steps=side,
-        tasks=tasks,
+    html = report_in(
+        tmp_path, actions, bubbles, steps, config={}, side_task_steps=side, tasks=tasks
     ).read_text()
     failed = html[html.index('id="failed-side-tasks-table"') :]
     failed = failed[: failed.index("</table>")]
@@ -362,13 +337,12 @@ def test_failed_side_tasks_are_listed_with_their_error(tmp_path):
 
 def test_a_long_run_draws_a_bounded_window_and_stays_small(tmp_path):
     actions, bubbles, side, steps = fake_run(ranks=8, steps=600)
-    path = write_report(
-        tmp_path / "r.html",
+    path = report_in(
+        tmp_path,
+        actions,
+        bubbles,
+        steps,
         config={"stages": 4},
-        environment={},
-        actions=actions,
-        bubbles=bubbles,
-        steps=steps,
         summary=SUMMARY,
         side_task_steps=side,
         timeline_steps=5000,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from runs import synthetic_config
 from waits import run_processes
 
 from freeride_lab.core.bubbles import BUBBLE_COLUMNS
-from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 from freeride_lab.ui.trace import (
@@ -155,19 +155,7 @@ def test_optimizer_spans_come_from_the_steps_table(tmp_path):
 @pytest.fixture(scope="module")
 def real_traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Session, Path]]:
     """A finished two-rank CPU run and the trace directory of its report."""
-    config = RunConfig(
-        schedule="1F1B",
-        stages=2,
-        microbatches=4,
-        steps=12,
-        workload="synthetic",
-        t_forward_ms=5.0,
-        t_backward_input_ms=5.0,
-        t_backward_weight_ms=5.0,
-        d_model=16,
-        seq_len=8,
-        microbatch_size=2,
-    )
+    config = synthetic_config(steps=12, phase_ms=5.0)
     out = tmp_path_factory.mktemp("hta")
     with Session.launch(config, run_dir=out / "run", grace_s=3) as session:
         session.wait(timeout_s=STARTUP_S)

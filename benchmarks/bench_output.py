@@ -1,0 +1,30 @@
+"""What the benchmark scripts share when they record a result: the results file, and the CPU.
+
+Each benchmark runs as a script (``python benchmarks/bench_<name>.py``), so this folder is on
+its ``sys.path`` and ``from bench_output import write_results`` finds this module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_results(record: dict[str, Any], out: Path, *, indent: int = 2) -> Path:
+    """Write ``record`` to ``out`` as JSON (its folder made if missing) and say where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=indent) + "\n")
+    print(f"wrote {out}")
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo; "" where that cannot be read (not Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
