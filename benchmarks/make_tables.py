@@ -72,6 +72,16 @@ EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 H200_MERGED = "h200-2026-12-04-m4-timeslice-merged.json"
 #: Stage 0 alone, every gap announced against the default 1 ms threshold, one call.
 H200_ANNOUNCE = tuple(f"h200-2026-12-04-m4-timeslice-stage0-announce{a}.json" for a in (0, 1))
+#: Where the idle time goes (core.idle_use), real stages 0-1, one call; then two levers, each
+#: against itself switched off within one call: step groups on stage 0 (PageRank's 0.2 ms steps)
+#: and micro-batches on stage 1 (ResNet-18's 17 ms steps).
+H200_IDLE_SPLIT = "h200-2026-12-04-idle-split-s01.json"
+H200_LEVERS = (
+    ("h200-2026-12-04-group0-s0.json", "step groups off"),
+    ("h200-2026-12-04-group1-s0.json", "step groups 1 ms"),
+    ("h200-2026-12-04-micro1-s1.json", "1 step per batch"),
+    ("h200-2026-12-04-micro4-s1.json", "4 micro-batches"),
+)
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -620,7 +630,32 @@ def h200_announce_ab() -> list[str]:
     return _tails(summary, lambda r: str(r["_label"]))
 
 
+def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
+    """Per file, stage and gated mode: where the bubble time went, and what it bought."""
+    rows = [
+        [label, f"{r['stage']} · {r['task']}", r["mode"],
+         *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
+                                      "idle_tail_frac", "idle_unused_frac")),
+         f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
+                      r["harvest_of_measured_idle_hi_frac"], 0),
+         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
+                      signed=True)]
+        for name, label in files
+        for r in result(name)["summary"]
+        if r["case"] == "mix" and r["mode"] in ("managed", "governed")
+    ]  # fmt: skip
+    return _table(
+        ["", "stage · task", "mode", "steps", "before the first step", "between steps",
+         "after the last step", "unused bubbles", "throughput in bubbles",
+         "harvest of measured idle [95%]", "overhead [95%]"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04d-idle-split": lambda: _idle_split([(H200_IDLE_SPLIT, "both off")]),
+    "h200-12-04d-levers": lambda: _idle_split(H200_LEVERS),
     "h200-12-04b-overhead": lambda: h200_overhead(_instrument_rows()),
     "h200-12-04b-harvest": lambda: h200_harvest(_instrument_rows()),
     "h200-12-04b-per-stage": h200_instrument_per_stage,
