@@ -1,5 +1,13 @@
-"""Shared test configuration: marker-based skips with reasons, and the fixtures many test
-folders use (a fresh run directory, a rank's edge writer, task processes to clean up)."""
+"""Shared test configuration: the test tiers, marker-based skips with reasons, and the fixtures
+many test folders use (a fresh run directory, a rank's edge writer, task processes to clean up).
+
+[Note: test tiers]
+``pytest -m "not slow"`` is the fast tier a developer runs after each change (minutes on two
+cores). ``slow`` marks the second tier: tests that start whole runs, Jupyter kernels or a
+browser, and ``.ci/run`` runs it after the fast tier. ``soak`` marks soaks and sweeps of tens of
+minutes that no CI run waits for; a test marked ``soak``, ``browser`` or ``notebook`` is
+``slow`` as well, so the fast tier never starts one.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,11 @@ def _cuda_count() -> int:
         return 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # [Note: test tiers]
+        if any(m in item.keywords for m in ("soak", "browser", "notebook")):
+            item.add_marker(pytest.mark.slow)
     wants_gpu = any("gpu" in i.keywords or "multigpu" in i.keywords for i in items)
     cuda = _cuda_count() if wants_gpu else 0  # importing torch costs seconds: only when needed
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -16,7 +16,7 @@ from acceptance_runs import FinishedRun, Shape, finished
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.theory import theory_bubble_fraction
 
-pytestmark = pytest.mark.timeout(1200)  # the module's runs start in the first test's setup
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # runs start in the first setup
 
 SIZES = [(2, 4), (4, 4), (4, 8)]
 CLASSIC = ["GPipe", "1F1B", "Interleaved1F1B"]

@@ -12,8 +12,8 @@ at 10 ms it adds 2-17 points (see ``test_planner_nonuniform.py`` for the planner
 that host time).
 
 Runs go through a ``GatedFarm``: all runs of a batch start their steps together once every rank
-has imported torch. One shape per schedule is in the fast set; the other sizes are ``slow``
-(with ``SLOW_ACTION_MS`` actions).
+has imported torch. One shape per schedule is in the second tier (``slow``, which CI runs);
+the other sizes are a ``soak`` (with ``SLOW_ACTION_MS`` actions).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ACTION_MS = 50.0  # one stage chunk's F, I or W per micro-batch (fast set)
 # Slow set: twice as long, so that the larger plans (48 actions a step on a rank for ZB-V at
@@ -75,7 +75,7 @@ PARAMS = [
     else pytest.param(
         fidelity_run(name, *shape, action_ms=SLOW_ACTION_MS),
         id=str(fidelity_run(name, *shape)),
-        marks=pytest.mark.slow,
+        marks=pytest.mark.soak,
     )
     for name in SCHEDULES
     for shape in shapes(name)

@@ -24,7 +24,7 @@ from acceptance_runs import T_MS, FinishedRun, Shape, finished
 
 from freeride_lab.core.bubbles import extract_bubbles
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 MIN_MS = T_MS / 4
 PAPER_1F1B_S4_M4 = {0: "BDDD", 1: "ABDDC", 2: "ABDC", 3: "A"}  # the paper's list, in time order

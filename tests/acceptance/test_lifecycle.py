@@ -19,6 +19,8 @@ from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
+pytestmark = pytest.mark.slow  # whole runs, start to stop
+
 RUN_TIMEOUT_S = 600.0
 
 

@@ -34,7 +34,7 @@ from gated_runs import GatedResult, GatedRun
 from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.plan import Costs, compare_with_run, simulate, simulate_summary
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS, SKIP_STEPS = 10, 2
 REL_TOL = 0.10  # each rank's idle share

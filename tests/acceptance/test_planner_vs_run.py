@@ -21,7 +21,7 @@ from acceptance_runs import SKIP_STEPS, FinishedRun, Shape, finished
 from freeride_lab.core.bubbles import extract_bubbles
 from freeride_lab.core.plan import Costs, compare_with_run, simulate
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHAPES = [Shape(name, 4, 8) for name in ("GPipe", "1F1B", "Interleaved1F1B")]
 RUNS = SHAPES

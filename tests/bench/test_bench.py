@@ -21,7 +21,7 @@ MODES = {"vanilla", "managed", "governed", "naive"}
 
 
 #: The tiny run takes about 35 s on a 2-core machine (five blocks per mode, two solo phases).
-slow = pytest.mark.slow
+slow = pytest.mark.soak  # a tiny bench run: minutes of training in several modes
 
 
 @pytest.fixture(scope="module")

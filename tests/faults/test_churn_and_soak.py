@@ -30,6 +30,8 @@ from runs import TOYS, synthetic_config, task, wait_in_run
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
+pytestmark = pytest.mark.slow  # minutes of attach/tune/detach churn and a soak on a live run
+
 COUNTING = f"{TOYS}:Counting"
 STARTUP_S = 240.0
 LIVE_S = 120.0
@@ -135,7 +137,7 @@ def soak(run: Session, duration_s: float, period_s: float) -> list[dict[str, flo
     ("duration_s", "period_s"),
     [
         pytest.param(120.0, 4.0, marks=pytest.mark.timeout(900)),
-        pytest.param(1200.0, 10.0, marks=[pytest.mark.slow, pytest.mark.timeout(2400)]),
+        pytest.param(1200.0, 10.0, marks=[pytest.mark.soak, pytest.mark.timeout(2400)]),
     ],
     ids=["2min", "20min"],
 )

@@ -25,6 +25,8 @@ from freeride_lab.core.runtime_options import RuntimeOptions
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
+pytestmark = pytest.mark.slow  # reads damaged copies of whole runs
+
 STARTUP_S = 240.0  # a fresh run on a loaded two-core box
 CONFIG = synthetic_config(steps=3, microbatches=2, phase_ms=5.0, runtime=RuntimeOptions())
 RANK_0 = "events/rank-0.jsonl"

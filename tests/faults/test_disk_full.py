@@ -29,6 +29,8 @@ from freeride_lab.io.sink import EventSink
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
+pytestmark = pytest.mark.slow  # whole runs on a size-capped file system
+
 DISK_BYTES = 80 << 20  # above the 64 MiB a launch asks for (lab/preflight.py MIN_FREE_BYTES)
 STARTUP_S = 180.0  # first step of a fresh run on a loaded two-core box
 FULL_FOR_S = 3.0  # how long the run trains on a full disk

@@ -34,6 +34,8 @@ from runs import (
 from freeride_lab.lab.session import Session
 from freeride_lab.pipeline.launcher import RunState
 
+pytestmark = pytest.mark.slow  # a live run with failing side tasks
+
 HTML_TASK = "<img src=x onerror=alert(1)>"  # tasks_for_tests.HTML
 HTML_CONFIG = "<script>alert(1)</script>"
 KILLED_WORKER = "worker for rank 1 died: killed by SIGKILL"  # as its rank recorded it

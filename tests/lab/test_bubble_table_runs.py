@@ -27,6 +27,8 @@ from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.lab.session import Session
 from freeride_lab.lab.tables import run_start_ns
 
+pytestmark = pytest.mark.slow  # a whole run per schedule
+
 REPO = Path(__file__).resolve().parents[2]
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 JOB_TIMEOUT_S = 240

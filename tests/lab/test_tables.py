@@ -273,6 +273,7 @@ def side_task_step_event(i: int) -> dict[str, object]:
             "progress": 1.0, "unit": "steps", "overrun_ns": 0}  # fmt: skip
 
 
+@pytest.mark.slow  # a million rows written and read back
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS as Linux reports it")
 def test_rereading_a_growing_table_keeps_memory_near_the_packed_rows() -> None:
     # A dashboard rebuilds side_task_steps every tick while rows keep coming. Frames are not

@@ -312,10 +312,9 @@ def test_short_steps_run_in_groups_that_stay_inside_their_bubble(
     several per device wait and writes one record per group; with 0, one per step. Either way
     every call is counted once and no group starts a call after its bubble was seen to end."""
     run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"step_group_ms": group_ms}}})
-    proc = start_task_host(
+    proc = start_active(
         run_dir, hosts, ref("Counting"), options={"step_s": 0.0001}, limits={"budget_s": 0.002}
     )
-    activate(proc)
     bubbles = drive_bubbles(edges, 6, length_s=0.03, predicted_s=0.03, gap_s=0.05)
     assert stop(proc) == 0
     events = task_events(run_dir, "t1")
