@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from freeride_lab.core.accounting import CostModel, CostSaving, cost_saving
+from freeride_lab.core.idle_use import merge_intervals
 from freeride_lab.core.intervals import Interval, mean_interval
 
 __all__ = [
@@ -242,17 +243,6 @@ def _paired(
 
 
 # -- intervals ------------------------------------------------------------------------------
-
-
-def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, non-overlapping union of (start, end) intervals; empty ones are dropped."""
-    out: list[tuple[float, float]] = []
-    for s, e in sorted((float(s), float(e)) for s, e in intervals if e > s):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
 
 
 def overlap_ms(a: Iterable[tuple[float, float]], b: Iterable[tuple[float, float]]) -> float:

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-__all__ = ["PARTS", "IdleUse", "idle_use"]
+__all__ = ["PARTS", "IdleUse", "idle_use", "merge_intervals"]
 
 #: The parts of the idle time, in the order a bubble passes through them.
 PARTS: tuple[str, ...] = ("lead", "covered", "between", "tail", "unused")
@@ -69,7 +69,8 @@ class IdleUse:
         )
 
 
-def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, non-overlapping union of (start, end) intervals; empty ones are dropped."""
     out: list[tuple[float, float]] = []
     for s, e in sorted((float(s), float(e)) for s, e in intervals if e > s):
         if out and s <= out[-1][1]:
@@ -89,11 +90,11 @@ def idle_use(
         steps: that rank's side-task steps as (start, end), from any task; a step that
             straddles a bubble's edge counts only inside it.
     """
-    work = _merged(steps)
+    work = merge_intervals(steps)
     starts = [s for s, _ in work]
     parts = dict.fromkeys(PARTS, 0.0)
     count = unused = 0
-    for lo, hi in _merged(bubbles):
+    for lo, hi in merge_intervals(bubbles):
         count += 1
         i = max(bisect.bisect_right(starts, lo) - 1, 0)
         inside: list[tuple[float, float]] = []

@@ -154,24 +154,18 @@ class RuntimeOptions:
                 f"runtime alternate_every={every!r} must be an integer 1..{MAX_ALTERNATE_EVERY}"
                 " (steps per block of timed='alternate')"
             )
-        least = self.announce_min_ms
-        number = isinstance(least, int | float) and not isinstance(least, bool)
-        if not number or not 0 <= least < MAX_ANNOUNCE_MIN_MS:
-            raise ValueError(
-                f"runtime announce_min_ms={least!r} must be milliseconds in "
-                f"[0, {MAX_ANNOUNCE_MIN_MS:g}): the shortest predicted bubble announced to side "
-                "tasks (0 announces every one)"
-            )
-        object.__setattr__(self, "announce_min_ms", float(least))
-        group = self.step_group_ms
-        number = isinstance(group, int | float) and not isinstance(group, bool)
-        if not number or not 0 <= group <= MAX_STEP_GROUP_MS:
-            raise ValueError(
-                f"runtime step_group_ms={group!r} must be milliseconds in "
-                f"[0, {MAX_STEP_GROUP_MS:g}]: how long a group of short side-task steps may "
-                "last (0 waits for the device after every step)"
-            )
-        object.__setattr__(self, "step_group_ms", float(group))
+        self._milliseconds(
+            "announce_min_ms",
+            MAX_ANNOUNCE_MIN_MS,
+            "the shortest predicted bubble announced to side tasks (0 announces every one)",
+            high_open=True,
+        )
+        self._milliseconds(
+            "step_group_ms",
+            MAX_STEP_GROUP_MS,
+            "how long a group of short side-task steps may last (0 waits for the device after "
+            "every step)",
+        )
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):
             raise ValueError(
@@ -204,6 +198,19 @@ class RuntimeOptions:
                 f"d_model={d_model} (see pipeline.emulate [Note: wire width]); raise emulate "
                 "d_model or lower d_model"
             )
+
+    def _milliseconds(
+        self, name: str, high: float, meaning: str, *, high_open: bool = False
+    ) -> None:
+        """Check that field ``name`` is milliseconds in [0, high] (or [0, high)); store a float."""
+        value = getattr(self, name)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and value >= 0 and (value < high if high_open else value <= high)):
+            raise ValueError(
+                f"runtime {name}={value!r} must be milliseconds in [0, {high:g}"
+                f"{')' if high_open else ']'}: {meaning}"
+            )
+        object.__setattr__(self, name, float(value))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RuntimeOptions:
