@@ -19,6 +19,7 @@ from freeride_lab.ui.timeline.figures import (
     go_bar,
     lane_layout,
     set_fractions,
+    set_widget_height,
 )
 from freeride_lab.ui.timeline.style import Theme, figure_theme
 from freeride_lab.ui.timeline.traces import (
@@ -172,7 +173,7 @@ class Timeline:
             layout = lane_layout(lane_ranks(all_actions, all_bubbles), self._title)
             self.figure.layout.yaxis.tickvals = layout["yaxis"]["tickvals"]
             self.figure.layout.yaxis.ticktext = layout["yaxis"]["ticktext"]
-            self.figure.layout.height = layout["height"]
+        set_widget_height(self.figure, layout["height"])  # not in the batch: it would fix the width
         self.redraws += 1
 
     # -- display -------------------------------------------------------------------------------
