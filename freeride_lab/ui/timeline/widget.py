@@ -184,6 +184,8 @@ class Timeline:
         if self._widget is None:
             import ipywidgets
 
+            from freeride_lab.ui.plot_fit import PlotFit
+
             follow = ipywidgets.Checkbox(
                 value=True,
                 description="follow latest",
@@ -222,6 +224,7 @@ class Timeline:
                         layout=ipywidgets.Layout(flex_flow="row wrap", width="100%"),
                     ).add_class("fr-timeline-controls"),
                     ipywidgets.Box([lanes, fractions], layout=wrap),
+                    PlotFit(),  # the figures follow the cell's width, not only the window's
                 ],
                 layout=ipywidgets.Layout(width="100%"),
             ).add_class("fr-timeline")
