@@ -31,6 +31,7 @@ __all__ = [
     "go_bar",
     "lane_layout",
     "set_fractions",
+    "set_widget_height",
     "timeline_figure",
 ]
 
@@ -60,6 +61,20 @@ def lane_layout(ranks: Sequence[int], title: str | None, theme: Theme = "light")
         "legend": {"orientation": "h", "yanchor": "top", "y": -0.3, "x": 0},
         "hoverlabel": {"align": "left"},
     }
+
+
+# [Note: a widget's height and its width]
+# plotly.js, told a new height alone (Plotly.relayout or Plotly.update), turns ``autosize`` off
+# and writes the width the figure has at that moment into its layout; from then on the figure
+# keeps that width (its resize on window changes does nothing to a layout with both sizes), so
+# it runs past a cell that narrows and leaves one that widens half empty. The widget's height
+# therefore travels with ``autosize`` on and no width, in one relayout.
+def set_widget_height(fig: go.FigureWidget, height: int | None) -> None:
+    """Set ``fig``'s height and keep its width its container's: see [Note: a widget's height and
+    its width]. Nothing is sent when the height is unchanged."""
+    changed = fig._perform_plotly_relayout({"height": height})
+    if changed:
+        fig._send_relayout_msg({**changed, "width": None, "autosize": True})
 
 
 def go_bar(trace: BarTrace) -> go.Bar:

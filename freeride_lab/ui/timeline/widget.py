@@ -21,6 +21,7 @@ from freeride_lab.ui.timeline.figures import (
     go_bar,
     lane_layout,
     set_fractions,
+    set_widget_height,
 )
 from freeride_lab.ui.timeline.style import Theme, figure_theme
 from freeride_lab.ui.timeline.traces import (
@@ -174,7 +175,7 @@ class Timeline:
             layout = lane_layout(lane_ranks(all_actions, all_bubbles), self._title)
             self.figure.layout.yaxis.tickvals = layout["yaxis"]["tickvals"]
             self.figure.layout.yaxis.ticktext = layout["yaxis"]["ticktext"]
-            self.figure.layout.height = layout["height"]
+        set_widget_height(self.figure, layout["height"])  # not in the batch: it would fix the width
         self.redraws += 1
 
     # -- display -------------------------------------------------------------------------------
@@ -184,6 +185,8 @@ class Timeline:
         """The displayable widget: step controls above the timeline and the fraction chart."""
         if self._widget is None:
             import ipywidgets
+
+            from freeride_lab.ui.plot_fit import PlotFit
 
             follow = ipywidgets.Checkbox(
                 value=True,
@@ -223,6 +226,7 @@ class Timeline:
                         layout=ipywidgets.Layout(flex_flow="row wrap", width="100%"),
                     ).add_class("fr-timeline-controls"),
                     ipywidgets.Box([lanes, fractions], layout=wrap),
+                    PlotFit(),  # the figures follow the cell's width, not only the window's
                 ],
                 layout=ipywidgets.Layout(width="100%"),
             ).add_class("fr-timeline")
