@@ -144,7 +144,10 @@ class SideTaskControls:
             stage: where it runs; None places it (free memory, bubble fit, queue length).
             memory: memory cap, bytes or "4GB"/"512MiB"; None = no cap (the profiled request
                 is reported).
-            sm_pct: SM share 0-100 (MPS only); priority: MPS client priority, 0 or 1.
+            sm_pct: SM share 0-100 (MPS only).
+            priority: 0 or 1 (default): the MPS client priority, and the order of the stage's
+                queue, where a priority-0 task goes first and preempts a priority-1 task at
+                its next bubble (``core.task_queue``).
             budget_ms: step budget; None profiles the task inside bubbles first.
             options: keyword arguments of the task class.
             policy: overrun policy: WARN, SHRINK_BUDGET, PAUSE or KILL.

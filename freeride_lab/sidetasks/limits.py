@@ -114,7 +114,8 @@ class GpuLimits:
     Args:
         memory_bytes: device-memory cap; also accepts a size string ("4GiB", "512MiB", "3G").
         sm_pct: share of the GPU's SMs, 0 < pct <= 100 (MPS active-thread percentage).
-        priority: MPS client priority, 0 normal or 1 below normal (side tasks default to 1).
+        priority: MPS client priority, 0 normal or 1 below normal (side tasks default to 1);
+            also the order of the stage's queue (``core.task_queue``: 0 preempts 1).
         budget_s: the step guard; a step starts only if the bubble has more than this left.
             None lets the task host derive it from its own step times (paper notes §9).
     """

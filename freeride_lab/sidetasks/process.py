@@ -307,6 +307,19 @@ class TaskProcess:
             self.conn.close()
             self.conn = None
 
+    def describe(self, *, active: bool) -> dict[str, Any]:
+        """This task as the worker's status lists it (``active``: it holds the bubbles)."""
+        return {
+            "task_id": self.task_id,
+            "name": self.spec.display_name,
+            "state": str(self.state),
+            "mode": self.mode,
+            "pid": self.pid,
+            "active": active,
+            "gating": self.spec.gating,
+            "limits": self.spec.limits.to_dict(),
+        }
+
     def close(self) -> None:
         """Close the channel and unmap the beacon (the process is gone or someone else's)."""
         self.close_channel()

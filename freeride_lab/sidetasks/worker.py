@@ -44,6 +44,7 @@ import psutil
 
 from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState, is_terminal
+from freeride_lab.core.task_queue import Queued, next_move
 from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.io.sink import EventSink
@@ -108,6 +109,7 @@ class Worker:
         self._tasks: dict[str, TaskProcess] = {}  # FIFO order = insertion order
         self._ended: list[dict[str, Any]] = []
         self._active: TaskProcess | None = None
+        self._preempting = ""  # the active task asked to make way (core.task_queue)
         self._commands: queue.Queue[tuple[dict[str, Any], Reply]] = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
@@ -321,19 +323,7 @@ class Worker:
         return self._ack("tune", ok, f"{task.task_id} tuned" if ok else "no answer", payload)
 
     def _status(self) -> dict[str, Any]:
-        tasks = [
-            {
-                "task_id": t.task_id,
-                "name": t.spec.display_name,
-                "state": str(t.state),
-                "mode": t.mode,
-                "pid": t.pid,
-                "active": t is self._active,
-                "gating": t.spec.gating,
-                "limits": t.spec.limits.to_dict(),
-            }
-            for t in self._tasks.values()
-        ]
+        tasks = [t.describe(active=t is self._active) for t in self._tasks.values()]
         return {
             "rank": self.rank,
             "stage": self.stage,
@@ -403,18 +393,27 @@ class Worker:
         self._ended.append({"task_id": task.task_id, "state": str(task.state), "exit_code": code})
 
     def _activate_next(self) -> None:
-        """Let the first live task of the FIFO take bubbles if none does."""
+        """Let the first task in priority order take bubbles if none does, preempting an active
+        task of a lower priority (``core.task_queue``)."""
+        active = self._active
         if self._stopping:
             return
-        active = self._active
-        if active is not None and active.alive and not is_terminal(active.state):
-            return
-        self._active = None
-        for task in self._tasks.values():
-            waiting = task.state in (SideTaskState.SUBMITTED, SideTaskState.CREATED)
-            if task.alive and not task.busy and waiting and task.send({"cmd": "activate"}):
-                self._active = task
-                return
+        if active is not None and (not active.alive or self._made_way(active)):
+            self._active = active = None  # gone, or off the device for a preempting task
+        queued = [
+            Queued(t.task_id, t.spec.limits.priority, t.state, t.mode, t.alive and not t.busy)
+            for t in self._tasks.values()
+        ]
+        move = next_move(queued, active.task_id if active is not None else None)
+        if active is not None and move.preempt and self._preempting != move.preempt:
+            if active.send({"cmd": "preempt"}):
+                self._preempting = move.preempt
+        elif move.activate and self._tasks[move.activate].send({"cmd": "activate"}):
+            self._active, self._preempting = self._tasks[move.activate], ""
+
+    def _made_way(self, task: TaskProcess) -> bool:
+        """Whether ``task`` was asked to preempt and has moved off the device."""
+        return self._preempting == task.task_id and task.state is SideTaskState.CREATED
 
     # -- edges --
 

@@ -129,6 +129,24 @@ def test_only_the_first_task_of_the_queue_takes_bubbles(
     trainer.until(lambda: len(steps(run_dir, "second")) >= 1, what="the second task to step")
 
 
+def test_a_higher_priority_task_preempts_the_active_one_which_resumes_after_it(
+    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+) -> None:
+    client.attach(ref("Counting"), task_id="low", limits={"budget_s": 0.004})
+    trainer = Trainer(worker)
+    trainer.until(lambda: len(steps(run_dir, "low")) >= 3, what="3 steps of the low task")
+    client.attach(ref("Counting"), task_id="high", limits={"budget_s": 0.004, "priority": 0})
+    trainer.until(lambda: len(steps(run_dir, "high")) >= 3, what="the high task to step")
+    preempted = [s for s in states(run_dir, "low") if s.event == "PREEMPT"]
+    assert preempted and preempted[0].state == "CREATED"
+    low_before = steps(run_dir, "low")
+    assert all(s.start_ns < steps(run_dir, "high")[0].start_ns for s in low_before)
+    client.detach("high")
+    trainer.until(lambda: len(steps(run_dir, "low")) > len(low_before), what="low to resume")
+    progress = [s.progress for s in steps(run_dir, "low")]
+    assert sum(progress) == len(progress)  # one count per step, none lost or repeated
+
+
 def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(
     run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
 ) -> None:
