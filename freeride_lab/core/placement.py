@@ -17,8 +17,8 @@ data out:
     >>> place(TaskRequest(name="vgg19", memory_bytes=12 * g, budget_s=0.216), stages)
     Placement(stage=2)
 
-**Per worker** (§8 "Per worker"/"Priority"): ``pick_next`` is called when a new bubble becomes
-current on a GPU and says which task runs in it. At most one side task runs per GPU.
+**Per worker** (§8 "Per worker"/"Priority"): which of a stage's tasks holds its bubbles, and
+when one preempts another, is ``core.task_queue``. At most one side task runs per GPU.
 
 # [Note: units of free memory]
 The paper's free memory ("3 / 9 / 16 / 24 GB") is capacity (47.38 GiB) minus peak reserved
@@ -33,11 +33,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
+from freeride_lab.core.sidetask_state import SideTaskState
 
 __all__ = [
-    "BubbleWindow",
-    "Decision",
     "NoPlacement",
     "Placement",
     "QueuedTask",
@@ -45,8 +43,6 @@ __all__ = [
     "StageInfo",
     "StageRefusal",
     "TaskRequest",
-    "WorkerAction",
-    "pick_next",
     "place",
     "place_all",
 ]
@@ -197,117 +193,3 @@ def place_all(
             queued = QueuedTask(task.task_id or f"{task.name}#{index}", task.priority)
             current[i] = replace(current[i], queue=(*current[i].queue, queued))
     return outcomes, tuple(current)
-
-
-@dataclass(frozen=True, slots=True)
-class BubbleWindow:
-    """The current bubble of a worker: its start and predicted end (run clock, ns)."""
-
-    start_ns: int
-    predicted_end_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerAction:
-    """One event for the worker to send, in order; ``end_ns`` is set for START."""
-
-    event: SideTaskEvent
-    task_id: str
-    end_ns: int | None = None
-
-    def __str__(self) -> str:
-        end = f"(end_ns={self.end_ns})" if self.end_ns is not None else ""
-        return f"{self.event} {self.task_id}{end}"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What a worker does at a new bubble: actions in order, then the resulting assignment.
-
-    ``current`` and ``queue`` show the states the actions lead to; the worker still applies
-    each action through its ``SideTaskMachine`` and logs any rejection.
-    """
-
-    actions: tuple[WorkerAction, ...]
-    current: QueuedTask | None
-    queue: tuple[QueuedTask, ...]
-    reason: str
-
-
-_PLACEABLE = (SideTaskState.CREATED, SideTaskState.PAUSED, SideTaskState.RUNNING)
-
-
-def _activate(task: QueuedTask, bubble: BubbleWindow) -> tuple[list[WorkerAction], QueuedTask]:
-    """INIT if needed, then START until the bubble's predicted end."""
-    actions: list[WorkerAction] = []
-    if task.state is SideTaskState.CREATED:
-        actions.append(WorkerAction(SideTaskEvent.INIT, task.task_id))
-    if task.state is not SideTaskState.RUNNING:
-        actions.append(WorkerAction(SideTaskEvent.START, task.task_id, bubble.predicted_end_ns))
-    return actions, replace(task, state=SideTaskState.RUNNING)
-
-
-def pick_next(
-    current: QueuedTask | None,
-    queue: Sequence[QueuedTask],
-    bubble: BubbleWindow | None,
-    *,
-    start_after_preempt: bool = True,
-) -> Decision:
-    """What runs in ``bubble``, following FreeRide's per-worker priority rule.
-
-    - no bubble → nothing;
-    - no current task → the highest-priority queued task (the earliest among equals):
-      INIT if CREATED, then START(bubble end);
-    - a queued task of strictly higher priority than the current one → PREEMPT the current
-      task (state off the GPU) and requeue it at the back as CREATED; the new task is
-      INIT+STARTed now, or — with ``start_after_preempt=False``, as in FreeRide — at the next
-      bubble;
-    - otherwise keep the current task: INIT if CREATED, START if not RUNNING.
-
-    Raises:
-        ValueError: a task in a terminal or SUBMITTED state, or a RUNNING task in the queue
-            (at most one side task runs per GPU, and it is the current one).
-    """
-    if current is not None and current.state not in _PLACEABLE:
-        raise ValueError(
-            f"current task {current.task_id!r} is {current.state}; only CREATED, PAUSED or "
-            "RUNNING tasks can be scheduled: drop finished/stopped/failed tasks first"
-        )
-    for t in queue:
-        if t.state not in (SideTaskState.CREATED, SideTaskState.PAUSED):
-            raise ValueError(
-                f"queued task {t.task_id!r} is {t.state}; queued tasks must be CREATED or "
-                "PAUSED (at most one side task runs per GPU: the current one)"
-            )
-    queue = tuple(queue)
-    if bubble is None:
-        return Decision((), current, queue, "no current bubble")
-    best_index: int | None = None
-    for i, t in enumerate(queue):  # first of the highest priority: FIFO among equals
-        if best_index is None or t.priority > queue[best_index].priority:
-            best_index = i
-    best = None if best_index is None else queue[best_index]
-    rest = tuple(t for i, t in enumerate(queue) if i != best_index)
-    if current is None:
-        if best is None:
-            return Decision((), None, queue, "idle: nothing queued")
-        actions, running = _activate(best, bubble)
-        return Decision(tuple(actions), running, rest, f"start {best.task_id}: highest priority")
-    if best is not None and best.priority > current.priority:
-        actions = []
-        if current.state is not SideTaskState.CREATED:
-            actions.append(WorkerAction(SideTaskEvent.PREEMPT, current.task_id))
-        requeued = replace(current, state=SideTaskState.CREATED)
-        requeue = (*rest, requeued)
-        why = (
-            f"preempt {current.task_id} (priority {current.priority}) for {best.task_id} "
-            f"(priority {best.priority})"
-        )
-        if not start_after_preempt:
-            return Decision(tuple(actions), best, requeue, why + "; it starts at the next bubble")
-        more, running = _activate(best, bubble)
-        return Decision((*actions, *more), running, requeue, why)
-    actions, running = _activate(current, bubble)
-    why = "keep running" if not actions else f"resume {current.task_id}: no higher priority queued"
-    return Decision(tuple(actions), running, queue, why)

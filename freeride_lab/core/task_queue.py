@@ -6,8 +6,9 @@ is the task's ``GpuLimits.priority``, which is also its MPS client priority: 0 (
 before 1 (below normal, the default). A waiting task of a higher priority than the active one
 preempts it (paper notes §8): the active task is asked to move off the device (PREEMPT:
 PAUSED/RUNNING -> CREATED, its state kept on the host), and once it has, the waiting one is
-activated; the preempted task waits again in its place in the order. Equal priority never
-preempts. Imperative tasks cannot be preempted (their process is stopped with SIGSTOP between
+activated; the preempted task waits again in its place in the order (FreeRide requeues it at
+the back, behind tasks attached after it; keeping its place means a preempted task is never
+overtaken by one of its own priority). Equal priority never preempts. Imperative tasks cannot be preempted (their process is stopped with SIGSTOP between
 bubbles, not moved off the device), so they run until they end.
 
     >>> low = Queued("a", priority=1, state=SideTaskState.RUNNING, mode="iterative")

@@ -5,23 +5,17 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from freeride_lab.core.placement import (
-    BubbleWindow,
     NoPlacement,
     Placement,
     QueuedTask,
     RefusalRule,
     StageInfo,
     TaskRequest,
-    WorkerAction,
-    pick_next,
     place,
     place_all,
 )
-from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
 
 GIB = 2**30
 FREE_GIB = (3, 9, 16, 24)  # the 3.6B model, stages 0-3 (paper notes §2); GiB, as the requests
@@ -169,98 +163,3 @@ def test_place_all_leaves_queues_alone_for_unplaceable_tasks() -> None:
     outcomes, stages = place_all([huge], _stages())
     assert isinstance(outcomes[0], NoPlacement)
     assert all(s.queue == () for s in stages)
-
-
-# -- per-worker scheduling ---------------------------------------------------------------------
-
-BUBBLE = BubbleWindow(start_ns=1_000, predicted_end_ns=9_000)
-C, P, R = SideTaskState.CREATED, SideTaskState.PAUSED, SideTaskState.RUNNING
-
-
-def test_no_bubble_means_no_action() -> None:
-    d = pick_next(None, [QueuedTask("a")], None)
-    assert d.actions == () and d.current is None
-
-
-def test_idle_worker_with_empty_queue_does_nothing() -> None:
-    d = pick_next(None, [], BUBBLE)
-    assert d.actions == () and d.reason == "idle: nothing queued"
-
-
-def test_idle_worker_inits_and_starts_the_highest_priority_task_until_bubble_end() -> None:
-    queue = [QueuedTask("a", 0), QueuedTask("b", 2), QueuedTask("c", 2)]
-    d = pick_next(None, queue, BUBBLE)
-    assert d.actions == (
-        WorkerAction(SideTaskEvent.INIT, "b"),
-        WorkerAction(SideTaskEvent.START, "b", 9_000),
-    )
-    assert d.current == QueuedTask("b", 2, R)
-    assert [t.task_id for t in d.queue] == ["a", "c"]
-
-
-def test_equal_priority_keeps_the_current_task_and_starts_it() -> None:
-    d = pick_next(QueuedTask("cur", 1, P), [QueuedTask("other", 1)], BUBBLE)
-    assert d.actions == (WorkerAction(SideTaskEvent.START, "cur", 9_000),)
-    assert d.current == QueuedTask("cur", 1, R)
-
-
-def test_kept_current_task_is_inited_first_if_it_is_created() -> None:
-    d = pick_next(QueuedTask("cur", 1, C), [], BUBBLE)
-    assert [a.event for a in d.actions] == [SideTaskEvent.INIT, SideTaskEvent.START]
-
-
-def test_higher_priority_waiting_preempts_and_requeues_current_at_the_back() -> None:
-    queue = [QueuedTask("x", 0), QueuedTask("vip", 3)]
-    d = pick_next(QueuedTask("cur", 1, P), queue, BUBBLE)
-    assert d.actions == (
-        WorkerAction(SideTaskEvent.PREEMPT, "cur"),
-        WorkerAction(SideTaskEvent.INIT, "vip"),
-        WorkerAction(SideTaskEvent.START, "vip", 9_000),
-    )
-    assert d.current == QueuedTask("vip", 3, R)
-    assert d.queue == (QueuedTask("x", 0), QueuedTask("cur", 1, C))
-
-
-def test_preempted_task_can_wait_for_the_next_bubble_as_in_freeride() -> None:
-    d = pick_next(
-        QueuedTask("cur", 1, R), [QueuedTask("vip", 3)], BUBBLE, start_after_preempt=False
-    )
-    assert d.actions == (WorkerAction(SideTaskEvent.PREEMPT, "cur"),)
-    assert d.current == QueuedTask("vip", 3, C)
-    assert "next bubble" in d.reason
-
-
-def test_a_running_task_in_the_queue_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"'b' is RUNNING.*at most one side task runs per GPU"):
-        pick_next(QueuedTask("a", 0, R), [QueuedTask("b", 0, R)], BUBBLE)
-
-
-def test_a_finished_current_task_is_refused() -> None:
-    with pytest.raises(ValueError, match="'a' is FINISHED"):
-        pick_next(QueuedTask("a", 0, SideTaskState.FINISHED), [], BUBBLE)
-
-
-_task = st.builds(
-    QueuedTask,
-    task_id=st.text(alphabet="abcdef", min_size=1, max_size=3),
-    priority=st.integers(-2, 3),
-    state=st.sampled_from([C, P]),
-)
-
-
-@given(
-    current=st.one_of(
-        st.none(), _task, st.builds(QueuedTask, st.just("cur"), st.integers(-2, 3), st.just(R))
-    ),
-    queue=st.lists(_task, max_size=6),
-    start_after_preempt=st.booleans(),
-)
-def test_at_most_one_task_runs_and_no_task_is_lost(
-    current: QueuedTask | None, queue: list[QueuedTask], start_after_preempt: bool
-) -> None:
-    d = pick_next(current, queue, BUBBLE, start_after_preempt=start_after_preempt)
-    after = ([d.current] if d.current else []) + list(d.queue)
-    before = ([current] if current else []) + queue
-    assert sum(t.state is R for t in after) <= 1
-    assert all(t.state is not R for t in d.queue)
-    assert sorted(t.task_id for t in after) == sorted(t.task_id for t in before)
