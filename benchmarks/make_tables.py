@@ -72,10 +72,14 @@ EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 H200_MERGED = "h200-2026-12-04-m4-timeslice-merged.json"
 #: Stage 0 alone, every gap announced against the default 1 ms threshold, one call.
 H200_ANNOUNCE = tuple(f"h200-2026-12-04-m4-timeslice-stage0-announce{a}.json" for a in (0, 1))
-#: Where the idle time goes (core.idle_use), real stages 0-1, one call; then two levers, each
+#: Where the idle time goes (core.idle_use), real stages 0-1 in one call and 2-3 in a later one
+#: (with step groups on and priority preemption in the tree by then); then two levers, each
 #: against itself switched off within one call: step groups on stage 0 (PageRank's 0.2 ms steps)
 #: and micro-batches on stage 1 (ResNet-18's 17 ms steps).
-H200_IDLE_SPLIT = "h200-2026-12-04-idle-split-s01.json"
+H200_IDLE_SPLIT = (
+    ("h200-2026-12-04-idle-split-s01.json", "stages 0-1"),
+    ("h200-2026-12-04-idle-split-s23.json", "stages 2-3"),
+)
 H200_LEVERS = (
     ("h200-2026-12-04-group0-s0.json", "step groups off"),
     ("h200-2026-12-04-group1-s0.json", "step groups 1 ms"),
@@ -451,6 +455,11 @@ def cpu_dry_run() -> list[str]:
     ]  # fmt: skip
 
 
+def _idle_split_rows() -> list[tuple[str, dict[str, Any]]]:
+    names = tuple(name for name, _ in H200_IDLE_SPLIT)
+    return [("", r) for r in merged(names)["pipeline"] if r["case"] == "mix"]
+
+
 def _split_rows() -> list[tuple[str, dict[str, Any]]]:
     return [("", r) for r in merged(H200_SPLIT)["pipeline"] if r["case"] == "mix"]
 
@@ -654,7 +663,9 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
 
 
 TABLES: dict[str, Callable[[], list[str]]] = {
-    "h200-12-04d-idle-split": lambda: _idle_split([(H200_IDLE_SPLIT, "both off")]),
+    "h200-12-04d-idle-split": lambda: _idle_split(H200_IDLE_SPLIT),
+    "h200-12-04d-overhead": lambda: h200_overhead(_idle_split_rows()),
+    "h200-12-04d-harvest": lambda: h200_harvest(_idle_split_rows()),
     "h200-12-04d-levers": lambda: _idle_split(H200_LEVERS),
     "h200-12-04b-overhead": lambda: h200_overhead(_instrument_rows()),
     "h200-12-04b-harvest": lambda: h200_harvest(_instrument_rows()),
