@@ -305,6 +305,7 @@ class FreerideMagics(Magics):
             options=_options(args.option) or None,
             policy=args.policy,
             gating=args.gating,
+            placement=args.placement,
         )
         print(
             f"attached {task['name']} as {task['id']} on stage {task['stage']} "

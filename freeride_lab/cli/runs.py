@@ -302,6 +302,12 @@ def add_attach(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gating", default="bubbles", choices=["bubbles", "none"], help="none = naive co-location"
     )
+    p.add_argument(
+        "--placement",
+        default="freeride",
+        choices=["freeride", "harvest"],
+        help="without --stage: FreeRide's queue order, or the stage its steps fill most",
+    )
     return p
 
 
@@ -335,6 +341,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             options=options or None,
             policy=args.policy,
             gating=args.gating,
+            placement=args.placement,
         )
     print(task["id"])
     print(f"attached {task['id']} ({task['name']}): {task['placement']}", file=sys.stderr)

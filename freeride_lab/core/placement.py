@@ -8,14 +8,26 @@ data out:
 2. *bubble fit*: a stage none of whose predicted bubbles is longer than the task's step
    budget is refused too — the task could never take a step there (same strict rule as
    ``budget.should_step``); FreeRide had a stub for this (a constant ``duration`` key);
-3. *order*: request 0 → most free memory first, then queue length; otherwise → queue length
-   counting only queued tasks with priority >= the task's own (the running task included).
+3. *order*, by ``policy``:
+   - ``"freeride"`` (FreeRide's): request 0 → most free memory first, then queue length;
+     otherwise → queue length counting only queued tasks with priority >= the task's own (the
+     running task included);
+   - ``"harvest"``: the most bubble time the task's own steps would fill per training step
+     (``usable_ms``: whole steps, each started only with more than the budget left), shared
+     with the tasks queued there (÷ (1 + queue length)); FreeRide's order breaks ties and
+     stands in where bubbles are not measured yet. A stage whose bubbles are long enough for
+     one step but waste most of them on tails ranks below one they suit.
    Ties keep stage order (stable sort).
 
     >>> g = 2**30
     >>> stages = [StageInfo(stage=s, free_bytes=f * g) for s, f in enumerate((3, 9, 16, 24))]
     >>> place(TaskRequest(name="vgg19", memory_bytes=12 * g, budget_s=0.216), stages)
     Placement(stage=2)
+    >>> fits = [StageInfo(stage=0, free_bytes=g, bubble_ms=(30.0, 30.0)),
+    ...         StageInfo(stage=1, free_bytes=g, bubble_ms=(90.0,))]
+    >>> task = TaskRequest(name="resnet18", memory_bytes=0, budget_s=0.020, step_s=0.017)
+    >>> place(task, fits), place(task, fits, policy="harvest")
+    (Placement(stage=0), Placement(stage=1))
 
 **Per worker** (§8 "Per worker"/"Priority"): which of a stage's tasks holds its bubbles, and
 when one preempts another, is ``core.task_queue``. At most one side task runs per GPU.
@@ -38,6 +50,7 @@ from freeride_lab.core.sidetask_state import SideTaskState
 __all__ = [
     "NoPlacement",
     "Placement",
+    "PlacementPolicy",
     "QueuedTask",
     "RefusalRule",
     "StageInfo",
@@ -45,6 +58,8 @@ __all__ = [
     "TaskRequest",
     "place",
     "place_all",
+    "placement_policy",
+    "usable_ms",
 ]
 
 _GIB = 2**30
@@ -90,12 +105,52 @@ class TaskRequest:
     budget_s: float
     priority: int = 0
     task_id: str | None = None  # id to queue it under; None → "<name>#<submission index>"
+    step_s: float | None = None  # its typical step time (profiled); None: the budget stands in
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 0:
             raise ValueError(f"memory_bytes={self.memory_bytes} must be >= 0 (0 = no request)")
         if not math.isfinite(self.budget_s) or self.budget_s < 0:
             raise ValueError(f"budget_s={self.budget_s!r} must be a finite number >= 0")
+        step = self.step_s
+        if step is not None and not (math.isfinite(step) and step > 0):
+            raise ValueError(f"step_s={step!r} must be a finite number > 0, or None")
+
+
+class PlacementPolicy(StrEnum):
+    """How eligible stages are ordered (see the module docstring)."""
+
+    FREERIDE = "freeride"
+    HARVEST = "harvest"
+
+
+def placement_policy(value: object) -> PlacementPolicy:
+    """``value`` as a ``PlacementPolicy``.
+
+    Raises:
+        ValueError: not one of the policies; the message lists them.
+    """
+    try:
+        return PlacementPolicy(str(value) if isinstance(value, str) else "")
+    except ValueError:
+        valid = ", ".join(p.value for p in PlacementPolicy)
+        raise ValueError(f"placement={value!r} is unknown; valid: {valid}") from None
+
+
+def usable_ms(bubbles_ms: Iterable[float], budget_ms: float, step_ms: float) -> float:
+    """Bubble time per training step that whole ``step_ms`` steps fill, a step starting only
+    while more than ``budget_ms`` of its bubble is left (``budget.should_step``).
+
+    >>> usable_ms([30.0, 90.0, 5.0], budget_ms=20.0, step_ms=17.0)  # 1 + 5 + 0 steps
+    102.0
+    """
+    step = max(step_ms, 1e-9)
+    total = 0.0
+    for b in bubbles_ms:
+        if b > budget_ms:
+            starts = math.ceil((b - budget_ms) / step)  # at 0, step, ... while b - t > budget
+            total += min(starts * step, b)
+    return total
 
 
 class RefusalRule(StrEnum):
@@ -149,8 +204,18 @@ def _refusal(task: TaskRequest, info: StageInfo) -> StageRefusal | None:
     return None
 
 
-def place(task: TaskRequest, stages: Sequence[StageInfo]) -> Placement | NoPlacement:
-    """The stage ``task`` should go to, or why none can take it."""
+def place(
+    task: TaskRequest,
+    stages: Sequence[StageInfo],
+    *,
+    policy: PlacementPolicy | str = PlacementPolicy.FREERIDE,
+) -> Placement | NoPlacement:
+    """The stage ``task`` should go to, or why none can take it.
+
+    Raises:
+        ValueError: an unknown ``policy``.
+    """
+    policy = placement_policy(policy)
     eligible: list[StageInfo] = []
     refusals: list[StageRefusal] = []
     for info in stages:
@@ -171,6 +236,15 @@ def place(task: TaskRequest, stages: Sequence[StageInfo]) -> Placement | NoPlace
         eligible.sort(key=lambda s: (-s.free_bytes, s.queue_length(task.priority)))
     else:
         eligible.sort(key=lambda s: s.queue_length(task.priority))
+    if policy is PlacementPolicy.HARVEST and all(s.bubble_ms is not None for s in eligible):
+        budget_ms = task.budget_s * 1e3
+        step_ms = (task.step_s or task.budget_s) * 1e3
+
+        def share(s: StageInfo) -> float:
+            usable = usable_ms(s.bubble_ms or (), budget_ms, step_ms)
+            return usable / (1 + s.queue_length(task.priority))
+
+        eligible.sort(key=share, reverse=True)  # stable: FreeRide's order breaks ties
     return Placement(eligible[0].stage)
 
 

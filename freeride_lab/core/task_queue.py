@@ -8,8 +8,9 @@ preempts it (paper notes §8): the active task is asked to move off the device (
 PAUSED/RUNNING -> CREATED, its state kept on the host), and once it has, the waiting one is
 activated; the preempted task waits again in its place in the order (FreeRide requeues it at
 the back, behind tasks attached after it; keeping its place means a preempted task is never
-overtaken by one of its own priority). Equal priority never preempts. Imperative tasks cannot be preempted (their process is stopped with SIGSTOP between
-bubbles, not moved off the device), so they run until they end.
+overtaken by one of its own priority). Equal priority never preempts. Imperative tasks cannot
+be preempted (their process is stopped with SIGSTOP between bubbles, not moved off the
+device), so they run until they end.
 
     >>> low = Queued("a", priority=1, state=SideTaskState.RUNNING, mode="iterative")
     >>> high = Queued("b", priority=0, state=SideTaskState.CREATED)

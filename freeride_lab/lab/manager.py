@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import ControlAck
+from freeride_lab.core.placement import placement_policy
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.stages import StagePlacer
@@ -160,7 +161,10 @@ class SideTaskManager:
                 reference_throughput=theta,
             )
             record.spec()  # validates options (JSON) and the rest before anything is sent
-            rank, note = self.placer.choose_rank(record, limits, request.get("stage"))
+            placement = placement_policy(request.get("placement", "freeride"))
+            rank, note = self.placer.choose_rank(
+                record, limits, request.get("stage"), policy=placement
+            )
             record.rank, record.stage, record.placement = rank, self.placer.lowest(rank), note
             ack = self._send_attach(record)
             record.attached_ns = record.limits_ns = ack.t_ns
@@ -179,11 +183,12 @@ class SideTaskManager:
         given: dict[str, Any] = dict(request)
         if given.get("priority") == 1:  # the default: the task keeps the priority it had
             del given["priority"]
+        placement = placement_policy(given.pop("placement", "freeride"))
         changes = limit_changes(given)
         limits = GpuLimits.from_dict(record.limits).replace(**changes)
         stage = request.get("stage")
         where = record.stage if stage is None else stage
-        rank, note = self.placer.choose_rank(record, limits, where)
+        rank, note = self.placer.choose_rank(record, limits, where, policy=placement)
         record.rank, record.stage = rank, self.placer.lowest(rank)
         record.limits, record.detached, record.placement = limits.to_dict(), False, note
         if "budget_s" in changes:

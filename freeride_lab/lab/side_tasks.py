@@ -132,6 +132,7 @@ class SideTaskControls:
         options: Mapping[str, Any] | None = None,
         policy: str = "KILL",
         gating: str = "bubbles",
+        placement: str = "freeride",
     ) -> dict[str, Any]:
         """Run a side task in this run's bubbles; its task dict (see ``tasks``).
 
@@ -152,6 +153,9 @@ class SideTaskControls:
             options: keyword arguments of the task class.
             policy: overrun policy: WARN, SHRINK_BUDGET, PAUSE or KILL.
             gating: "bubbles" (managed) or "none" (naive: runs through training's compute).
+            placement: with ``stage=None``, "freeride" (FreeRide's rule: the shortest queue)
+                or "harvest" (the stage whose bubbles the task's steps fill most, shared with
+                its queue; ``core.placement``).
 
         Raises:
             ValueError: the request is invalid or no stage can take it; nothing changed.
@@ -168,6 +172,7 @@ class SideTaskControls:
             options=options,
             policy=policy,
             gating=gating,
+            placement=placement,
         )
 
     def tune(

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.placement import NoPlacement, QueuedTask, StageInfo, TaskRequest, place
+from freeride_lab.core.placement import (
+    NoPlacement,
+    PlacementPolicy,
+    QueuedTask,
+    StageInfo,
+    TaskRequest,
+    place,
+)
 from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
@@ -92,9 +99,16 @@ class StagePlacer:
         return sorted(self._stages_of[rank])
 
     def choose_rank(
-        self, record: TaskRecord, limits: GpuLimits, stage: int | None, *, moving: bool = False
+        self,
+        record: TaskRecord,
+        limits: GpuLimits,
+        stage: int | None,
+        *,
+        moving: bool = False,
+        policy: PlacementPolicy = PlacementPolicy.FREERIDE,
     ) -> tuple[int, str]:
-        """The rank for ``record`` under ``limits``, and how it was chosen (placement rules)."""
+        """The rank for ``record`` under ``limits``, and how it was chosen (placement rules,
+        ``policy`` ordering the stages when ``stage`` is None)."""
         infos, notes = self.stage_infos(exclude=record.id)
         if record.gating == "none":
             # Naive co-location runs through training compute, so bubbles do not bound its steps.
@@ -109,13 +123,16 @@ class StagePlacer:
             budget_s=budget_s or 0.0,
             priority=1 - limits.priority,
             task_id=record.id,
+            step_s=self.step_s(record),
         )
         if stage is None:
-            outcome = place(request, list(infos.values()))
+            outcome = place(request, list(infos.values()), policy=policy)
             if isinstance(outcome, NoPlacement):
                 raise ValueError(outcome.reason)
             rank = self._rank_of[outcome.stage]
             how = f"placed on stage {outcome.stage}"
+            if policy is PlacementPolicy.HARVEST:
+                how += " (by the bubble time its steps would fill)"
         else:
             rank = self.rank_for(stage)
             if not (moving and rank == record.rank):
@@ -159,6 +176,12 @@ class StagePlacer:
             for r in self.ranks
         }
         return infos, notes
+
+    def step_s(self, record: TaskRecord) -> float | None:
+        """The task's profiled median step time, if a profile is on record."""
+        profile = self.book.profile(record)
+        step = None if profile is None else profile.get("median_step_s")
+        return float(step) if isinstance(step, int | float) and step > 0 else None
 
     def budget_s(self, record: TaskRecord) -> float | None:
         if record.limits.get("budget_s") is not None:

@@ -30,7 +30,8 @@ class LimitChanges(TypedDict, total=False):
 
 class AttachOptions(TypedDict, total=False):
     """``attach``'s keyword arguments (``Session.attach`` documents each and its default:
-    ``priority`` 1, ``policy`` "KILL", ``gating`` "bubbles", the others None)."""
+    ``priority`` 1, ``policy`` "KILL", ``gating`` "bubbles", ``placement`` "freeride", the
+    others None)."""
 
     stage: int | None
     memory: int | str | None
@@ -40,6 +41,7 @@ class AttachOptions(TypedDict, total=False):
     options: Mapping[str, Any] | None
     policy: str
     gating: str
+    placement: str
 
 
 def check_keywords(command: str, given: Mapping[str, Any], shape: type) -> None:

@@ -1,10 +1,12 @@
-"""Placement on stages (FreeRide §8 example included) and the per-worker priority rule."""
+"""Placement on stages: FreeRide's rule (its §8 example included) and harvest-aware order."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from freeride_lab.core.placement import (
     NoPlacement,
@@ -15,6 +17,7 @@ from freeride_lab.core.placement import (
     TaskRequest,
     place,
     place_all,
+    usable_ms,
 )
 
 GIB = 2**30
@@ -163,3 +166,47 @@ def test_place_all_leaves_queues_alone_for_unplaceable_tasks() -> None:
     outcomes, stages = place_all([huge], _stages())
     assert isinstance(outcomes[0], NoPlacement)
     assert all(s.queue == () for s in stages)
+
+
+# -- harvest-aware placement ------------------------------------------------------------------
+
+
+def _stage(stage: int, bubbles: tuple[float, ...] | None, queue: int = 0) -> StageInfo:
+    tasks = tuple(QueuedTask(f"q{stage}{i}", 0) for i in range(queue))
+    return StageInfo(stage=stage, free_bytes=8 * 2**30, bubble_ms=bubbles, queue=tasks)
+
+
+def test_harvest_placement_prefers_bubbles_the_steps_fill_over_freerides_first_fit() -> None:
+    task = TaskRequest(name="resnet18", memory_bytes=2**30, budget_s=0.020, step_s=0.017)
+    stages = [_stage(0, (30.0, 30.0)), _stage(1, (90.0,))]
+    assert place(task, stages) == Placement(0)
+    assert place(task, stages, policy="harvest") == Placement(1)
+
+
+def test_harvest_shares_a_stage_with_its_queue_and_falls_back_without_bubbles() -> None:
+    task = TaskRequest(name="pagerank", memory_bytes=2**30, budget_s=0.002, step_s=0.001)
+    busy_long = _stage(0, (100.0,), queue=3)  # 98 ms of steps, shared by 4
+    quiet_short = _stage(1, (40.0,))  # 38 ms, its own
+    assert place(task, [busy_long, quiet_short], policy="harvest") == Placement(1)
+    unmeasured = [_stage(0, None, queue=1), _stage(1, None)]
+    assert place(task, unmeasured, policy="harvest") == place(task, unmeasured)
+
+
+def test_an_unknown_placement_policy_names_the_valid_ones() -> None:
+    task = TaskRequest(name="x", memory_bytes=0, budget_s=0.01)
+    with pytest.raises(ValueError, match="placement='best' is unknown; valid: freeride, harvest"):
+        place(task, [_stage(0, (20.0,))], policy="best")
+
+
+@given(
+    bubbles=st.lists(st.floats(0.0, 500.0), max_size=8),
+    budget=st.floats(0.1, 100.0),
+    step=st.floats(0.1, 100.0),
+)
+def test_usable_time_never_exceeds_the_bubbles_and_needs_room_for_a_step(
+    bubbles: list[float], budget: float, step: float
+) -> None:
+    used = usable_ms(bubbles, budget, step)
+    assert 0.0 <= used <= sum(b for b in bubbles if b > budget) + 1e-9
+    if all(b <= budget for b in bubbles):
+        assert used == 0.0

@@ -187,6 +187,22 @@ def test_a_budget_longer_than_every_bubble_of_the_stage_is_refused(run: Run) -> 
     assert run.sent == []
 
 
+def test_harvest_placement_picks_the_stage_whose_bubbles_its_steps_fill_most(run: Run) -> None:
+    # 20 ms steps: stage 0's two 25 ms bubbles hold one each (40 ms per training step), stage
+    # 2's 100 ms bubble four (80 ms); FreeRide's rule takes the first stage with the shortest
+    # queue that fits at all (stages 1 and 3 fit none).
+    run.set_free_gib(8, 8, 8, 8)
+    run.set_bubbles_ms({0: [25.0, 25.0], 1: [5.0], 2: [100.0], 3: [5.0]})
+    harvest = run.manager.attach(COUNTING, budget_ms=20, placement="harvest")
+    freeride = run.manager.attach(COUNTING, budget_ms=20)
+    assert (freeride["stage"], harvest["stage"]) == (0, 2)
+    assert "by the bubble time its steps would fill" in harvest["placement"]
+    with pytest.raises(
+        ValueError, match="placement='nearest' is unknown; valid: freeride, harvest"
+    ):
+        run.manager.attach(COUNTING, budget_ms=20, placement="nearest")
+
+
 def test_naive_co_location_is_not_held_to_the_bubble_fit_rule(run: Run) -> None:
     # gating="none" steps through training compute, so a stage without bubbles can host it.
     run.set_bubbles_ms({0: [], 1: [5.0, 10.0]})
