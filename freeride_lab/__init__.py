@@ -10,11 +10,11 @@ Importing this package is cheap: names load on first use.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
+from freeride_lab.core.lazy_names import lazy_getattr
 from freeride_lab.lab.hooks import REPORT_EXTRA, set_report_writer
 
 __version__ = "0.1.0"
@@ -34,13 +34,7 @@ _LAZY = {
 __all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'freeride_lab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def _write_report(session: Any, path: str | Path) -> Path:

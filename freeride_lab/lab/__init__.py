@@ -5,8 +5,7 @@ Headless: nothing here draws. Importing is cheap; names load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from freeride_lab.core.lazy_names import lazy_getattr
 
 _LAZY = {
     "Session": "freeride_lab.lab.session",
@@ -20,10 +19,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'freeride_lab.lab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -21,8 +21,7 @@ The package by job: ``style`` (colour-blind-safe colours, patterns, light/dark t
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from freeride_lab.core.lazy_names import lazy_getattr
 
 # [Note: a light timeline package]
 # The dashboard's launch path needs only the pump's constants; the figures import plotly and
@@ -54,13 +53,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, {k: f"{__name__}.{m}" for k, m in _WHERE.items()}, globals())
 
 
 def __dir__() -> list[str]:
