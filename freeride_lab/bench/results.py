@@ -329,7 +329,7 @@ def block_row(
         "unit": str(s["unit"].iloc[0]) if len(s) else "",
         "side_steps": len(s),
         "busy_ms": float(sum(e - a for a, e in busy if e > a)),
-        "busy_in_bubble_ms": bs.overlap_ms(gaps, busy),
+        "busy_in_bubble_ms": use.covered_ms,
         "idle_lead_ms": use.lead_ms,
         "idle_between_ms": use.between_ms,
         "idle_tail_ms": use.tail_ms,

@@ -68,6 +68,19 @@ REFERENCE_MODE = "vanilla"
 #: One segment of a run: (run, case, stage, task); its solo phases give its dedicated speed.
 SegmentKey = tuple[str, str, int, str]
 
+#: The block columns that split the rest of bubble_ms by where it went (core.idle_use): before
+#: a bubble's first step, between its steps, after its last step, in bubbles where no step ran;
+#: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in. Results
+#: recorded before the split lack them.
+IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
+    "idle_lead_ms",
+    "idle_between_ms",
+    "idle_tail_ms",
+    "idle_unused_ms",
+    "bubbles",
+    "unused_bubbles",
+)
+
 #: Columns of the blocks table ``bench/driver.py`` builds (one row per block), in order.
 BLOCK_COLUMNS: tuple[str, ...] = (
     "run",  # which pipeline run (one process tree): e.g. "m4-timeslice"
@@ -87,30 +100,12 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     "side_steps",  # side-task steps that started inside the block
     "busy_ms",  # summed side-task step durations
     "busy_in_bubble_ms",  # the part of busy_ms that lies inside the real rank's bubbles
-    # the rest of bubble_ms, by where it went (core.idle_use): before the first step of a
-    # bubble, between its steps, after its last step, and bubbles where no step ran
-    "idle_lead_ms",
-    "idle_between_ms",
-    "idle_tail_ms",
-    "idle_unused_ms",
-    "bubbles",  # the real rank's bubbles in the block (gaps > 1 ms)
-    "unused_bubbles",  # of those, the ones no side-task step ran in
+    *IDLE_SPLIT_COLUMNS,
     "overruns",  # side-task steps that ran past their bubble's end
     "overrun_ms_total",
     "latency_ms",  # tuple: bubble start edge → first side-task step start, per bubble used
     "sm_clock_mhz",  # median NVML SM clock in the block (NaN without NVML)
     "power_w",  # median NVML board power in the block (NaN without NVML)
-)
-
-
-#: The block columns that split the uncovered bubble time (results before them lack them).
-IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
-    "idle_lead_ms",
-    "idle_between_ms",
-    "idle_tail_ms",
-    "idle_unused_ms",
-    "bubbles",
-    "unused_bubbles",
 )
 
 
