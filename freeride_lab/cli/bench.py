@@ -73,6 +73,14 @@ def _task_options(text: str, base: Any) -> dict[str, dict[str, Any]]:
         raise ValueError(
             f"--task-options={text!r} must be a JSON object of task name -> options object"
         )
+    from freeride_lab.tasks import registry
+
+    unknown = [name for name in given if not registry.is_known(name)]
+    if unknown:  # options for a task no block runs would be dropped without a word
+        raise ValueError(
+            f"--task-options names unknown task(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(registry.names())}"
+        )
     merged = {name: dict(opts) for name, opts in base.items()}
     for name, opts in given.items():
         merged[name] = {**merged.get(name, {}), **opts}

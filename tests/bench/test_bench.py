@@ -213,7 +213,7 @@ def test_task_options_from_the_command_line_merge_over_the_profiles() -> None:
     assert len(cpu.task_options["pagerank"]) > 1  # the profile's own options stay
 
 
-@pytest.mark.parametrize("text", ["{", '["resnet18"]', '{"resnet18": 4}'])
+@pytest.mark.parametrize("text", ["{", '["resnet18"]', '{"resnet18": 4}', '{"resnt18": {}}'])
 def test_bad_task_options_are_a_usage_error_before_anything_runs(
     text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
