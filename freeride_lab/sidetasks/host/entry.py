@@ -44,8 +44,10 @@ def _step_group_ns(spec: HostSpec) -> int:
     try:
         runtime = RunDir(Path(spec.run_dir)).read_run().get("config", {}).get("runtime") or {}
         options = RuntimeOptions.from_dict(dict(runtime))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError) as exc:
         options = RuntimeOptions()
+        log.warning("run.json's runtime options unreadable (%s); step groups of %g ms", exc,
+                    options.step_group_ms)  # fmt: skip
     return round(options.step_group_ms * 1e6)
 
 
