@@ -4,7 +4,9 @@ A ``RunDriver`` launches one run (a ``Session``), attaches the side tasks, and f
 segment (real stage, side task) measures the task alone, then interleaves blocks of training
 steps in each mode through the emulation's control file (see ``bench.driver``). Governed blocks
 run the session's own governor loop (``lab.governor.GovernorLoop``, ticked from the block's
-wait): the benchmark measures the governor users run, not a copy of it.
+wait): the benchmark measures the governor users run, not a copy of it. Trickle blocks run a
+second loop of the same kind, at the same overhead target, that also sets the task's trickle
+duty (gating "trickle"); every other block holds the task at duty 0, in bubbles only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ _GATE_OF_MODE = {
     "plain": Gate.CLOSED,
     "managed": Gate.PASS,
     "governed": Gate.PASS,
+    "trickle": Gate.PASS,
     "naive": Gate.OPEN,
 }
 _ON_DEVICE = ("PAUSED", "RUNNING")
@@ -180,14 +183,16 @@ class RunDriver:
     # -- side tasks --
 
     def _attach(self, segments: list[_Segment]) -> None:
+        gating = "trickle" if "trickle" in self.modes else "bubbles"  # duty 0 = "bubbles"
         for seg in segments:
             options = {"preset": self.profile.task_preset,
                        **self.profile.task_options.get(seg.task, {})}  # fmt: skip
             task = self.session.attach(
                 seg.task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
-                gating="bubbles",
+                gating=gating,
             )  # fmt: skip
             seg.task_id = str(task["id"])
+        self.session.disable_governor()  # blocks tick their own loops (a trickle attach starts one)
         self.say(f"  attached {len(segments)} side task(s): "
                  + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip
 
@@ -257,23 +262,33 @@ class RunDriver:
             settle_steps=1,
         )  # fmt: skip
         governor.add_task(seg.task_id)
+        trickler = OverheadGovernor(
+            target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
+            settle_steps=1,
+        )  # fmt: skip
+        trickler.add_task(seg.task_id, trickle_duty=0.0)
         # Governed blocks start from the tight budget (no 10 ms rounding) and let the
         # governor widen it when training slows; managed blocks keep FreeRide's rule.
         governed_base_ms = solo.get("tight_budget_ms", budget_ms)
-        loop = self.session.governor_loop(
-            governor, task_ids=(seg.task_id,), base_budget_s=lambda _: governed_base_ms / 1e3
-        )
-        current = budget_ms
+        loops = {
+            mode: self.session.governor_loop(
+                g, task_ids=(seg.task_id,), base_budget_s=lambda _: governed_base_ms / 1e3,
+                trickle=mode == "trickle",
+            )
+            for mode, g in (("governed", governor), ("trickle", trickler))
+        }  # fmt: skip
+        current = (budget_ms, 0.0)
         for repeat, mode in bs.interleave(self.modes, p.repeats, closed=True):
-            want = budget_ms
-            if mode == "governed":
-                want = governed_base_ms * governor.limits(seg.task_id)[1]
+            loop = loops.get(mode)
+            want = (budget_ms, 0.0)
+            if loop is not None:
+                want = _limits_of(loop.governor, seg.task_id, governed_base_ms)
             if want != current:
-                self.session.tune(seg.task_id, budget_ms=want)
+                self.session.tune(seg.task_id, budget_ms=want[0], trickle_duty=want[1])
                 current = want
-            self._block(seg, repeat, mode, loop=loop if mode == "governed" else None)
-            if mode == "governed":
-                current = governed_base_ms * governor.limits(seg.task_id)[1]
+            self._block(seg, repeat, mode, loop=loop)
+            if loop is not None:
+                current = _limits_of(loop.governor, seg.task_id, governed_base_ms)
         after = self._solo(seg)  # the same measurement after the blocks: did the speed move?
         rec.update(
             solo_after_steps=after["solo_steps"],
@@ -370,7 +385,8 @@ class RunDriver:
             if loop is not None:
                 for rec in loop.tick():
                     self.record["governor"].append(
-                        {"stage": seg.stage, "task": seg.task, "budget_ms": rec["budget_ms"],
+                        {"stage": seg.stage, "task": seg.task, "mode": mode,
+                         "budget_ms": rec["budget_ms"], "trickle_duty": rec["trickle_duty"],
                          "reason": rec["reason"], "applied": rec["applied"]}
                     )  # fmt: skip
             return bool(self.session.steps_done >= need)
@@ -472,6 +488,11 @@ class RunDriver:
         return collect_blocks(
             self.run_dir, self.config(), self.plan.name, self.blocks, self.record, samples
         )
+
+
+def _limits_of(governor: OverheadGovernor, task_id: str, base_ms: float) -> tuple[float, float]:
+    """(budget in ms, trickle duty) that ``governor`` holds ``task_id`` at."""
+    return base_ms * governor.limits(task_id)[1], governor.trickle_duty(task_id) or 0.0
 
 
 def _g(v: float | None) -> str:

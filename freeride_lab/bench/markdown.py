@@ -237,9 +237,7 @@ def _recorded(value: object) -> bool:
 def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     """Where each gated mode's bubble time went (``core.idle_use``), where it was recorded."""
     rows = [
-        r
-        for r in summary
-        if r["mode"] in ("managed", "governed") and _recorded(r.get("idle_tail_frac"))
+        r for r in summary if r["mode"] in bs.GATED_MODES and _recorded(r.get("idle_tail_frac"))
     ]
     if not rows:
         return []

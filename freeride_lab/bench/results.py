@@ -212,7 +212,6 @@ GOAL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
      "harvest_of_measured_idle", "min"),
     ("saving_corrected_frac_min", "saving, overhead-corrected", "saving_corrected", "min"),
 )  # fmt: skip
-_PRODUCT_MODES = ("managed", "governed")
 
 
 def goal_checks(
@@ -225,7 +224,7 @@ def goal_checks(
     without an interval (fewer than two blocks) meets nothing."""
     out: list[dict[str, Any]] = []
     for row in pipeline:
-        if row["mode"] not in _PRODUCT_MODES:
+        if row["mode"] not in bs.GATED_MODES:
             continue
         for key, name, figure, kind in GOAL_FIGURES:
             threshold = (goals or {}).get(key)
@@ -295,7 +294,7 @@ def block_row(
         s = s[s["task_id"] == b["task_id"]]
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
-    if b["mode"] in ("managed", "governed") and len(s):
+    if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
         open_: dict[tuple[int, int], int] = {}

@@ -10,6 +10,8 @@ and ratios, never one absolute time:
 - ``plain``: vanilla with plain ``PipelineStage`` instead of the timed one (instrumentation cost);
 - ``managed``: FreeRide's gating: side-task steps only inside predicted bubbles;
 - ``governed``: managed, with the overhead governor adjusting the step budget;
+- ``trickle``: governed, and between bubbles as much as the same governor, at the same
+  overhead target, lets the task step through training's compute (gating "trickle");
 - ``naive``: the side task runs continuously beside training (the negative control).
 
 [Note: paired ratios]
@@ -43,6 +45,7 @@ from freeride_lab.core.intervals import Interval, mean_interval
 
 __all__ = [
     "BLOCK_COLUMNS",
+    "GATED_MODES",
     "IDLE_SPLIT_COLUMNS",
     "MODES",
     "REFERENCE_MODE",
@@ -63,7 +66,9 @@ __all__ = [
     "step_periods_ms",
 ]
 
-MODES: tuple[str, ...] = ("vanilla", "plain", "managed", "governed", "naive")
+MODES: tuple[str, ...] = ("vanilla", "plain", "managed", "governed", "trickle", "naive")
+#: The modes in which the task follows the bubble edges (the product's modes).
+GATED_MODES: tuple[str, ...] = ("managed", "governed", "trickle")
 REFERENCE_MODE = "vanilla"
 #: One segment of a run: (run, case, stage, task); its solo phases give its dedicated speed.
 SegmentKey = tuple[str, str, int, str]

@@ -49,6 +49,9 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cases", default=None, help="side-task cases: mix and/or task names")
     p.add_argument("--real-stage", default=None, help="'all' or a comma list of stages")
     p.add_argument("--repeats", type=int, default=None, help="repeats of the mode sequence")
+    p.add_argument("--modes", default=None,
+                   help="these modes, vanilla first (comma list of vanilla, managed, governed, "
+                   "trickle, naive); default: each run's own")  # fmt: skip
     p.add_argument("--block-steps", type=int, default=None, help="measured steps per block")
     p.add_argument("--announce-min-ms", type=float, default=None,
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
@@ -112,6 +115,12 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             None if args.real_stage == "all" else tuple(int(x) for x in args.real_stage.split(","))
         )
         runs = tuple(dataclasses.replace(r, real_stages=stages) for r in runs)
+    if args.modes:
+        modes = tuple(x.strip() for x in args.modes.split(",") if x.strip())
+        try:
+            runs = tuple(dataclasses.replace(r, modes=modes) for r in runs)
+        except ValueError as exc:
+            raise UsageError(f"--modes {args.modes}: {exc}") from exc
     for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)

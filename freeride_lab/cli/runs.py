@@ -300,7 +300,11 @@ def add_attach(subparsers: Any) -> argparse.ArgumentParser:
         "--policy", default="KILL", help="overrun policy: WARN, SHRINK_BUDGET, PAUSE, KILL"
     )
     p.add_argument(
-        "--gating", default="bubbles", choices=["bubbles", "none"], help="none = naive co-location"
+        "--gating",
+        default="bubbles",
+        choices=["bubbles", "trickle", "none"],  # sidetasks.spec.GATINGS (numpy-free here)
+        help="trickle = also between bubbles, as the overhead governor allows; "
+        "none = naive co-location",
     )
     p.add_argument(
         "--placement",

@@ -15,6 +15,14 @@ the caller applies (an MPS SM share, a step-budget scale) and logs:
 - after any change it ignores ``settle_steps`` observations and restarts the EWMA, then waits
   for ``window`` fresh observations before it decides again.
 
+A task that may also run between bubbles (gating "trickle": a paced trickle of steps through
+training's compute, see ``sidetasks.host.trickle``) has a third limit, its **trickle duty**: the
+share of the time between bubbles it may step, in [0, ``trickle_max``]. It is the first thing
+cut when training slows (x ``decrease_factor``; below ``trickle_min`` it drops to 0, bubbles
+only) and the last thing raised (+ ``trickle_step``, once budget and SM share are back at their
+best), so the governor spends the overhead ceiling on work between bubbles only while work in
+bubbles costs nothing.
+
 Optional device signals add pressure: an SM clock more than ``clock_drop_frac`` below the
 highest clock seen, or power above ``power_limit_w``, counts as "too much" even when step
 time has not moved yet. The governor is pure: no clock, no device access.
@@ -61,18 +69,21 @@ class StepObservation:
 
 @dataclass(frozen=True, slots=True)
 class GovernorDecision:
-    """New limits for one task: SM share (percent of SMs) and step-budget scale (>= 1)."""
+    """New limits for one task: SM share (percent of SMs), step-budget scale (>= 1) and, for a
+    trickle task, its trickle duty (None for a task that steps in bubbles only)."""
 
     task_id: str
     sm_pct: int
     budget_scale: float
     reason: str
+    trickle_duty: float | None = None
 
 
 @dataclass(slots=True)
 class _TaskLimits:
     sm_pct: int
     budget_scale: float = 1.0
+    trickle_duty: float | None = None  # None: bubbles only
 
 
 @dataclass(kw_only=True)
@@ -90,6 +101,8 @@ class OverheadGovernor:
             and its ceiling.
         clock_drop_frac: SM clock drop (vs. the highest seen) that counts as overload.
         power_limit_w: board power that counts as overload; None = ignore power.
+        trickle_min, trickle_step, trickle_max: a trickle task's duty: cut below
+            ``trickle_min`` means 0; raised by ``trickle_step`` at a time up to ``trickle_max``.
     """
 
     target_frac: float = 0.01
@@ -104,6 +117,9 @@ class OverheadGovernor:
     budget_scale_max: float = 4.0
     clock_drop_frac: float = 0.1
     power_limit_w: float | None = None
+    trickle_min: float = 0.02
+    trickle_step: float = 0.05
+    trickle_max: float = 1.0
     _tasks: dict[str, _TaskLimits] = field(default_factory=dict, init=False, repr=False)
     _ewma: float | None = field(default=None, init=False, repr=False)
     _samples: int = field(default=0, init=False, repr=False)
@@ -130,6 +146,11 @@ class OverheadGovernor:
             raise ValueError(
                 f"window={self.window} must be >= 1 and settle_steps={self.settle_steps} >= 0"
             )
+        if not 0 < self.trickle_min <= self.trickle_max <= 1 or not 0 < self.trickle_step <= 1:
+            raise ValueError(
+                f"need 0 < trickle_min={self.trickle_min} <= trickle_max={self.trickle_max} <= 1 "
+                f"and 0 < trickle_step={self.trickle_step} <= 1"
+            )
         if self.budget_growth <= 1 or self.budget_scale_max < 1:
             raise ValueError(
                 f"budget_growth={self.budget_growth} must be > 1 and "
@@ -138,9 +159,15 @@ class OverheadGovernor:
 
     # -- tasks -------------------------------------------------------------------------------
     def add_task(
-        self, task_id: str, *, sm_pct: int | None = None, budget_scale: float = 1.0
+        self,
+        task_id: str,
+        *,
+        sm_pct: int | None = None,
+        budget_scale: float = 1.0,
+        trickle_duty: float | None = None,
     ) -> None:
-        """Start governing ``task_id`` at ``sm_pct`` (default: the maximum) and ``budget_scale``."""
+        """Start governing ``task_id`` at ``sm_pct`` (default: the maximum) and ``budget_scale``;
+        ``trickle_duty`` (in [0, ``trickle_max``]) makes it a trickle task starting at that duty."""
         pct = self.sm_max_pct if sm_pct is None else sm_pct
         if not self.sm_min_pct <= pct <= self.sm_max_pct:
             raise ValueError(
@@ -150,7 +177,11 @@ class OverheadGovernor:
             raise ValueError(
                 f"budget_scale={budget_scale} outside [1, {self.budget_scale_max}] for {task_id!r}"
             )
-        self._tasks[task_id] = _TaskLimits(sm_pct=pct, budget_scale=budget_scale)
+        if trickle_duty is not None and not 0 <= trickle_duty <= self.trickle_max:
+            raise ValueError(
+                f"trickle_duty={trickle_duty} outside [0, {self.trickle_max}] for {task_id!r}"
+            )
+        self._tasks[task_id] = _TaskLimits(pct, budget_scale, trickle_duty)
 
     def remove_task(self, task_id: str) -> None:
         """Stop governing ``task_id`` (a no-op if it is unknown)."""
@@ -161,6 +192,10 @@ class OverheadGovernor:
         """The current (sm_pct, budget_scale) of ``task_id``."""
         t = self._tasks[task_id]
         return t.sm_pct, t.budget_scale
+
+    def trickle_duty(self, task_id: str) -> float | None:
+        """The current trickle duty of ``task_id``; None if it steps in bubbles only."""
+        return self._tasks[task_id].trickle_duty
 
     @property
     def overhead_ewma_frac(self) -> float | None:
@@ -251,7 +286,19 @@ class OverheadGovernor:
         out: list[GovernorDecision] = []
         for tid in task_ids:
             t = self._tasks[tid]
-            if t.sm_pct > self.sm_min_pct:
+            if t.trickle_duty:  # work between bubbles goes first
+                duty = round(t.trickle_duty * self.decrease_factor, 6)
+                duty = duty if duty >= self.trickle_min else 0.0
+                out.append(
+                    self._set(
+                        tid,
+                        t.sm_pct,
+                        t.budget_scale,
+                        f"{why}: trickle duty {t.trickle_duty:g} -> {duty:g}",
+                        duty,
+                    )
+                )
+            elif t.sm_pct > self.sm_min_pct:
                 cut = math.floor(t.sm_pct * self.decrease_factor / self.sm_step_pct)
                 new = max(self.sm_min_pct, cut * self.sm_step_pct)
                 out.append(
@@ -285,8 +332,28 @@ class OverheadGovernor:
                 out.append(
                     self._set(tid, new, t.budget_scale, f"{why}: SM share {t.sm_pct} -> {new}%")
                 )
+            elif t.trickle_duty is not None and t.trickle_duty < self.trickle_max:
+                duty = round(min(self.trickle_max, t.trickle_duty + self.trickle_step), 6)
+                out.append(
+                    self._set(
+                        tid,
+                        t.sm_pct,
+                        t.budget_scale,
+                        f"{why}: trickle duty {t.trickle_duty:g} -> {duty:g}",
+                        duty,
+                    )
+                )
         return out
 
-    def _set(self, task_id: str, sm_pct: int, budget_scale: float, reason: str) -> GovernorDecision:
-        self._tasks[task_id] = _TaskLimits(sm_pct=sm_pct, budget_scale=budget_scale)
-        return GovernorDecision(task_id, sm_pct, budget_scale, reason)
+    def _set(
+        self,
+        task_id: str,
+        sm_pct: int,
+        budget_scale: float,
+        reason: str,
+        trickle_duty: float | None = None,
+    ) -> GovernorDecision:
+        """Record new limits; a trickle task keeps its duty unless ``trickle_duty`` is given."""
+        duty = self._tasks[task_id].trickle_duty if trickle_duty is None else trickle_duty
+        self._tasks[task_id] = _TaskLimits(sm_pct, budget_scale, duty)
+        return GovernorDecision(task_id, sm_pct, budget_scale, reason, duty)

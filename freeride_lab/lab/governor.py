@@ -10,7 +10,8 @@ newest, so the side-task steps of a step have arrived), turns each into a
 bubbles; on CUDA the GPUs' power and SM clock from ``gpu.nvml``) and applies the
 governor's decisions through ``SideTaskManager.tune``: an SM share (only where an MPS daemon
 serves the run; elsewhere the governor is pinned at 100% and works on budgets alone) and a
-step budget = the task's base budget (set by the user, else profiled) x the decision's scale.
+step budget = the task's base budget (set by the user, else profiled) x the decision's scale;
+and, for a task attached with gating "trickle", its trickle duty (``core.governor``).
 
 Every decision is logged (``logging``) and appended to ``<run_dir>/governor.jsonl``, which
 ``governor_log_frame`` reads; columns in ``GOVERNOR_LOG_COLUMNS``.
@@ -55,6 +56,7 @@ GOVERNOR_LOG_COLUMNS: tuple[str, ...] = (
     "applied",
     "reason",
     "error",
+    "trickle_duty",
 )
 _SCHEMA = {
     "t_ns": "int64",
@@ -67,6 +69,7 @@ _SCHEMA = {
     "applied": "bool",
     "reason": "str",
     "error": "str",
+    "trickle_duty": "float64",
 }
 
 
@@ -85,6 +88,7 @@ class GovernorLoop:
         task_ids: govern only these tasks (while live); None: every live task.
         base_budget_s: the budget a decision's scale multiplies, per task; None: the task's
             own (``SideTaskManager.base_budget_s``: set by the user, else profiled).
+        trickle: govern trickle tasks' duty (False holds them in bubbles: duty 0).
 
     Drive it from a thread (``start``) or by calling ``tick`` from a loop of your own (the
     benchmark's governed blocks do, after ``skip_to`` their first step).
@@ -106,8 +110,10 @@ class GovernorLoop:
         interval_s: float = 0.5,
         task_ids: Collection[str] | None = None,
         base_budget_s: Callable[[str], float | None] | None = None,
+        trickle: bool = True,
     ) -> None:
         self.manager = manager
+        self.trickle = trickle
         self.governor = governor
         self.ranks = ranks
         self.log_path = log_path
@@ -214,7 +220,14 @@ class GovernorLoop:
             if task_id in self._governed:
                 continue
             sm = task["sm_pct"] if self.sm_applies and task["sm_pct"] is not None else g.sm_max_pct
-            g.add_task(task_id, sm_pct=int(min(max(sm, g.sm_min_pct), g.sm_max_pct)))
+            duty = None  # bubbles only, to the governor
+            if task.get("gating") == "trickle" and self.trickle:
+                duty = min(float(task.get("trickle_duty") or 0.0), g.trickle_max)
+            elif task.get("trickle_duty"):  # held in bubbles by this loop
+                self.manager.tune(task_id, by="governor", trickle_duty=0.0)
+            g.add_task(
+                task_id, sm_pct=int(min(max(sm, g.sm_min_pct), g.sm_max_pct)), trickle_duty=duty
+            )
             self._governed.add(task_id)
 
     def _gpu_reading(self) -> tuple[float | None, float | None]:
@@ -245,6 +258,9 @@ class GovernorLoop:
                 budget_ms = round(base_s * 1e3 * decision.budget_scale, 3)
                 if task["budget_ms"] is None or not math.isclose(task["budget_ms"], budget_ms):
                     changes["budget_ms"] = budget_ms
+            duty = decision.trickle_duty
+            if self.trickle and duty is not None and duty != task.get("trickle_duty"):
+                changes["trickle_duty"] = duty
             if changes:
                 self.manager.tune(decision.task_id, by="governor", **changes)
         except (ValueError, RuntimeError, OSError, TimeoutError) as exc:
@@ -261,6 +277,7 @@ class GovernorLoop:
             "applied": bool(changes),
             "reason": decision.reason,
             "error": error,
+            "trickle_duty": math.nan if decision.trickle_duty is None else decision.trickle_duty,
         }
         log.info(
             "governor after step %d: %s -> sm %d%%, budget x%g (%s)%s",
@@ -313,6 +330,6 @@ def governor_log_frame(path: Path) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _SCHEMA.items()})
     frame = pd.DataFrame.from_records(rows, columns=list(GOVERNOR_LOG_COLUMNS))
     frame["error"] = frame["error"].fillna("")
-    for column in ("sm_pct", "budget_scale", "budget_ms", "overhead_frac"):
+    for column in ("sm_pct", "budget_scale", "budget_ms", "overhead_frac", "trickle_duty"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame.astype(_SCHEMA).reset_index(drop=True)

@@ -221,6 +221,12 @@ class SideTaskManager:
             changes = limit_changes(limits)
             if not changes:
                 return self.book.view(record)
+            if changes.get("trickle_duty") and record.gating != "trickle":
+                raise ValueError(
+                    f"trickle_duty={changes['trickle_duty']!r}: {record.id} steps with gating "
+                    f"{record.gating!r}; only a task attached with gating 'trickle' steps "
+                    "between bubbles"
+                )
             tuned = GpuLimits.from_dict(record.limits).replace(**changes)
             if "memory_bytes" in changes:
                 self.placer.check_stage(record, tuned, record.rank)

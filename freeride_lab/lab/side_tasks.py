@@ -152,7 +152,9 @@ class SideTaskControls:
             budget_ms: step budget; None profiles the task inside bubbles first.
             options: keyword arguments of the task class.
             policy: overrun policy: WARN, SHRINK_BUDGET, PAUSE or KILL.
-            gating: "bubbles" (managed) or "none" (naive: runs through training's compute).
+            gating: "bubbles" (managed), "trickle" (managed, and between bubbles as much as
+                the overhead governor allows: ``enable_governor`` starts at 1% if it is off)
+                or "none" (naive: runs through training's compute).
             placement: with ``stage=None``, "freeride" (FreeRide's rule: the shortest queue)
                 or "harvest" (the stage whose bubbles the task's steps fill most, shared with
                 its queue; ``core.placement``).
@@ -162,7 +164,7 @@ class SideTaskControls:
             RuntimeError: the run is not training, or was launched with side_tasks=False.
             PermissionError: this Session is a read-only observer (from ``Session.open``).
         """
-        return self._commands("attach or resume side tasks").attach(
+        attached = self._commands("attach or resume side tasks").attach(
             task,
             stage=stage,
             memory=memory,
@@ -174,6 +176,9 @@ class SideTaskControls:
             gating=gating,
             placement=placement,
         )
+        if attached.get("gating") == "trickle" and self.governor is None:
+            self.enable_governor()  # a trickle task's duty is the governor's to set
+        return attached
 
     def tune(
         self,
@@ -183,16 +188,24 @@ class SideTaskControls:
         sm_pct: float | None = None,
         priority: int | None = None,
         budget_ms: float | None = None,
+        trickle_duty: float | None = None,
     ) -> dict[str, Any]:
         """Change a live task's limits (None = unchanged); its task dict. A memory, SM-share or
         priority change restarts its process from its checkpoint and profiles it again.
+        ``trickle_duty`` (0-1, tasks attached with gating "trickle") is the share of the time
+        between bubbles it may step; the governor, when on, moves it again.
 
         Raises:
             ValueError: unknown or ended task, or a bad limit; nothing changed.
             PermissionError: this Session is a read-only observer.
         """
         return self._commands("tune side tasks").tune(
-            task_id, memory=memory, sm_pct=sm_pct, priority=priority, budget_ms=budget_ms
+            task_id,
+            memory=memory,
+            sm_pct=sm_pct,
+            priority=priority,
+            budget_ms=budget_ms,
+            trickle_duty=trickle_duty,
         )
 
     def move(self, task_id: str, stage: int) -> dict[str, Any]:
@@ -300,6 +313,7 @@ class SideTaskControls:
         interval_s: float = 0.5,
         task_ids: Collection[str] | None = None,
         base_budget_s: Callable[[str], float | None] | None = None,
+        trickle: bool = True,
     ) -> GovernorLoop:
         """A governor loop over this run, not started: ``enable_governor`` runs one in a
         thread; a caller with its own loop (the benchmark) calls its ``tick``. Arguments as
@@ -326,6 +340,7 @@ class SideTaskControls:
             interval_s=interval_s,
             task_ids=task_ids,
             base_budget_s=base_budget_s,
+            trickle=trickle,
         )
 
     def disable_governor(self) -> None:
@@ -333,6 +348,12 @@ class SideTaskControls:
         if self._governor is not None:
             self._governor.stop()
             self._governor = None
+
+    @property
+    def governor(self) -> GovernorLoop | None:
+        """The governor thread ``enable_governor`` started, while it runs; else None."""
+        loop = self._governor
+        return loop if loop is not None and loop.running else None
 
     @property
     def governor_log(self) -> pd.DataFrame:

@@ -26,6 +26,7 @@ class LimitChanges(TypedDict, total=False):
     sm_pct: float | None
     priority: int | None
     budget_ms: float | None
+    trickle_duty: float | None
 
 
 class AttachOptions(TypedDict, total=False):

@@ -69,8 +69,9 @@ def limits_of(given: Mapping[str, Any]) -> GpuLimits:
 
 
 def limit_changes(given: Mapping[str, Any]) -> dict[str, Any]:
-    """``GpuLimits`` fields for the limits ``given`` (memory, sm_pct, priority, budget_ms, as
-    ``attach`` and ``tune`` take them; other keys and None values are ignored), checked."""
+    """``GpuLimits`` fields for the limits ``given`` (memory, sm_pct, priority, budget_ms,
+    trickle_duty, as ``attach`` and ``tune`` take them; other keys and None values are
+    ignored), checked."""
     memory, sm_pct = given.get("memory"), given.get("sm_pct")
     priority, budget_ms = given.get("priority"), given.get("budget_ms")
     changes: dict[str, Any] = {}
@@ -94,6 +95,8 @@ def limit_changes(given: Mapping[str, Any]) -> dict[str, Any]:
                 "use None to profile the task"
             )
         changes["budget_s"] = float(budget_ms) / 1e3
+    if given.get("trickle_duty") is not None:
+        changes["trickle_duty"] = given["trickle_duty"]
     GpuLimits().replace(**changes)  # the remaining checks, with GpuLimits' messages
     return changes
 

@@ -118,12 +118,16 @@ class GpuLimits:
             also the order of the stage's queue (``core.task_queue``: 0 preempts 1).
         budget_s: the step guard; a step starts only if the bubble has more than this left.
             None lets the task host derive it from its own step times (paper notes §9).
+        trickle_duty: a task attached with gating "trickle" may also step between bubbles,
+            through training's compute, for this share of that time (0 = bubbles only, 1 =
+            continuously); the overhead governor sets it (``core.governor``).
     """
 
     memory_bytes: int | None = None
     sm_pct: float | None = None
     priority: int = 1
     budget_s: float | None = None
+    trickle_duty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None:
@@ -153,6 +157,13 @@ class GpuLimits:
                     f"budget_s={self.budget_s!r} must be > 0 seconds; use None to profile it"
                 )
             object.__setattr__(self, "budget_s", budget)
+        duty = _number("trickle_duty", self.trickle_duty)
+        if not 0 <= duty <= 1:
+            raise ValueError(
+                f"trickle_duty={self.trickle_duty!r} must be in [0, 1] (the share of training's "
+                "compute time a trickle task may step; 0 = bubbles only)"
+            )
+        object.__setattr__(self, "trickle_duty", duty)
 
     def replace(self, **changes: Any) -> GpuLimits:
         """A copy with ``changes`` applied and validated.
@@ -218,6 +229,13 @@ def env_for(limits: GpuLimits, *, mps_active: bool, device_index: int) -> dict[s
     return env
 
 
+#: The limits the task host itself enforces, wherever it runs.
+_HOST_ENFORCED = {
+    "budget_s": "step guard in the task host",
+    "trickle_duty": 'pacing of steps between bubbles in the task host (gating "trickle")',
+}
+
+
 def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
     """For each limit, how it is enforced on ``device`` or why it does not apply."""
     if device.startswith("cuda"):
@@ -226,7 +244,7 @@ def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
                 "memory_bytes": "MPS pinned device memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)",
                 "sm_pct": "MPS active thread percentage (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
                 "priority": "MPS client priority (CUDA_MPS_CLIENT_PRIORITY)",
-                "budget_s": "step guard in the task host",
+                **_HOST_ENFORCED,
             }
         return {
             "memory_bytes": (
@@ -235,13 +253,13 @@ def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
             ),
             "sm_pct": "does not apply without an MPS daemon",
             "priority": "does not apply without an MPS daemon",
-            "budget_s": "step guard in the task host",
+            **_HOST_ENFORCED,
         }
     return {
         "memory_bytes": "RLIMIT_AS (address space beyond the task host's start-up footprint)",
         "sm_pct": "does not apply on cpu",
         "priority": "does not apply on cpu",
-        "budget_s": "step guard in the task host",
+        **_HOST_ENFORCED,
     }
 
 

@@ -41,7 +41,7 @@ __all__ = [
 
 #: How a task meets training: "bubbles" steps only inside bubbles (managed, FreeRide);
 #: "none" runs it continuously beside training (naive co-location, for comparisons).
-GATINGS = ("bubbles", "none")
+GATINGS = ("bubbles", "trickle", "none")
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -63,8 +63,9 @@ class TaskSpec:
             this is hung, and its process is killed from outside (``sidetasks.watchdog``).
         pause_grace_s: imperative tasks: time between a bubble end and SIGSTOP at the latest.
         checkpoint_interval_s: periodic checkpoints while paused.
-        gating: "bubbles" (step only inside bubbles) or "none" (run continuously; see
-            ``GATINGS``).
+        gating: "bubbles" (step only inside bubbles), "trickle" (inside bubbles, and between
+            them paced to ``limits.trickle_duty``; iterative tasks only) or "none" (run
+            continuously, for comparisons); see ``GATINGS``.
         profile_steps: steps measured for the task's ``Profile`` (median step time, peak
             memory); without a fixed budget they are taken one per bubble, in the largest
             bubbles only (see ``task_host`` [Note: profiling in bubbles]).

@@ -223,3 +223,20 @@ def test_bad_task_options_are_a_usage_error_before_anything_runs(
     assert main(argv) == 2
     assert "--task-options" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
+    profile = bench_options("--modes", "vanilla,governed,trickle")
+    assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}
+
+
+@pytest.mark.parametrize("text", ["governed,vanilla", "vanilla,trickel", "vanilla,vanilla"])
+def test_bad_modes_are_a_usage_error_before_anything_runs(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--modes", text, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    assert "--modes" in capsys.readouterr().err
+    assert not out.exists()

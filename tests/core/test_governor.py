@@ -158,3 +158,65 @@ def test_rejects_a_start_share_outside_its_range() -> None:
     gov = OverheadGovernor()
     with pytest.raises(ValueError, match="sm_pct=5 outside"):
         gov.add_task("a", sm_pct=5)
+
+
+def _trickle_plant(gov: OverheadGovernor, k_duty: float) -> float:
+    """Work between bubbles costs ``k_duty`` per unit of duty; work in bubbles costs nothing."""
+    return k_duty * (gov.trickle_duty("t") or 0.0)
+
+
+def _run_trickle(gov: OverheadGovernor, k_duty: float, steps: int) -> list[GovernorDecision]:
+    log: list[GovernorDecision] = []
+    for _ in range(steps):
+        obs = StepObservation(
+            step_s=BASE_S * (1 + _trickle_plant(gov, k_duty)),
+            baseline_step_s=BASE_S,
+            active_task_ids=("t",),
+        )
+        log.extend(gov.observe(obs))
+    return log
+
+
+def test_trickle_duty_settles_where_the_overhead_ceiling_holds() -> None:
+    gov = OverheadGovernor(target_frac=0.01, window=2, settle_steps=0)
+    gov.add_task("t", trickle_duty=0.0)
+    log = _run_trickle(gov, k_duty=0.04, steps=600)  # full duty would cost 4%
+    duty = gov.trickle_duty("t")
+    # it climbs until the overhead is above the low water (0.5%), and stays under the ceiling
+    assert duty is not None and 0.125 <= duty <= 0.25  # 0.25 x 4% = the 1% ceiling
+    assert [d.trickle_duty for d in log[:3]] == [0.05, 0.1, 0.15]
+    assert gov.limits("t") == (100, 1.0)  # SM share and budget untouched while duty covers it
+
+
+def test_trickle_duty_is_cut_first_and_raised_last() -> None:
+    gov = OverheadGovernor(target_frac=0.01, window=1, settle_steps=0)
+    gov.add_task("t", sm_pct=50, budget_scale=1.25, trickle_duty=0.4)
+    over = StepObservation(step_s=BASE_S * 1.05, baseline_step_s=BASE_S, active_task_ids=("t",))
+    cuts = [gov.observe(over)[0] for _ in range(3)]
+    assert [d.trickle_duty for d in cuts] == [0.2, 0.1, 0.05]  # duty halves, share untouched
+    assert all((d.sm_pct, d.budget_scale) == (50, 1.25) for d in cuts)
+    assert gov.observe(over)[0].trickle_duty == 0.025
+    assert gov.observe(over)[0].trickle_duty == 0.0  # under trickle_min: bubbles only
+    assert gov.observe(over)[0].sm_pct == 20  # only then the share
+
+    gov = OverheadGovernor(target_frac=0.01, window=1, settle_steps=0, sm_max_pct=60)
+    gov.add_task("t", sm_pct=50, budget_scale=1.25, trickle_duty=0.0)
+    idle = StepObservation(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=("t",))
+    raises = [gov.observe(idle)[0] for _ in range(3)]
+    assert [(d.budget_scale, d.sm_pct, d.trickle_duty) for d in raises] == [
+        (1.0, 50, 0.0),  # the budget back first
+        (1.0, 60, 0.0),  # then the share
+        (1.0, 60, 0.05),  # duty last
+    ]
+
+
+def test_a_bubbles_only_task_has_no_duty_and_refuses_a_bad_one() -> None:
+    gov = OverheadGovernor(target_frac=0.01, window=1, settle_steps=0)
+    gov.add_task("a")
+    over = StepObservation(step_s=BASE_S * 1.05, baseline_step_s=BASE_S, active_task_ids=("a",))
+    assert gov.observe(over)[0].trickle_duty is None
+    assert gov.trickle_duty("a") is None
+    with pytest.raises(ValueError, match="trickle_duty=1.5 outside"):
+        gov.add_task("b", trickle_duty=1.5)
+    with pytest.raises(ValueError, match="trickle_min"):
+        OverheadGovernor(trickle_min=0.5, trickle_max=0.2)

@@ -561,3 +561,39 @@ def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(ru
     assert min(r["step"] for r in records) >= 12  # quiet 6-11 decide nothing: overhead 0
     assert records[0]["budget_ms"] == pytest.approx(8.0 * records[0]["budget_scale"])
     assert run.manager.task(other)["budget_ms"] == pytest.approx(20.0)
+
+
+def test_the_governor_raises_a_trickle_tasks_duty_while_training_keeps_its_pace(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20, gating="trickle")["id"]
+    bubbles_only = run.manager.attach(COUNTING, stage=2, budget_ms=20)["id"]
+    for t in (tid, bubbles_only):
+        run.state(t, "PAUSED", "INIT")
+    steps = _steps([1.0] * 12, ranks=4)  # no slower than the baseline: room to spare
+    side = pd.concat([_side_steps(list(range(12))).assign(task_id=t) for t in (tid, bubbles_only)])
+    records = _governor_loop(run, steps, side, baseline_step_s=0.8).tick()
+    duties = [r["trickle_duty"] for r in records if r["task_id"] == tid]
+    assert duties[:2] == [0.05, 0.1]  # additive, from duty 0 (bubbles only) up
+    assert run.manager.task(tid)["trickle_duty"] == duties[-1]
+    assert ("tune", (tid, {"trickle_duty": 0.05})) in [s[1:] for s in run.sent]
+    assert all(math.isnan(r["trickle_duty"]) for r in records if r["task_id"] == bubbles_only)
+    assert run.manager.task(bubbles_only)["trickle_duty"] == 0.0
+
+
+def test_a_loop_that_does_not_trickle_holds_a_trickle_task_in_bubbles(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20, gating="trickle")["id"]
+    run.state(tid, "PAUSED", "INIT")
+    run.manager.tune(tid, trickle_duty=0.3)
+    steps = _steps([1.0] * 12, ranks=4)
+    side = _side_steps(list(range(12))).assign(task_id=tid)
+    records = _governor_loop(run, steps, side, baseline_step_s=0.8, trickle=False).tick()
+    assert run.manager.task(tid)["trickle_duty"] == 0.0
+    assert all(math.isnan(r["trickle_duty"]) for r in records)
+
+
+def test_trickle_duty_is_refused_for_a_task_that_steps_in_bubbles_only(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    with pytest.raises(ValueError, match="only a task attached with gating 'trickle'"):
+        run.manager.tune(tid, trickle_duty=0.2)
+    with pytest.raises(ValueError, match=r"trickle_duty=1.5 must be in \[0, 1\]"):
+        run.manager.tune(tid, trickle_duty=1.5)

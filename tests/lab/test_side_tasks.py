@@ -34,7 +34,7 @@ from freeride_lab.pipeline.launcher import RunState
 
 STARTUP_S = 240.0  # first step of two fresh runs on a loaded two-core box
 LIVE_S = 120.0  # the longest a live behaviour may take to show
-STEPS = 150  # long enough for every live test below on a busy two-core box
+STEPS = 170  # long enough for every live test below on a busy two-core box
 CONFIG = synthetic_config(steps=STEPS, seed=7, stages=4, phase_ms=10.0)
 PAGERANK = {"n_nodes": 2000, "n_edges": 10000, "tol": 0.0, "max_iterations": None}
 TOLERANCE_MS = 5.0  # run-clock stamps of a rank and of a task process, same host
@@ -221,6 +221,43 @@ def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
     assert task(run, tid)["overruns"] > 0
 
 
+def in_compute_share(run: Session, task_id: str, after_step: int) -> tuple[float, int]:
+    """Of ``task_id``'s steps in training steps after ``after_step``: the share that ran wholly
+    inside its rank's compute, and how many steps there were."""
+    steps = run.side_task_steps
+    steps = steps[(steps["task_id"] == task_id) & (steps["step"] > after_step)]
+    busy = busy_ms(run.actions, steps)
+    whole = busy >= (steps["end_ms"] - steps["start_ms"]).to_numpy() - 0.1
+    return float(whole.mean()), len(steps)
+
+
+def test_trickle_task_steps_through_compute_as_far_as_its_duty_allows(runs: Runs) -> None:
+    run = runs.main
+    tid = run.attach(
+        toy("Counting"), stage=2, options={"step_s": 0.002}, budget_ms=3, gating="trickle"
+    )["id"]
+    runs.ids["trickle"] = tid
+    assert run.governor is not None  # a trickle task's duty is the governor's to set ...
+    run.disable_governor()  # ... here the test's
+    wait_in_run(lambda: task(run, tid)["steps"] >= 10, LIVE_S, "the first trickle steps", run)
+    assert task(run, tid)["trickle_duty"] == 0.0  # starts in bubbles only
+
+    def phase(duty: float) -> float:
+        assert run.tune(tid, trickle_duty=duty)["trickle_duty"] == duty
+        after = run.steps_done + 1  # steps that may have started before the tune are left out
+        wait_in_run(
+            lambda: in_compute_share(run, tid, after)[1] >= 60, LIVE_S, f"60 steps at {duty}", run
+        )
+        return in_compute_share(run, tid, after)[0]
+
+    through, held = phase(0.5), phase(0.0)
+    run.detach(tid)
+    assert through >= 0.15, through  # between bubbles, while stage 2 computes
+    assert held <= 0.05, held  # duty 0: bubbles only, as under gating "bubbles"
+    with pytest.raises(ValueError, match="only a task attached with gating 'trickle'"):
+        run.tune(runs.ids["counting"], trickle_duty=0.5)
+
+
 def test_governor_tunes_live_tasks_and_logs_its_decisions(runs: Runs) -> None:
     run = runs.main
     steps = run.steps
@@ -296,11 +333,18 @@ def idle_intervals(run: Session) -> pd.DataFrame:
     return pd.concat([bubbles, lead, tail], ignore_index=True)
 
 
+def gated_steps(runs: Runs) -> pd.DataFrame:
+    """The side-task steps of the tasks that step in bubbles only (not the naive or the
+    trickle task)."""
+    steps = runs.main.side_task_steps
+    through = {runs.ids.get("naive", ""), runs.ids.get("trickle", "")}
+    return steps[~steps["task_id"].isin(through)]
+
+
 def test_managed_side_task_steps_lie_inside_measured_bubbles(runs: Runs) -> None:
     run = runs.main
     assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
-    steps = run.side_task_steps
-    steps = steps[steps["task_id"] != runs.ids.get("naive", "")].reset_index(drop=True)
+    steps = gated_steps(runs).reset_index(drop=True)
     assert len(steps) > 100
     steps["row"] = steps.index
     pairs = steps.merge(idle_intervals(run), on=["rank", "step"], suffixes=("", "_idle"))
@@ -332,8 +376,7 @@ def test_managed_side_task_steps_lie_inside_the_bubble_table_by_time(runs: Runs)
     # the table alone, joined by time: no stitching of lead-ins and tails as above
     run = runs.main
     assert run.wait(timeout_s=STARTUP_S + STEPS * 2.0) == RunState.FINISHED
-    steps = run.side_task_steps
-    steps = steps[steps["task_id"] != runs.ids.get("naive", "")]
+    steps = gated_steps(runs)
     idle = merged_bubbles(run.bubbles)
     outside = [
         (row.task_id, row.rank, row.step, row.start_ms, row.end_ms)

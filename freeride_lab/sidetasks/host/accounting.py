@@ -88,13 +88,16 @@ class StepAccounting(Checkpointing):
         progress: float,
         overrun_ns: int,
         calls: int = 1,
+        *,
+        policy: bool = True,
     ) -> None:
         """An iterative step (or a group of ``calls`` steps: ``host.iterative`` [Note: step
-        groups]): its event, a profile sample of one step's time, the overrun policy."""
+        groups]): its event, a profile sample of one step's time, the overrun policy (not for a
+        step that ran through training's compute by design: ``policy=False``, gating "none")."""
         self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
         self._sample_profile((end_ns - start_ns) // calls)
-        if self.spec.task.gating != "bubbles":
-            return  # naive co-location overruns by design; the policy would only stop it
+        if not policy or self.spec.task.gating == "none":
+            return  # overruns by design; the policy would only stop it
         self._window.append(overrun_ns)
         if overrun_ns > 0:
             self._apply_overrun_policy()

@@ -86,6 +86,8 @@ class HostBase:
         self._first_step_seen: int | None = None
         self._window: collections.deque[int] = collections.deque(maxlen=OVERRUN_WINDOW)
         self._policy_paused = False
+        self._trickle_duty = spec.task.limits.trickle_duty  # gating "trickle": see host.iterative
+        self._trickle_next_ns = 0  # no step between bubbles before this run-clock time
         self._warned_at_step = -(10**9)
         # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
         self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()

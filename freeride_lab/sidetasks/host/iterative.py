@@ -4,7 +4,7 @@ Inside a bubble the host calls ``step()`` while ``should_step(now, predicted end
 observed end)`` holds; it stops launching as soon as the bubble is seen to end, even before its
 predicted end. Without a fixed budget the first steps profile the task (see ``host.accounting``
 [Note: profiling in bubbles]). Under gating "none" it steps in short bursts whatever training
-does.
+does; under gating "trickle" it also steps between bubbles, paced ([Note: trickle]).
 
 [Note: step groups]
 Between two steps the host waits for the device, writes the step's record and looks at the
@@ -17,6 +17,18 @@ and never more than the bubble's predicted remainder holds with the last step's 
 kept as its guard, so a group ends where a lone step would have been allowed to. The host still
 looks at the edges between the calls and stops launching once the bubble is seen to end. A
 profiling step is always alone, and the profile is taken from single steps.
+
+[Note: trickle]
+Under gating "trickle" a task steps in bubbles exactly as under "bubbles", and between bubbles,
+while the rank computes, it runs groups of steps (about ``_TRICKLE_GROUP_NS`` long, one device
+wait each) paced to its duty d (``GpuLimits.trickle_duty``): after a group of length t the next
+starts no sooner than t x (1 - d) / d later, so it keeps about d of the time between bubbles.
+A group stops launching at the next edge, so a bubble that starts is taken at once. d = 0 is
+gating "bubbles"; the overhead governor moves d (``core.governor``), so that work through
+training's compute is bought only while training's step time stays under its ceiling. Nothing
+steps between bubbles before the task is profiled, or once the rank's newest edge is older
+than ``_TRICKLE_STALE_NS`` (training parked or gone). A step's time during training's compute
+is its ``overrun_ns``, as under gating "none"; the overrun policy judges bubble steps only.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ from freeride_lab.sidetasks.host.accounting import StepAccounting, training_busy
 __all__ = ["IterativeSteps"]
 
 _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
+_TRICKLE_GROUP_NS = 2_000_000  # gating "trickle": steps launched between two device waits
+_TRICKLE_STALE_NS = 5 * 10**9  # no step between bubbles once the newest edge is this old
 
 
 class IterativeSteps(StepAccounting):
@@ -45,7 +59,7 @@ class IterativeSteps(StepAccounting):
         return (
             self.profile is None
             and self._budget_fixed_ns is None
-            and self.spec.task.gating == "bubbles"
+            and self.spec.task.gating != "none"
         )
 
     def _largest_bubble(self, bubble: Edge) -> bool:
@@ -114,6 +128,51 @@ class IterativeSteps(StepAccounting):
             self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
             return False
         return True
+
+    def _trickle_due(self) -> bool:
+        """Gating "trickle": whether a group of steps between bubbles may start now."""
+        return (
+            self._trickle_duty > 0
+            and not self._profiling_in_bubbles
+            and self.reader.now_ns() >= self._trickle_next_ns
+        )
+
+    def _run_trickle(self) -> None:
+        """Gating "trickle": one group of steps through training's compute ([Note: trickle])."""
+        task = self.task
+        assert isinstance(task, IterativeSideTask)
+        duty = self._trickle_duty
+        start_edge = self.reader.latest()
+        start_ns = self.reader.now_ns()
+        if (
+            start_edge is None
+            or start_edge.in_bubble
+            or start_ns - start_edge.start_ns > _TRICKLE_STALE_NS
+        ):
+            self._end_trickle()
+            self._trickle_next_ns = start_ns + _TRICKLE_GROUP_NS  # look again later
+            return
+        if self.machine.state is SideTaskState.PAUSED and not self._apply(SideTaskEvent.START):
+            return
+        times = self._recent_step_ns
+        calls = 1
+        if len(times) >= 3:
+            group_ns = max(self.step_group_ns, _TRICKLE_GROUP_NS)
+            calls = max(1, int(group_ns // max(statistics.median(times), 1.0)))
+        progress, done = self._one_step(task, start_edge.step, calls, start_edge)
+        end_ns = self.reader.now_ns()
+        self._recent_step_ns.append((end_ns - start_ns) / done)
+        end_edge = self.reader.latest()
+        busy_ns = training_busy_ns(start_edge, end_edge, start_ns, end_ns)
+        self._record_step(start_edge.step, start_ns, end_ns, progress, busy_ns, done, policy=False)
+        self._trickle_next_ns = end_ns + int((end_ns - start_ns) * (1 - duty) / duty)
+        if task.is_finished():
+            self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
+
+    def _end_trickle(self) -> None:
+        """Leave the steps between bubbles (RUNNING -> PAUSED), if in them."""
+        if self.machine.state is SideTaskState.RUNNING:
+            self._apply(SideTaskEvent.PAUSE)
 
     def _run_free(self) -> None:
         """Gating "none": step for a short burst whatever training does (naive co-location)."""

@@ -19,6 +19,9 @@ restores the task's checkpoint, then runs the state machine of ``core.sidetask_s
   then stops the whole process with SIGSTOP (after ``pause_grace_s`` at the latest); at the next
   bubble start the worker sends SIGCONT and the host reopens the gate.
 
+- **gating "trickle"** (iterative tasks): bubbles as above; between them, while the rank
+  computes, paced groups of steps up to the task's trickle duty (``host.iterative``
+  [Note: trickle]), which ``tune`` changes live.
 - **gating "none"** (naive co-location, for comparisons): an iterative task steps continuously
   and an imperative one is never paused; steps still become events, and the part of a step
   during which training computed counts as its overrun (no overrun policy; hung steps are still
@@ -32,8 +35,9 @@ non-zero and nothing else is affected.
 # [Note: host protocol]
 JSON objects over a socketpair (``multiprocessing.connection`` framing; never pickle).
 worker → host: ``{"cmd": "activate"}`` (CREATED → PAUSED: take bubbles), ``{"cmd": "tune",
-"budget_s": s|null, "overrun_policy": p}``, ``{"cmd": "resume"}`` (after an overrun PAUSE),
-``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``, ``{"cmd": "stop", "reason": r, "restart": b}``.
+"budget_s": s|null, "overrun_policy": p, "trickle_duty": d}``, ``{"cmd": "resume"}`` (after an
+overrun PAUSE), ``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``, ``{"cmd": "stop", "reason": r,
+"restart": b}``.
 host → worker: ``{"type": "state", "state", "event", "accepted", "reason", "mode"}``,
 ``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me).
 End of file = worker gone: stop.
@@ -74,6 +78,11 @@ class TaskHost(IterativeSteps):
         try:
             cls = load_task_class(self.spec.task.task)
             self.mode = "imperative" if issubclass(cls, ImperativeSideTask) else "iterative"
+            if self.mode == "imperative" and self.spec.task.gating == "trickle":
+                raise ValueError(
+                    f"gating 'trickle' needs an iterative task (step()); {cls.__name__} is "
+                    "imperative (run()): attach it with gating 'bubbles'"
+                )
             self._where = "applying limits"
             limits = self.spec.task.limits
             apply_in_process(limits, device=self.spec.device, mps_active=self.spec.mps_active)
@@ -114,7 +123,9 @@ class TaskHost(IterativeSteps):
             return
         state = self.machine.state
         on_device = state in (SideTaskState.PAUSED, SideTaskState.RUNNING)
-        if self.spec.task.gating == "none" and on_device and not self._policy_paused:
+        if self.spec.task.gating == "trickle" and on_device and not self._policy_paused:
+            self._turn_trickle()
+        elif self.spec.task.gating == "none" and on_device and not self._policy_paused:
             if self._driver is None:
                 self._run_free()
             elif state is SideTaskState.PAUSED:
@@ -138,21 +149,39 @@ class TaskHost(IterativeSteps):
             self._wait_command(_WAIT_S)
         self._maybe_checkpoint()
 
-    def _wait_for_edge(self) -> Edge | None:
-        """The next edge, with a spin across the moment the next bubble should start (see
-        ``core.edge_timing``; GPU runs only: a CPU run's cores belong to training)."""
+    def _turn_trickle(self) -> None:
+        """Gating "trickle": a bubble as under "bubbles"; else, when due, steps between bubbles
+        (``host.iterative`` [Note: trickle])."""
+        limit_s = _WAIT_S
+        if self._trickle_duty > 0:
+            limit_s = max(0.0, (self._trickle_next_ns - self.reader.now_ns()) / 1e9)
+        edge = self._wait_for_edge(limit_s)
+        if edge is not None and edge.in_bubble:
+            self._end_trickle()
+            if self._cmds.empty():
+                self._run_bubble(edge)
+        elif self._trickle_due() and self._cmds.empty():
+            self._run_trickle()
+        elif self._trickle_duty <= 0:
+            self._end_trickle()
+
+    def _wait_for_edge(self, limit_s: float = _WAIT_S) -> Edge | None:
+        """The next edge (None after ``limit_s``, at most ``_WAIT_S``), with a spin across the
+        moment the next bubble should start (see ``core.edge_timing``; GPU runs only: a CPU
+        run's cores belong to training)."""
         reader = self.reader
+        limit_s = min(limit_s, _WAIT_S)
         predicted_ns = self._clock.next_start_ns() if self._spin_lead_s > 0 else None
         if predicted_ns is None:
             with self._waiting():
-                edge = reader.wait(timeout_s=_WAIT_S)
+                edge = reader.wait(timeout_s=limit_s)
         else:
             sleep_s = (predicted_ns - reader.now_ns()) / 1e9 - self._spin_lead_s
             with self._waiting():
-                edge = reader.wait(timeout_s=min(sleep_s, _WAIT_S)) if sleep_s > 0 else None
-            if edge is None and sleep_s <= _WAIT_S:
+                edge = reader.wait(timeout_s=min(sleep_s, limit_s)) if sleep_s > 0 else None
+            if edge is None and sleep_s <= limit_s:
                 with self._waiting():
-                    edge = reader.wait(timeout_s=_WAIT_S, spin_s=2 * self._spin_lead_s)
+                    edge = reader.wait(timeout_s=limit_s, spin_s=2 * self._spin_lead_s)
         if edge is None:
             return None
         if edge.in_bubble:
@@ -222,7 +251,16 @@ class TaskHost(IterativeSteps):
                 self._budget_fixed_ns = None if budget is None else int(float(budget) * 1e9)
             if "overrun_policy" in message:
                 self._policy = parse_overrun_policy(message["overrun_policy"])
-            return True, f"budget_ns={self._budget_ns()} policy={self._policy}"
+            if "trickle_duty" in message:
+                duty = float(message["trickle_duty"])
+                if not 0 <= duty <= 1:
+                    return False, f"trickle_duty={duty!r} must be in [0, 1]"
+                self._trickle_duty = duty
+                self._trickle_next_ns = 0
+            return True, (
+                f"budget_ns={self._budget_ns()} policy={self._policy} "
+                f"trickle_duty={self._trickle_duty:g}"
+            )
         if cmd == "resume":
             self._policy_paused = False
             return True, "taking bubbles again"
