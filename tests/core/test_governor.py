@@ -216,7 +216,7 @@ def test_a_bubbles_only_task_has_no_duty_and_refuses_a_bad_one() -> None:
     over = StepObservation(step_s=BASE_S * 1.05, baseline_step_s=BASE_S, active_task_ids=("a",))
     assert gov.observe(over)[0].trickle_duty is None
     assert gov.trickle_duty("a") is None
-    with pytest.raises(ValueError, match="trickle_duty=1.5 outside"):
+    with pytest.raises(ValueError, match=r"trickle_duty=1\.5 outside"):
         gov.add_task("b", trickle_duty=1.5)
     with pytest.raises(ValueError, match="trickle_min"):
         OverheadGovernor(trickle_min=0.5, trickle_max=0.2)
