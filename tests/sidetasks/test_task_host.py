@@ -331,3 +331,15 @@ def test_short_steps_run_in_groups_that_stay_inside_their_bubble(
         assert step.start_ns < end_ns  # every group began inside its bubble
         if step.end_ns <= end_ns:
             assert step.overrun_ns == 0
+
+
+def test_an_imperative_task_cannot_trickle_and_fails_saying_why(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    proc = start_task_host(run_dir, hosts, ref("FreeCounter"), gating="trickle")
+    assert wait_exit(proc) == 1
+    failed = states_of(task_events(run_dir, "t1"))[-1]
+    assert failed.state == "FAILED"
+    assert "gating 'trickle' needs an iterative task (step()); FreeCounter is imperative" in (
+        failed.reason
+    )
