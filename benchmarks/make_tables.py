@@ -33,6 +33,7 @@ from freeride_lab.bench.markdown import (
     fmt_pct,
     fmt_rate,
     markdown,
+    md_table,
 )
 from freeride_lab.bench.results import fill_tables
 
@@ -178,14 +179,6 @@ def _ms(row: Mapping[str, Any], name: str) -> str:
     return fmt_interval(row[f"{name}_ms"], row[f"{name}_lo_ms"], row[f"{name}_hi_ms"], 2, pct=False)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
-
-
 def _first_of_run(rows: list[list[str]]) -> list[list[str]]:
     """Leave the run column empty after the first row of each run."""
     last = None
@@ -208,7 +201,7 @@ def h200_overhead(pipeline_rows: list[tuple[str, dict[str, Any]]] | None = None)
          f"{_iv(r, 'overhead_one_stage_worst', signed=True)} ({r['worst_task']})"]
         for _, r in (h200_rows() if pipeline_rows is None else pipeline_rows)
     ]  # fmt: skip
-    return _table(
+    return md_table(
         ["run", "mode", "blocks per mode", "**all stages at once (estimate)**",
          "one stage at a time: mean", "one stage at a time: worst"],
         _first_of_run(rows),
@@ -224,7 +217,7 @@ def h200_harvest(pipeline_rows: list[tuple[str, dict[str, Any]]] | None = None) 
          f"{_ms(r, 'latency_p50')} / {_ms(r, 'latency_p99')}"]
         for _, r in (h200_rows() if pipeline_rows is None else pipeline_rows)
     ]  # fmt: skip
-    return _table(
+    return md_table(
         ["run", "mode", "harvest", "of the theory limit", "of the measured idle time",
          "saving published / corrected", "edge → step p50 / p99 ms"],
         _first_of_run(rows),
@@ -255,7 +248,7 @@ def h200_old_vs_new() -> list[str]:
             ]
         )
     return [
-        *_table(
+        *md_table(
             ["run", "mode", "one stage: mean", "all stages (sum)", "harvest",
              "of theory limit", "saving corrected"],
             _first_of_run(rows),
@@ -302,7 +295,7 @@ def h200_goals(results: list[dict[str, Any]] | None = None) -> list[str]:
                 [run_label(c["run"]), c["mode"], f"{c['goal']} {sign} {fmt_pct(c['threshold'], 1)}",
                  figure, met]
             )  # fmt: skip
-    return _table(["run", "mode", "goal", "figure [95% interval]", "met"], _first_of_run(rows))
+    return md_table(["run", "mode", "goal", "figure [95% interval]", "met"], _first_of_run(rows))
 
 
 def h200_per_stage() -> list[str]:
@@ -319,7 +312,7 @@ def h200_per_stage() -> list[str]:
              f"{_iv(r, 'harvest_of_measured_idle', 0)} of {fmt_pct(r['vanilla_idle_frac'], 0)}",
              f"{r['overruns']} of {r['side_steps']}"]
         )  # fmt: skip
-    return _table(
+    return md_table(
         ["stage · task", "mode", "overhead (mean) [95%]", "median (min..max)",
          "side-task throughput", "bubble time used", "harvest [95%]", "of measured idle",
          "overruns in blocks"],
@@ -340,7 +333,7 @@ def h200_dedicated() -> list[str]:
                  f"{d['task_overruns_total']} of {d['task_steps_total']}"
                  if d["task_steps_total"] is not None else NOT_MEASURED]
             )  # fmt: skip
-    return _table(
+    return md_table(
         ["run", "stage · task", "solo phase before the blocks", "after the blocks", "spread",
          "task's steps in the run: overran"],
         _first_of_run(rows),
@@ -355,7 +348,7 @@ def h200_instrumentation() -> list[str]:
             if figure:
                 iv = fmt_interval(figure["value"], figure["lo"], figure["hi"], 2, signed=True)
                 rows.append([run_label(run), iv])
-    return _table(["run", "instrumentation: timed vs plain stage [95%]"], rows)
+    return md_table(["run", "instrumentation: timed vs plain stage [95%]"], rows)
 
 
 def freeride_comparison() -> list[str]:
@@ -397,7 +390,7 @@ def freeride_comparison() -> list[str]:
         ours = " / ".join(_iv(r, "overhead", signed=True) if r else "-" for r in (ts, mps))
         rows.append([label, fmt_pct(over), saving, f"{ours} (stage {ts['stage']} only)",
                      _iv(ts, "harvest", 1)])  # fmt: skip
-    return _table(
+    return md_table(
         ["task", "FreeRide overhead (its stages at once)", "saving published / corrected",
          "ours: overhead time-sliced / MPS [95%]", "ours: harvest (time-sliced)"],
         rows,
@@ -419,7 +412,7 @@ def _cpu_pipeline(name: str) -> list[str]:
         for r in data["pipeline"]
         if r["case"] == "mix"
     ]  # fmt: skip
-    return _table(
+    return md_table(
         ["mode (CPU)", "stages", "blocks per mode", "all stages at once (estimate)",
          "one stage: mean", "one stage: worst", "harvest", "of theory limit / measured idle",
          "saving published / corrected", "latency p50 / p99 ms"],
@@ -447,7 +440,7 @@ def cpu_dry_run() -> list[str]:
     return [
         *lines,
         "",
-        *_table(
+        *md_table(
             ["stage · task (CPU)", "solo before the blocks (units/s)", "after the blocks",
              "spread", "flagged (> 10%)", "task's steps in the run: overran"],
             rows,
@@ -474,7 +467,7 @@ def _per_stage(summary: list[dict[str, Any]], cases: tuple[str, ...]) -> list[st
         for r in summary
         if r["case"] in cases and r["mode"] != "vanilla"
     ]  # fmt: skip
-    return _table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
+    return md_table(["stage", "task", "mode", "overhead [95%]", "harvest [95%]", "idle"], rows)
 
 
 def h200_split_per_stage() -> list[str]:
@@ -522,7 +515,7 @@ def h200_instrument_old_vs_new() -> list[str]:
             f"{_ms(new, 'latency_p50')} / {_ms(new, 'latency_p99')}"),
     }  # fmt: skip
     rows = [[name, a, b, why[name]] for name, (a, b) in pairs.items()]
-    return _table(["figure (managed)", "before (two calls)", "now (one call)", "why"], rows)
+    return md_table(["figure (managed)", "before (two calls)", "now (one call)", "why"], rows)
 
 
 def timing_overhead() -> list[str]:
@@ -547,7 +540,7 @@ def timing_overhead() -> list[str]:
              f"{rc['no_edges']['median'] / 1e3:.1f} / "
              f"{rc['edges_and_predictor']['median'] / 1e3:.1f}"]
         )  # fmt: skip
-    return _table(
+    return md_table(
         ["call", "instrument", "step ms timed / plain (median)", "overhead [95%]",
          "µs per action [95%]", "recorder start+stop µs (no edges / edges)"],
         rows,
@@ -574,7 +567,7 @@ def timing_overhead_quiet() -> list[str]:
              " / ".join(f"{rc[k]['median'] / 1e3:.1f}"
                         for k in ("no_edges", "edges_and_predictor", "edges_quiet_slots"))]
         )  # fmt: skip
-    return _table(
+    return md_table(
         ["model (one stage, 8 micro-batches)", "bubbles announced", "step ms timed / plain",
          "overhead [95%]", "µs per action [95%]", "block pairs",
          "recorder µs: no edges / edges / quiet"],
@@ -597,7 +590,7 @@ def edge_watcher() -> list[str]:
          why[mode]]
         for mode in ("none", "sleep", "poll")
     ]  # fmt: skip
-    return _table(["watcher", "step ms (mean of blocks)", "vs none [95%]", "what it is"], rows)
+    return md_table(["watcher", "step ms (mean of blocks)", "vs none [95%]", "what it is"], rows)
 
 
 def _merged_rows() -> list[tuple[str, dict[str, Any]]]:
@@ -617,7 +610,7 @@ def _tails(summary: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]
         for r in summary
         if r["case"] == "mix" and r["mode"] != "vanilla"
     ]  # fmt: skip
-    return _table(
+    return md_table(
         ["", "task", "mode", "p99 step inflation [95%]", "board energy above vanilla",
          "edge → step p50 / p99 ms"],
         rows,
@@ -654,7 +647,7 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
         for r in result(name)["summary"]
         if r["case"] == "mix" and r["mode"] in ("managed", "governed")
     ]  # fmt: skip
-    return _table(
+    return md_table(
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
          "after the last step", "unused bubbles", "throughput in bubbles",
          "harvest of measured idle [95%]", "overhead [95%]"],

@@ -7,12 +7,12 @@ formats BENCHMARKS.md's generator shares (``benchmarks/make_tables.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from freeride_lab.bench import stats as bs
 
-__all__ = ["NOT_MEASURED", "fmt_interval", "fmt_num", "fmt_pct", "fmt_rate", "markdown"]
+__all__ = ["NOT_MEASURED", "fmt_interval", "fmt_num", "fmt_pct", "fmt_rate", "markdown", "md_table"]
 
 #: What a table says for a figure an older result did not record.
 NOT_MEASURED = "not measured in this result"
@@ -72,14 +72,72 @@ def _ms_iv(r: Mapping[str, Any], name: str) -> str:
     )
 
 
-def _overhead_cells(r: Mapping[str, Any]) -> str:
-    """ "overhead [95%] | median (min..max)" of a per-stage row; the baseline says so."""
+def _overhead_cells(r: Mapping[str, Any]) -> list[str]:
+    """The "overhead [95%]" and "median (min..max)" cells of a per-stage row; the baseline
+    says so."""
     if r["mode"] == bs.REFERENCE_MODE:
-        return "baseline | -"
-    return (
-        f"{_iv(r, 'overhead', signed=True)} | {fmt_pct(r['overhead_median_frac'], signed=True)}"
-        f" ({fmt_pct(r['overhead_min_frac'])}..{fmt_pct(r['overhead_max_frac'])})"
-    )
+        return ["baseline", "-"]
+    return [
+        _iv(r, "overhead", signed=True),
+        f"{fmt_pct(r['overhead_median_frac'], signed=True)}"
+        f" ({fmt_pct(r['overhead_min_frac'])}..{fmt_pct(r['overhead_max_frac'])})",
+    ]
+
+
+def _goal_cells(c: Mapping[str, Any]) -> list[str]:
+    """A goal check's cells; the worst stage (an upper bound only) shows that bound."""
+    sign = "≤" if c["kind"] == "max" else "≥"
+    figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
+    if c["lo"] is None and c["hi"] is not None:
+        figure = f"{fmt_pct(c['value'], 2, signed=True)} (highest upper bound " \
+            f"{fmt_pct(c['hi'], 2, signed=True)})"  # fmt: skip
+    met = "yes" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
+    return [
+        c["run"], c["case"], c["mode"], f"{c['goal']} {sign} {fmt_pct(c['threshold'], 1)}",
+        figure, met,
+    ]  # fmt: skip
+
+
+def _dedicated_cells(d: Mapping[str, Any]) -> list[str]:
+    """A dedicated-speed row's cells; what an older result did not record says so."""
+    unit = f" {d['unit']}/s" if d["unit"] else ""
+    after = d["after_measured"]
+    return [
+        d["run"], d["case"], f"{d['stage']} · {d['task']}",
+        f"{fmt_rate(d['before_per_s'])}{unit}",
+        f"{fmt_rate(d['after_per_s'])}{unit}" if after else NOT_MEASURED,
+        f"{fmt_rate(d['dedicated_per_s'])}{unit}",
+        fmt_pct(d["spread_frac"], 1) if after else "-",
+        "**yes**" if d["unstable"] else "no",
+        f"{fmt_num(d['solo_before_s'], '.2f')} / {fmt_num(d['solo_after_s'], '.2f')}",
+        f"{d['task_overruns_total']} of {d['task_steps_total']}"
+        if d["task_steps_total"] is not None
+        else NOT_MEASURED,
+    ]  # fmt: skip
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """The lines of a markdown table: the header, its rule, then one line per row of cells."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(c) for c in r) + " |" for r in rows),
+    ]
+
+
+def _section(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    note: str = "",
+    omit_empty: bool = False,
+) -> list[str]:
+    """A "## title" section holding one table, with an optional line of text before it;
+    nothing at all for no rows with ``omit_empty`` (a figure the result does not have)."""
+    if omit_empty and not rows:
+        return []
+    return ["", f"## {title}", "", *([note, ""] if note else []), *md_table(header, rows)]
 
 
 def markdown(result: Mapping[str, Any]) -> str:
@@ -106,106 +164,63 @@ def markdown(result: Mapping[str, Any]) -> str:
         "block bootstrap). *One stage* figures are what the harness measures (one stage "
         "harvesting at a time); *all stages* is the estimate for every stage harvesting at "
         "once (the sum of the per-stage slowdowns), the one comparable to FreeRide's.",
-        "",
-        "## Pipeline: training overhead (vs interleaved vanilla blocks)",
-        "",
-        "| run | case | mode | stages | blocks (min) | all stages at once (estimate) | "
-        "one stage: mean | one stage: worst |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result.get("pipeline", []):
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['mode']} | {r['stages_covered']} | "
-            f"{r['blocks_min']} | {_iv(r, 'overhead_all_stages_estimate', signed=True)} | "
-            f"{_iv(r, 'overhead_one_stage_mean', signed=True)} | "
-            f"{_iv(r, 'overhead_one_stage_worst', signed=True)} "
-            f"({r['worst_stage']}·{r['worst_task']}) |"
-        )
-    lines += [
-        "",
-        "## Pipeline: harvest, cost, latency",
-        "",
-        "| run | case | mode | harvest | of theory limit | idle (measured) | of measured idle | "
-        "saving published | corrected | edge → step p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result.get("pipeline", []):
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['mode']} | {_iv(r, 'harvest', 1)} | "
-            f"{_iv(r, 'harvest_of_theory_limit', 0)} (of {fmt_pct(r['bubble_limit_frac'], 1)}) | "
-            f"{fmt_pct(r['idle_frac'], 1)} | {_iv(r, 'harvest_of_measured_idle', 0)} | "
-            f"{_iv(r, 'saving_published', 1)} | {_iv(r, 'saving_corrected', 1)} | "
-            f"{_ms_iv(r, 'latency_p50')} | {_ms_iv(r, 'latency_p99')} |"
-        )
-    checks = result.get("goal_checks", [])
-    if checks:
-        lines += [
-            "",
-            "## Goals (met only when the 95% interval clears the goal)",
-            "",
-            "| run | case | mode | goal | figure [95%] | met |",
-            "|---|---|---|---|---|---|",
-        ]
-        for c in checks:
-            sign = "≤" if c["kind"] == "max" else "≥"
-            figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
-            if c["lo"] is None and c["hi"] is not None:
-                figure = f"{fmt_pct(c['value'], 2, signed=True)} (highest upper bound " \
-                    f"{fmt_pct(c['hi'], 2, signed=True)})"  # fmt: skip
-            met = "yes" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
-            lines.append(
-                f"| {c['run']} | {c['case']} | {c['mode']} | {c['goal']} {sign} "
-                f"{fmt_pct(c['threshold'], 1)} | {figure} | {met} |"
-            )
-    lines += [
-        "",
-        "## Per stage (one stage harvesting at a time)",
-        "",
-        "| run | case | stage | task | mode | blocks | step ms | overhead [95%] | "
-        "median (min..max) | throughput | bubble used | idle | harvest [95%] | of theory limit | "
-        "of measured idle | overruns (blocks) | SM MHz | W |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result.get("summary", []):
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['stage']} | {r['task'] or '-'} | {r['mode']} | "
-            f"{r['blocks']} | {fmt_num(r['step_ms_median'], '.1f')} | "
-            f"{_overhead_cells(r)} | "
-            f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s | "
-            f"{fmt_pct(r['bubble_used_frac'], 0)} | {fmt_pct(r['idle_frac'], 0)} | "
-            f"{_iv(r, 'harvest', 1)} | {_iv(r, 'harvest_of_theory_limit', 0)} | "
-            f"{_iv(r, 'harvest_of_measured_idle', 0)} | {r['overruns']} of {r['side_steps']} | "
-            f"{fmt_num(r['sm_clock_mhz'], '.0f')} | {fmt_num(r['power_w'], '.0f')} |"
-        )
-    ded = result.get("dedicated", [])
-    if ded:
-        lines += [
-            "",
-            "## Dedicated speeds (each segment's own, alone on the device)",
-            "",
-            f"Flagged: before and after differ by more than {bs.SPREAD_FLAG_FRAC:.0%}.",
-            "",
-            "| run | case | stage · task | before | after | used | spread | flagged | "
-            "solo s before / after | task's steps in the run: overran |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for d in ded:
-            unit = f" {d['unit']}/s" if d["unit"] else ""
-            lines.append(
-                f"| {d['run']} | {d['case']} | {d['stage']} · {d['task']} | "
-                f"{fmt_rate(d['before_per_s'])}{unit} | "
-                + (f"{fmt_rate(d['after_per_s'])}{unit}" if d["after_measured"] else NOT_MEASURED)
-                + f" | {fmt_rate(d['dedicated_per_s'])}{unit} | "
-                + (fmt_pct(d["spread_frac"], 1) if d["after_measured"] else "-")
-                + f" | {'**yes**' if d['unstable'] else 'no'} | "
-                f"{fmt_num(d['solo_before_s'], '.2f')} / {fmt_num(d['solo_after_s'], '.2f')} | "
-                + (
-                    f"{d['task_overruns_total']} of {d['task_steps_total']}"
-                    if d["task_steps_total"] is not None
-                    else NOT_MEASURED
-                )
-                + " |"
-            )
+    lines += _section(
+        "Pipeline: training overhead (vs interleaved vanilla blocks)",
+        ["run", "case", "mode", "stages", "blocks (min)", "all stages at once (estimate)",
+         "one stage: mean", "one stage: worst"],
+        [
+            [r["run"], r["case"], r["mode"], r["stages_covered"], r["blocks_min"],
+             _iv(r, "overhead_all_stages_estimate", signed=True),
+             _iv(r, "overhead_one_stage_mean", signed=True),
+             f"{_iv(r, 'overhead_one_stage_worst', signed=True)} "
+             f"({r['worst_stage']}·{r['worst_task']})"]
+            for r in result.get("pipeline", [])
+        ],
+    )  # fmt: skip
+    lines += _section(
+        "Pipeline: harvest, cost, latency",
+        ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
+         "of measured idle", "saving published", "corrected", "edge → step p50 ms", "p99 ms"],
+        [
+            [r["run"], r["case"], r["mode"], _iv(r, "harvest", 1),
+             f"{_iv(r, 'harvest_of_theory_limit', 0)} (of {fmt_pct(r['bubble_limit_frac'], 1)})",
+             fmt_pct(r["idle_frac"], 1), _iv(r, "harvest_of_measured_idle", 0),
+             _iv(r, "saving_published", 1), _iv(r, "saving_corrected", 1),
+             _ms_iv(r, "latency_p50"), _ms_iv(r, "latency_p99")]
+            for r in result.get("pipeline", [])
+        ],
+    )  # fmt: skip
+    lines += _section(
+        "Goals (met only when the 95% interval clears the goal)",
+        ["run", "case", "mode", "goal", "figure [95%]", "met"],
+        [_goal_cells(c) for c in result.get("goal_checks", [])],
+        omit_empty=True,
+    )
+    lines += _section(
+        "Per stage (one stage harvesting at a time)",
+        ["run", "case", "stage", "task", "mode", "blocks", "step ms", "overhead [95%]",
+         "median (min..max)", "throughput", "bubble used", "idle", "harvest [95%]",
+         "of theory limit", "of measured idle", "overruns (blocks)", "SM MHz", "W"],
+        [
+            [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
+             r["blocks"], fmt_num(r["step_ms_median"], ".1f"), *_overhead_cells(r),
+             f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+             fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_frac"], 0),
+             _iv(r, "harvest", 1), _iv(r, "harvest_of_theory_limit", 0),
+             _iv(r, "harvest_of_measured_idle", 0), f"{r['overruns']} of {r['side_steps']}",
+             fmt_num(r["sm_clock_mhz"], ".0f"), fmt_num(r["power_w"], ".0f")]
+            for r in result.get("summary", [])
+        ],
+    )  # fmt: skip
+    lines += _section(
+        "Dedicated speeds (each segment's own, alone on the device)",
+        ["run", "case", "stage · task", "before", "after", "used", "spread", "flagged",
+         "solo s before / after", "task's steps in the run: overran"],
+        [_dedicated_cells(d) for d in result.get("dedicated", [])],
+        note=f"Flagged: before and after differ by more than {bs.SPREAD_FLAG_FRAC:.0%}.",
+        omit_empty=True,
+    )  # fmt: skip
     lines += ["", "## Runs", ""]
     for run in result.get("runs", []):
         if "skipped" in run and isinstance(run["skipped"], str):
@@ -241,28 +256,21 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     ]
     if not rows:
         return []
-    lines = [
-        "",
-        "## Where the idle time went (share of each block set's bubble time)",
-        "",
-        "| run | case | stage | task | mode | side-task steps | before the first step | "
-        "between steps | after the last step | in unused bubbles | bubbles unused |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['run']} | {r['case']} | {r['stage']} | {r['task'] or '-'} | {r['mode']} | "
-            + " | ".join(
-                fmt_pct(r[c], 1)
-                for c in (
-                    "bubble_used_frac",
-                    "idle_lead_frac",
-                    "idle_between_frac",
-                    "idle_tail_frac",
-                    "idle_unused_frac",
-                    "unused_bubbles_frac",
-                )
-            )
-            + " |"
-        )
-    return lines
+    shares = (
+        "bubble_used_frac",
+        "idle_lead_frac",
+        "idle_between_frac",
+        "idle_tail_frac",
+        "idle_unused_frac",
+        "unused_bubbles_frac",
+    )
+    return _section(
+        "Where the idle time went (share of each block set's bubble time)",
+        ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
+         "between steps", "after the last step", "in unused bubbles", "bubbles unused"],
+        [
+            [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
+             *(fmt_pct(r[c], 1) for c in shares)]
+            for r in rows
+        ],
+    )  # fmt: skip

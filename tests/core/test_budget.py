@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from freeride_paper import SIDE_TASKS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,25 +22,15 @@ from freeride_lab.core.budget import (
     step_budget_s,
 )
 
-# FreeRide's side-task table (paper notes §9): median step (s), peak (GiB), request, budget (s).
-PAPER_ROWS = [
-    ("resnet18", 0.0306, 3.63, 4, 0.048),
-    ("resnet50", 0.0889, 7.51, 8, 0.108),
-    ("vgg19", 0.1748, 11.51, 12, 0.216),
-    ("pagerank", 0.0035, 1.91, 2, 0.012),
-    ("sgd", 0.145, 1.91, 2, 0.18),
-    ("image", 0.047, 10.41, 11, 0.06),
-]
 
-
-@pytest.mark.parametrize(("name", "median_s", "peak_gib", "request_gib", "budget_s"), PAPER_ROWS)
+@pytest.mark.parametrize(("name", "median_s", "peak_gib", "request_gib", "budget_s"), SIDE_TASKS)
 def test_budget_reproduces_the_paper_table_row(
     name: str, median_s: float, peak_gib: float, request_gib: int, budget_s: float
 ) -> None:
     assert step_budget_s(median_s) == budget_s
 
 
-@pytest.mark.parametrize(("name", "median_s", "peak_gib", "request_gib", "budget_s"), PAPER_ROWS)
+@pytest.mark.parametrize(("name", "median_s", "peak_gib", "request_gib", "budget_s"), SIDE_TASKS)
 def test_memory_request_reproduces_the_paper_table_row(
     name: str, median_s: float, peak_gib: float, request_gib: int, budget_s: float
 ) -> None:

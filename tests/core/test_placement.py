@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from freeride_paper import SIDE_TASKS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,15 +24,8 @@ from freeride_lab.core.placement import (
 GIB = 2**30
 FREE_GIB = (3, 9, 16, 24)  # the 3.6B model, stages 0-3 (paper notes §2); GiB, as the requests
 
-# FreeRide's six tasks: memory request (GiB) and step budget (s) from its §9 table.
-TASKS = {
-    "resnet18": (4, 0.048),
-    "resnet50": (8, 0.108),
-    "vgg19": (12, 0.216),
-    "pagerank": (2, 0.012),
-    "sgd": (2, 0.18),
-    "image": (11, 0.06),
-}
+# FreeRide's six tasks, with the memory request (GiB) and step budget (s) of its §9 table.
+TASKS = {row.name: row for row in SIDE_TASKS}
 
 
 def _stages(bubble_ms: tuple[float, ...] | None = None) -> list[StageInfo]:
@@ -41,12 +35,14 @@ def _stages(bubble_ms: tuple[float, ...] | None = None) -> list[StageInfo]:
 
 
 def _request(name: str, priority: int = 0) -> TaskRequest:
-    gib, budget_s = TASKS[name]
-    return TaskRequest(name=name, memory_bytes=gib * GIB, budget_s=budget_s, priority=priority)
+    row = TASKS[name]
+    return TaskRequest(
+        name=name, memory_bytes=row.request_gib * GIB, budget_s=row.budget_s, priority=priority
+    )
 
 
 def _eligible_count(name: str) -> int:
-    return sum(f > TASKS[name][0] for f in FREE_GIB)
+    return sum(f > TASKS[name].request_gib for f in FREE_GIB)
 
 
 @pytest.mark.parametrize(

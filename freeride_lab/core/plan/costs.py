@@ -155,15 +155,7 @@ class Costs:
         b = i + w
         inp, wgt = i.copy(), w.copy()
         inp[0], wgt[0] = 0.0, b[0]
-        return cls(
-            forward_ms=tuple(f),
-            backward_ms=tuple(b),
-            backward_input_ms=tuple(inp),
-            backward_weight_ms=tuple(wgt),
-            comm_ms=comm_ms,
-            dispatch_ms=dispatch_ms,
-            optimizer_ms=optimizer_ms,
-        )
+        return cls._of_columns((f, b, inp, wgt), comm_ms, dispatch_ms, optimizer_ms)
 
     @classmethod
     def from_actions(
@@ -227,11 +219,25 @@ class Costs:
             est_comm, est_dispatch = estimate(df)
             comm_ms = est_comm if comm_ms is None else comm_ms
             dispatch_ms = est_dispatch if dispatch_ms is None else dispatch_ms
+        return cls._of_columns((f, b, i, w), comm_ms, dispatch_ms, optimizer_ms, rendezvous)
+
+    @classmethod
+    def _of_columns(
+        cls,
+        per_stage: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        comm_ms: float,
+        dispatch_ms: float,
+        optimizer_ms: float,
+        rendezvous: bool = False,
+    ) -> Costs:
+        """Costs from per-stage F, B, I and W columns in ms and the scalar overheads: what
+        ``from_config`` and ``from_actions`` build once they have the columns."""
+        f, b, i, w = (tuple(col) for col in per_stage)
         return cls(
-            forward_ms=tuple(f),
-            backward_ms=tuple(b),
-            backward_input_ms=tuple(i),
-            backward_weight_ms=tuple(w),
+            forward_ms=f,
+            backward_ms=b,
+            backward_input_ms=i,
+            backward_weight_ms=w,
             comm_ms=comm_ms,
             dispatch_ms=dispatch_ms,
             optimizer_ms=optimizer_ms,
