@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -65,6 +66,11 @@ def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:
     ]
 
 
+def attach_counting(client: WorkerClient, task_id: str, **limits: Any) -> ev.ControlAck:
+    """Queue a ``Counting`` task (2 ms steps) under a 4 ms step budget, plus ``limits``."""
+    return client.attach(ref("Counting"), task_id=task_id, limits={"budget_s": 0.004, **limits})
+
+
 def has_state(run_dir: RunDir, task_id: str, state: str) -> bool:
     return any(s.state == state for s in states(run_dir, task_id))
 
@@ -114,7 +120,7 @@ def _running(pid: int) -> bool:
 def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    ack = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    ack = attach_counting(client, "c1")
     assert (ack.ok, ack.payload["task_id"]) == (True, "c1")
     trainer.until_steps("c1", 3)
     detached = client.detach("c1")
@@ -132,8 +138,8 @@ def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
 def test_only_the_first_task_of_the_queue_takes_bubbles(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    client.attach(ref("Counting"), task_id="first", limits={"budget_s": 0.004})
-    client.attach(ref("Counting"), task_id="second", limits={"budget_s": 0.004})
+    attach_counting(client, "first")
+    attach_counting(client, "second")
     trainer.until_steps("first", 5)
     assert steps(run_dir, "second") == []
     client.detach("first")
@@ -143,9 +149,9 @@ def test_only_the_first_task_of_the_queue_takes_bubbles(
 def test_a_higher_priority_task_preempts_the_active_one_which_resumes_after_it(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    client.attach(ref("Counting"), task_id="low", limits={"budget_s": 0.004})
+    attach_counting(client, "low")
     trainer.until_steps("low", 3)
-    client.attach(ref("Counting"), task_id="high", limits={"budget_s": 0.004, "priority": 0})
+    attach_counting(client, "high", priority=0)
     trainer.until_steps("high", 3)
     preempted = [s for s in states(run_dir, "low") if s.event == "PREEMPT"]
     assert preempted and preempted[0].state == "CREATED"
@@ -171,7 +177,7 @@ def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(
     failed = [s for s in states(run_dir, "hang") if s.state == "FAILED"][-1]
     assert failed.reason.startswith("hung: step ")
     assert "over 2 x budget + 0.2 s = 0.202 s" in failed.reason
-    client.attach(ref("Counting"), task_id="next", limits={"budget_s": 0.004})
+    attach_counting(client, "next")
     trainer.until_steps("next", 1)
 
 
@@ -179,7 +185,7 @@ def test_failing_task_leaves_the_worker_and_the_next_task_running(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
     client.attach(ref("RaisingInStep"), task_id="bad", limits={"budget_s": 0.001})
-    client.attach(ref("Counting"), task_id="good", limits={"budget_s": 0.004})
+    attach_counting(client, "good")
     trainer.until_steps("good", 1)
     failed = [s for s in states(run_dir, "bad") if s.state == "FAILED"]
     assert failed[-1].reason == "step raised RuntimeError: boom in step"
@@ -212,7 +218,7 @@ def test_imperative_task_makes_no_progress_while_sigstopped(
 def test_tune_of_memory_restarts_the_process_and_keeps_its_progress(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    attached = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    attached = attach_counting(client, "c1")
     first_pid = attached.payload["pid"]
     trainer.until_steps("c1", 3)
     ack = client.tune("c1", memory_bytes="1GiB")
