@@ -3,7 +3,7 @@
 The GPU sampler, the governor's control loop and a worker's watchdog each run a periodic loop
 in a daemon thread that a ``stop()`` ends (from any thread, the loop's own included). Each
 start hands the loop a fresh stop event, so a loop that outlived a ``stop()`` timeout never
-comes back to life when the owner starts again.
+comes back to life when the owner starts again. A ``with`` block starts the loop and stops it.
 
 >>> import threading
 >>> ticks = []
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Self
 
 __all__ = ["BackgroundThread"]
 
@@ -58,3 +59,10 @@ class BackgroundThread:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

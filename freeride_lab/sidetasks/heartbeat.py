@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from freeride_lab.sidetasks.child_fd import ChildFd
+
 __all__ = [
     "BeaconPhase",
     "BeaconReading",
@@ -103,7 +105,9 @@ class TaskBeacon:
 
     def __init__(self, fd: int) -> None:
         self._map = mmap.mmap(fd, _BEACON_BYTES)
-        self._fd: int | None = fd
+        self._fd = ChildFd(
+            fd, closed_message="the beacon's descriptor is closed; only its mapping is left"
+        )
         self._seq = 0
         self._last: BeaconReading | None = None
 
@@ -136,16 +140,11 @@ class TaskBeacon:
     @property
     def fd(self) -> int:
         """The descriptor to hand to the task process (until ``close_fd``)."""
-        if self._fd is None:
-            raise RuntimeError("the beacon's descriptor is closed; only its mapping is left")
-        return self._fd
+        return self._fd.fd
 
     def close_fd(self) -> None:
         """Close the descriptor (the mapping stays); after the task process has inherited it."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        self._fd.close()
 
     def close(self) -> None:
         self.close_fd()

@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from freeride_lab.io.rundir import open_append
+from freeride_lab.sidetasks.child_fd import ChildFd
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ class TaskLog:
         self.written_bytes = 0  # of the task's output, in this process's lifetime
         self.dropped_bytes = 0
         self._read_fd = read_fd
-        self._write_fd: int | None = write_fd
+        self._write_end = ChildFd(
+            write_fd, closed_message="the write end is closed; only the task process holds it now"
+        )
         self._thread = threading.Thread(target=self._drain, name="task-log", daemon=True)
 
     @classmethod
@@ -62,17 +65,12 @@ class TaskLog:
 
     @property
     def write_fd(self) -> int:
-        if self._write_fd is None:
-            raise RuntimeError("the write end is closed; only the task process holds it now")
-        return self._write_fd
+        return self._write_end.fd
 
     def close_write_end(self) -> None:
         """Close this process's copy of the write end (after the child inherited it), so the
         thread sees the end of the output when the task's processes are gone."""
-        if self._write_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._write_fd)
-            self._write_fd = None
+        self._write_end.close()
 
     def join(self, timeout_s: float) -> bool:
         """Wait for the output to end; whether it did."""

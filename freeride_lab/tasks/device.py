@@ -3,14 +3,15 @@
 A task that moves its own tensors (rather than relying on ``SideTaskBase``'s module walk)
 still owes training the memory it held: after ``to_host`` or ``teardown`` the CUDA caching
 allocator's blocks go back to the device, or the next bubble's training step would find them
-taken. ``HostReturningTask`` gives the built-ins one ``to_host``; ``releasing_device_cache``
-wraps any other step that drops device tensors.
+taken. ``HostReturningTask`` gives the built-ins one ``to_host`` and one ``teardown``;
+``releasing_device_cache`` wraps any other step that drops device tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 import torch
 
@@ -33,9 +34,19 @@ def releasing_device_cache(device: str) -> Iterator[None]:
 
 class HostReturningTask(IterativeSideTask):
     """An iterative task whose ``to_device`` moves all its state: ``to_host`` is
-    ``to_device("cpu")`` followed by the release of the device's cached blocks."""
+    ``to_device("cpu")`` followed by the release of the device's cached blocks, and
+    ``teardown`` drops the attributes named in ``_dropped`` and releases them the same way."""
+
+    #: Attributes holding the task's data, model and buffers: ``teardown`` sets them to None.
+    _dropped: ClassVar[tuple[str, ...]] = ()
 
     def to_host(self) -> None:
         """Move everything back to host memory and release the device's cached blocks."""
         with releasing_device_cache(self.device):
             self.to_device("cpu")
+
+    def teardown(self) -> None:
+        """Drop the ``_dropped`` attributes and release the device's cached blocks."""
+        with releasing_device_cache(self.device):
+            for name in self._dropped:
+                setattr(self, name, None)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.tasks.device import HostReturningTask, releasing_device_cache
+from freeride_lab.tasks.device import HostReturningTask
 from freeride_lab.tasks.options import check_choice, check_int, resolve_options
 
 __all__ = ["InferenceOptions", "InferenceTask", "TinyLM", "kv_cache_bytes"]
@@ -166,6 +166,8 @@ class InferenceTask(HostReturningTask):
          "prompt_len": 512, "gen_len": 256, "prefill_chunk": 128, "decode_per_step": 4,
          "dtype": "bfloat16"}
     )  # fmt: skip
+    #: ``teardown`` drops the model, the batch and the cache.
+    _dropped = ("model", "tokens", "_cache")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -242,11 +244,6 @@ class InferenceTask(HostReturningTask):
     def is_finished(self) -> bool:
         """True once ``max_steps`` steps are done (never when it is None)."""
         return self.config.max_steps is not None and self.steps_done >= self.config.max_steps
-
-    def teardown(self) -> None:
-        """Drop the model, the batch and the cache."""
-        with releasing_device_cache(self.device):
-            self.model = self.tokens = self._cache = None
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and the batch's token ids (see [Note: resuming a batch])."""

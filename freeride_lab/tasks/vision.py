@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.tasks.device import HostReturningTask, releasing_device_cache
+from freeride_lab.tasks.device import HostReturningTask
 from freeride_lab.tasks.nets import IMPLS, build_model
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
@@ -141,6 +141,8 @@ class _VisionTask(HostReturningTask):
         {"batch_size": 64, "image_size": 224, "num_classes": 1000, "width_mult": 1.0,
          "n_batches": 8}
     )  # fmt: skip
+    #: ``teardown`` drops model, optimizer and data.
+    _dropped = ("model", "optimizer", "images", "labels", "_last_loss")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -230,12 +232,6 @@ class _VisionTask(HostReturningTask):
     def is_finished(self) -> bool:
         """True once ``max_steps`` batches are done (never when it is None)."""
         return self.config.max_steps is not None and self.steps_done >= self.config.max_steps
-
-    def teardown(self) -> None:
-        """Drop model, optimizer and data."""
-        with releasing_device_cache(self.device):
-            self.model = self.optimizer = self.images = self.labels = None
-            self._last_loss = None
 
     def state_dict(self) -> dict[str, Any]:
         """Host copies of model, Adam state, step count and random streams: exact resume."""

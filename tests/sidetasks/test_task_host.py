@@ -87,6 +87,14 @@ def states_of(events: list[ev.Event]) -> list[ev.SideTaskStateChanged]:
     return [e for e in events if isinstance(e, ev.SideTaskStateChanged)]
 
 
+def failed_state(run_dir: RunDir, proc: TaskProcess) -> ev.SideTaskStateChanged:
+    """Wait for the task process to exit 1; its last state change, which must be FAILED."""
+    assert wait_exit(proc) == 1
+    last = states_of(task_events(run_dir, "t1"))[-1]
+    assert last.state == "FAILED", last
+    return last
+
+
 def bubble_of(step: ev.SideTaskStep, bubbles: list[tuple[int, int]]) -> tuple[int, int]:
     """The last bubble that started before the step did."""
     started = [b for b in bubbles if b[0] <= step.start_ns]
@@ -145,9 +153,7 @@ def test_error_in_setup_fails_the_task_and_its_process_only(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
     proc = start_task_host(run_dir, hosts, ref("RaisingInSetup"))
-    assert wait_exit(proc) == 1
-    failed = states_of(task_events(run_dir, "t1"))[-1]
-    assert failed.state == "FAILED"
+    failed = failed_state(run_dir, proc)
     assert failed.reason == "setup raised ValueError: boom in setup"
     assert "boom in setup" in failed.traceback
 
@@ -157,9 +163,7 @@ def test_error_in_step_fails_the_task_with_its_reason(
 ) -> None:
     proc = start_active(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
     drive_bubbles(edges, 2)
-    assert wait_exit(proc) == 1
-    failed = states_of(task_events(run_dir, "t1"))[-1]
-    assert (failed.state, failed.reason) == ("FAILED", "step raised RuntimeError: boom in step")
+    assert failed_state(run_dir, proc).reason == "step raised RuntimeError: boom in step"
 
 
 def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
@@ -173,10 +177,7 @@ def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
     while proc.proc.poll() is None and time.monotonic() < deadline:  # steps until it runs out
         drive_bubbles(edges, 1, length_s=0.2, predicted_s=0.25, first_step=step)
         step += 1
-    assert wait_exit(proc) == 1
-    states = states_of(task_events(run_dir, "t1"))
-    assert states[-1].state == "FAILED"
-    assert states[-1].reason.startswith("out of memory:")
+    assert failed_state(run_dir, proc).reason.startswith("out of memory:")
 
 
 def test_cpu_task_reports_that_gpu_limits_do_not_apply(
@@ -192,9 +193,7 @@ def test_cpu_task_reports_that_gpu_limits_do_not_apply(
 def test_unknown_class_fails_with_the_classes_that_exist(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
-    proc = start_task_host(run_dir, hosts, ref("Nope"))
-    assert wait_exit(proc) == 1
-    failed = states_of(task_events(run_dir, "t1"))[-1]
+    failed = failed_state(run_dir, start_task_host(run_dir, hosts, ref("Nope")))
     assert "has no class 'Nope'" in failed.reason
     assert "Counting" in failed.reason
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -65,6 +66,11 @@ def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:
     ]
 
 
+def attach_counting(client: WorkerClient, task_id: str, **limits: Any) -> ev.ControlAck:
+    """Queue a ``Counting`` task (2 ms steps) under a 4 ms step budget, plus ``limits``."""
+    return client.attach(ref("Counting"), task_id=task_id, limits={"budget_s": 0.004, **limits})
+
+
 def has_state(run_dir: RunDir, task_id: str, state: str) -> bool:
     return any(s.state == state for s in states(run_dir, task_id))
 
@@ -74,6 +80,7 @@ class Trainer:
 
     def __init__(self, worker: WorkerProcess) -> None:
         self.worker = worker
+        self.run_dir = RunDir(worker.run_dir)
         self.step = 0
 
     def bubble(self, length_s: float = 0.04, predicted_s: float = 0.05) -> None:
@@ -91,6 +98,17 @@ class Trainer:
                 raise AssertionError(f"timed out after {timeout_s} s of bubbles waiting for {what}")
             self.bubble()
 
+    def until_steps(self, task_id: str, count: int) -> None:
+        """Announce bubbles until ``task_id`` has logged at least ``count`` steps."""
+        self.until(
+            lambda: len(steps(self.run_dir, task_id)) >= count, what=f"{count} steps of {task_id}"
+        )
+
+
+@pytest.fixture
+def trainer(worker: WorkerProcess) -> Trainer:
+    return Trainer(worker)
+
 
 def _running(pid: int) -> bool:
     try:
@@ -100,11 +118,11 @@ def _running(pid: int) -> bool:
 
 
 def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    ack = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    ack = attach_counting(client, "c1")
     assert (ack.ok, ack.payload["task_id"]) == (True, "c1")
-    Trainer(worker).until(lambda: len(steps(run_dir, "c1")) >= 3, what="3 steps of c1")
+    trainer.until_steps("c1", 3)
     detached = client.detach("c1")
     assert (detached.ok, detached.payload["state"]) == (True, "STOPPED")
     assert checkpoint_path(run_dir.path, "c1").exists()
@@ -118,37 +136,35 @@ def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
 
 
 def test_only_the_first_task_of_the_queue_takes_bubbles(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    client.attach(ref("Counting"), task_id="first", limits={"budget_s": 0.004})
-    client.attach(ref("Counting"), task_id="second", limits={"budget_s": 0.004})
-    trainer = Trainer(worker)
-    trainer.until(lambda: len(steps(run_dir, "first")) >= 5, what="5 steps of the first task")
+    attach_counting(client, "first")
+    attach_counting(client, "second")
+    trainer.until_steps("first", 5)
     assert steps(run_dir, "second") == []
     client.detach("first")
-    trainer.until(lambda: len(steps(run_dir, "second")) >= 1, what="the second task to step")
+    trainer.until_steps("second", 1)
 
 
 def test_a_higher_priority_task_preempts_the_active_one_which_resumes_after_it(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    client.attach(ref("Counting"), task_id="low", limits={"budget_s": 0.004})
-    trainer = Trainer(worker)
-    trainer.until(lambda: len(steps(run_dir, "low")) >= 3, what="3 steps of the low task")
-    client.attach(ref("Counting"), task_id="high", limits={"budget_s": 0.004, "priority": 0})
-    trainer.until(lambda: len(steps(run_dir, "high")) >= 3, what="the high task to step")
+    attach_counting(client, "low")
+    trainer.until_steps("low", 3)
+    attach_counting(client, "high", priority=0)
+    trainer.until_steps("high", 3)
     preempted = [s for s in states(run_dir, "low") if s.event == "PREEMPT"]
     assert preempted and preempted[0].state == "CREATED"
     low_before = steps(run_dir, "low")
     assert all(s.start_ns < steps(run_dir, "high")[0].start_ns for s in low_before)
     client.detach("high")
-    trainer.until(lambda: len(steps(run_dir, "low")) > len(low_before), what="low to resume")
+    trainer.until_steps("low", len(low_before) + 1)
     progress = [s.progress for s in steps(run_dir, "low")]
     assert sum(progress) == len(progress)  # one count per step, none lost or repeated
 
 
 def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
     client.attach(
         ref("HangingStep"),
@@ -157,22 +173,20 @@ def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(
         hang_after_s=0.2,
         limits={"budget_s": 0.001},
     )
-    trainer = Trainer(worker)
     trainer.until(lambda: has_state(run_dir, "hang", "FAILED"), what="the hung task to fail")
     failed = [s for s in states(run_dir, "hang") if s.state == "FAILED"][-1]
     assert failed.reason.startswith("hung: step ")
     assert "over 2 x budget + 0.2 s = 0.202 s" in failed.reason
-    client.attach(ref("Counting"), task_id="next", limits={"budget_s": 0.004})
-    trainer.until(lambda: len(steps(run_dir, "next")) >= 1, what="the next task to step")
+    attach_counting(client, "next")
+    trainer.until_steps("next", 1)
 
 
 def test_failing_task_leaves_the_worker_and_the_next_task_running(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
     client.attach(ref("RaisingInStep"), task_id="bad", limits={"budget_s": 0.001})
-    client.attach(ref("Counting"), task_id="good", limits={"budget_s": 0.004})
-    trainer = Trainer(worker)
-    trainer.until(lambda: len(steps(run_dir, "good")) >= 1, what="the good task to step")
+    attach_counting(client, "good")
+    trainer.until_steps("good", 1)
     failed = [s for s in states(run_dir, "bad") if s.state == "FAILED"]
     assert failed[-1].reason == "step raised RuntimeError: boom in step"
     entry = {"task_id": "bad", "state": "FAILED", "exit_code": 1}
@@ -202,12 +216,11 @@ def test_imperative_task_makes_no_progress_while_sigstopped(
 
 
 def test_tune_of_memory_restarts_the_process_and_keeps_its_progress(
-    run_dir: RunDir, worker: WorkerProcess, client: WorkerClient
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:
-    attached = client.attach(ref("Counting"), task_id="c1", limits={"budget_s": 0.004})
+    attached = attach_counting(client, "c1")
     first_pid = attached.payload["pid"]
-    trainer = Trainer(worker)
-    trainer.until(lambda: len(steps(run_dir, "c1")) >= 3, what="3 steps before the tune")
+    trainer.until_steps("c1", 3)
     ack = client.tune("c1", memory_bytes="1GiB")
     assert (ack.ok, ack.payload["restarted"], ack.payload["fields"]) == (
         True,
@@ -216,7 +229,7 @@ def test_tune_of_memory_restarts_the_process_and_keeps_its_progress(
     )
     assert ack.payload["pid"] != first_pid
     before = len(steps(run_dir, "c1"))
-    trainer.until(lambda: len(steps(run_dir, "c1")) > before, what="steps after the restart")
+    trainer.until_steps("c1", before + 1)
     created = [s for s in states(run_dir, "c1") if s.state == "CREATED"]
     assert "restored progress" in created[-1].reason
     assert '"memory_bytes": 1073741824' in created[-1].reason

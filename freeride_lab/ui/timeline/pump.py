@@ -137,13 +137,6 @@ class TimelinePump(BackgroundThread):
         state = "running" if self.running else "stopped"
         return f"<TimelinePump {state} interval_s={self.interval_s} redraws={self.redraws}>"
 
-    def __enter__(self) -> TimelinePump:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def tick(self) -> bool:
         """Poll once; redraw and return True if the source has new data."""
         self.polls += 1
