@@ -55,6 +55,7 @@ from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.intervals import Interval, mean_interval
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.io.rundir import RunDir
+from freeride_lab.pipeline.stage_build import make_predictor
 from freeride_lab.pipeline.timed_stage import ActionRecorder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,28 +191,18 @@ class _NullEdges:
         pass
 
 
-class _LastPredictor:
-    def __init__(self) -> None:
-        self.seen: dict[int, int] = {}
-
-    def observe(self, slot: int, duration_ns: int) -> None:
-        self.seen[slot] = duration_ns
-
-    def predict(self, slot: int) -> int | None:
-        return self.seen.get(slot)
-
-
 def recorder_cost_ns(
     edges: bool, device: str, n: int = 2_000, repeats: int = 9, announce_min_ns: int = 0
 ) -> dict[str, int]:
     """Cost of one recorder start+stop pair (ns) in this process: min and median of repeats.
 
-    With ``announce_min_ns`` above the back-to-back gaps' length every slot stays quiet (the
+    With edges the recorder carries the predictor a rank's live edges carry. With
+    ``announce_min_ns`` above the back-to-back gaps' length every slot stays quiet (the
     steady state of a real rank, whose gaps between actions are microseconds)."""
     rec = ActionRecorder(
         device=device,
         edges=_NullEdges() if edges else None,
-        predictor=_LastPredictor() if edges else None,
+        predictor=make_predictor() if edges else None,
         announce_min_ns=announce_min_ns,
     )
     costs = []

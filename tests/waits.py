@@ -18,18 +18,18 @@ T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], T], *, timeout_s: float, what: str, poll_s: float = 0.05
+    predicate: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.05
 ) -> T:
-    """Poll ``predicate`` until it returns something true, and return that; AssertionError
-    naming ``what`` after ``timeout_s``."""
+    """Poll ``predicate`` until it returns something true, and return that; TimeoutError
+    naming ``what`` after ``timeout_s`` (a caller may catch it to add what it saw)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(poll_s)
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
 
 
 def run_processes(run_dir: Path, *, environ: bool = False) -> list[psutil.Process]:

@@ -49,6 +49,7 @@ from freeride_lab.ui.report_tables import (
     overheads,
     step_table,
 )
+from freeride_lab.ui.session_view import SessionView
 from freeride_lab.ui.timeline import fractions_figure
 from freeride_lab.ui.trace import write_traces
 
@@ -262,20 +263,11 @@ def write_report(
 # -- a session's report --------------------------------------------------------------------------
 
 
-class ReportSession(Protocol):
+class ReportSession(SessionView, Protocol):
     """The part of ``freeride_lab.lab.session.Session`` a report reads."""
 
-    run_id: str
-    config: Any  # RunConfig
-
-    @property
-    def actions(self) -> pd.DataFrame: ...
     @property
     def bubbles(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def side_task_steps(self) -> pd.DataFrame: ...
     def summary(self) -> pd.DataFrame: ...
 
 

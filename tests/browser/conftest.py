@@ -33,11 +33,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import psutil
 import pytest
+from waits import wait_until
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Locator, Page
@@ -68,22 +69,6 @@ RUN_ALL_S = 120.0
 RUN_CODE_S = 60.0
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-T = TypeVar("T")
-
-
-def wait_until(
-    probe: Callable[[], T | None], *, timeout_s: float, what: str, interval_s: float = 0.1
-) -> T:
-    """Poll ``probe`` until it returns something truthy and return that; raise on the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
-        time.sleep(interval_s)
 
 
 def chromium_executable() -> str | None:

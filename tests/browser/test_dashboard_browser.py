@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_notebook import dashboard_cell, draw
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -23,21 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "docs" / "screenshots"
 MAX_PNG_BYTES = 200 * 1024
 HEIGHT = 2000  # px: the whole dashboard fits the page
-DRAW_S = 240.0  # the plotly bundle is several MB: slow on a loaded two-core box
 
-CELLS = [
-    f"import sys\nsys.path.insert(0, {str(REPO / 'tests' / 'ui')!r})\n"
-    "from fake_session import FakeSession\n"
+# Tasks in four states (t2 runs) and a GPU monitor fed by a fake sampler.
+SETUP = (
     "from freeride_lab.gpu.nvml import GpuSample, NvmlSampler\n"
-    "from freeride_lab.ui.dashboard import Dashboard\n"
     "from freeride_lab.ui.gpu_monitor import GpuMonitor, ProcessRole\n\n"
     "GIB = 1024**3\n"
-    "session = FakeSession(stages=3, microbatches=4, steps=20)\n"
-    "session.progress = 'step 6 of 20'\n"
-    "session.advance(5)\n"
-    "for name, stage in (('sgd_mf', 0), ('pagerank', 1), ('resnet18', 2), ('image', 2)):\n"
-    "    session.attach(name, stage=stage)\n"
-    "session.advance(1)\n"
     "session._tasks['t1'].update(state='PAUSED', budget_ms=400.0)  # no bubble is that long\n"
     "session._tasks['t3'].update(state='FAILED', error='CUDA out of memory allocating 2.0 GiB')\n"
     "session._tasks['t4'].update(state='STOPPED', reason='overran its bubble 3 times (KILL)')\n"
@@ -53,11 +45,13 @@ CELLS = [
     "                        200: ProcessRole('side_task', 'SGD-MF (t1)')})\n"
     "for _ in range(40):\n"
     "    gpu.update(gpu.sampler.tick())\n"
-    "dash = Dashboard(session, tasks_dir='.freeride_tasks', busy_frac=1.0, gpu_monitor=gpu)\n"
-    "view = dash.widget  # built first, as on display; the pump would tick it\n"
-    "dash.tick()\n"
-    "dash.tick()\n"
-    "view",
+)
+CELLS = [
+    dashboard_cell(
+        (("sgd_mf", 0), ("pagerank", 1), ("resnet18", 2), ("image", 2)),
+        setup=SETUP,
+        options=", gpu_monitor=gpu",
+    )
 ]
 
 # [Note: layout probe] The dashboard's parts must stack without overlapping, and nothing inside
@@ -111,22 +105,17 @@ def dashboard(lab_module: Any, notebook_factory: Callable[[list[str]], str]) -> 
     """The notebook with the dashboard drawn (timeline bars, cards, sparklines)."""
     lab = lab_module
     path = lab.server.add_notebook("dashboard.ipynb", notebook_factory(CELLS))
-    lab.page.set_viewport_size({"width": 800, "height": HEIGHT})  # drawn narrow, then widened
-    lab.open(path)
-    lab.run_all()
-    # the whole dashboard in view: figures and widgets draw once they are shown
-    lab.page.evaluate("window.jupyterapp.commands.execute('notebook:hide-all-cell-code')")
-    assert lab.cell_errors() == []
-    try:
-        for selector in (
+    draw(
+        lab,
+        path,
+        width=800,  # drawn narrow, then widened
+        height=HEIGHT,
+        selectors=(
             ".fr-dash [data-testid=card-t4]",
             ".fr-dash .fr-timeline .barlayer path",
             ".fr-dash .fr-spark",
-        ):
-            lab.wait_for_selector_count(selector, timeout_s=DRAW_S)
-    except TimeoutError:
-        lab.screenshot("not-drawn")
-        raise
+        ),
+    )
     lab.page.locator(".fr-dash").scroll_into_view_if_needed()
     yield lab
 

@@ -15,35 +15,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_notebook import dashboard_cell, draw
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 HEIGHT = 1600  # px: the whole dashboard fits the page
-DRAW_S = 240.0  # the plotly bundle is several MB: slow on a loaded two-core box
 FIT_S = 30.0  # a resize redraws within a fraction of a second; the bound only ends a broken run
 FILL = 0.9  # the plot spans at least this share of the width its box has in the cell
 
-CELLS = [
-    f"import sys\nsys.path.insert(0, {str(REPO / 'tests' / 'ui')!r})\n"
-    "from fake_session import FakeSession\n"
-    "from freeride_lab.ui.dashboard import Dashboard\n\n"
-    "session = FakeSession(stages=3, microbatches=4, steps=20)\n"
-    "session.progress = 'step 6 of 20'\n"
-    "session.advance(5)\n"
-    "for name, stage in (('sgd_mf', 0), ('pagerank', 1)):\n"
-    "    session.attach(name, stage=stage)\n"
-    "session.advance(1)\n"
-    "dash = Dashboard(session, tasks_dir='.freeride_tasks', busy_frac=1.0)\n"
-    "view = dash.widget  # built first, as on display; the pump would tick it\n"
-    "dash.tick()\n"
-    "dash.tick()\n"
-    "view",
-]
+CELLS = [dashboard_cell((("sgd_mf", 0), ("pagerank", 1)))]
 
 # The timeline's plot against the box it sits in: the plot (its SVG and plotly's sized div)
 # must end inside the cell's output area and span most of the flex item that holds it.
@@ -86,16 +69,7 @@ def dashboard(lab_module: Any, notebook_factory: Callable[[list[str]], str]) -> 
     """The notebook with the dashboard drawn in a 1400 px page (timeline bars shown)."""
     lab = lab_module
     path = lab.server.add_notebook("timeline_fit.ipynb", notebook_factory(CELLS))
-    lab.page.set_viewport_size({"width": 1400, "height": HEIGHT})
-    lab.open(path)
-    lab.run_all()
-    lab.page.evaluate("window.jupyterapp.commands.execute('notebook:hide-all-cell-code')")
-    assert lab.cell_errors() == []
-    try:
-        lab.wait_for_selector_count(".fr-dash .fr-timeline .barlayer path", timeout_s=DRAW_S)
-    except TimeoutError:
-        lab.screenshot("not-drawn")
-        raise
+    draw(lab, path, width=1400, height=HEIGHT, selectors=[".fr-dash .fr-timeline .barlayer path"])
     lab.page.locator(".fr-dash .fr-timeline").scroll_into_view_if_needed()
     yield lab
 

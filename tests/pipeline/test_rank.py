@@ -392,7 +392,7 @@ def signal_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignalJob]:
                 timeout_s=60,
                 what=f"rank processes {pids} to exit after their launcher died",
             )
-        except AssertionError as exc:
+        except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{_process_states(pids)}\n{log_tail(run_dir)}") from None
         yield SignalJob(Job(run_dir, cfg, proc.returncode, events(run_dir)), at_sigint, at_kill)
     finally:

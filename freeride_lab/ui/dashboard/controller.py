@@ -4,34 +4,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from freeride_lab.lab.task_commands import SideTaskCommands
-
-if TYPE_CHECKING:  # the launch cell imports this module; pandas comes with the first tables
-    import pandas as pd
+from freeride_lab.ui.session_view import SessionView
 
 __all__ = ["DashboardSession", "SessionController"]
 
 
-class DashboardSession(SideTaskCommands, Protocol):
+class DashboardSession(SideTaskCommands, SessionView, Protocol):
     """The part of ``freeride_lab.lab.session.Session`` the dashboard reads and drives (its
     side-task commands: ``lab.task_commands``)."""
 
-    run_id: str
-    config: Any  # RunConfig
     bubble_min_ms: float
 
     @property
     def state(self) -> Any: ...  # RunState: a str enum with ``.done``
     @property
     def steps_done(self) -> int: ...
-    @property
-    def actions(self) -> pd.DataFrame: ...
-    @property
-    def steps(self) -> pd.DataFrame: ...
-    @property
-    def side_task_steps(self) -> pd.DataFrame: ...
     @property
     def tasks(self) -> list[dict[str, Any]]: ...
     def stage_info(self) -> list[dict[str, Any]]: ...
