@@ -87,6 +87,15 @@ H200_LEVERS = (
     ("h200-2026-12-04-micro1-s1.json", "1 step per batch"),
     ("h200-2026-12-04-micro4-s1.json", "4 micro-batches"),
 )
+#: Trickle gating beside governed blocks (M = 4, under MPS): real stages 1 and 3 with five
+#: 8-step blocks per mode, then stages 0 and 3 with eight.
+H200_TRICKLE = (
+    ("h200-2026-12-04-trickle-s13.json", "5 × 8 steps"),
+    ("h200-2026-12-04-trickle-s03.json", "8 × 8 steps"),
+)
+#: The inference side task on stages 1 and 3 (M = 4, time-sliced), after its attention
+#: stopped using cuDNN's kernels.
+H200_INFERENCE = (("h200-2026-12-04-inference.json", "inference"),)
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -655,7 +664,48 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     )  # fmt: skip
 
 
+def _highest_duty(data: dict[str, Any], stage: int) -> str:
+    """The highest trickle duty the governor set on ``stage`` in ``data``'s runs."""
+    duties = [
+        g["trickle_duty"]
+        for run in data["runs"]
+        for g in run.get("governor", [])
+        if g["stage"] == stage and g.get("mode") == "trickle" and g.get("trickle_duty") is not None
+    ]
+    return f"{max(duties):g}" if duties else "0"
+
+
+def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> list[str]:
+    """Per file, stage and mode: the work done, what it cost, and where it ran."""
+    rows = [
+        [label, f"{r['stage']} · {r['task']}", r["mode"],
+         _highest_duty(data, r["stage"]) if r["mode"] == "trickle" else "—",
+         f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
+                      signed=True),
+         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
+                      r["harvest_of_measured_idle_hi_frac"], 0),
+         fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_unused_frac"], 0),
+         "—" if r["latency_p99_ms"] is None or r["latency_p99_ms"] != r["latency_p99_ms"]
+         else f"{r['latency_p99_ms']:.2f}"]
+        for name, label in files
+        for data in [result(name)]
+        for r in data["summary"]
+        if r["mode"] in modes
+    ]  # fmt: skip
+    return md_table(
+        ["", "stage · task", "mode", "highest trickle duty", "throughput", "overhead [95%]",
+         "harvest of measured idle [95%]", "bubble time under steps", "unused bubbles",
+         "edge → step p99 ms"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04e-trickle": lambda: _side_by_side(H200_TRICKLE, ("governed", "trickle")),
+    "h200-12-04e-inference": lambda: _side_by_side(
+        H200_INFERENCE, ("managed", "governed", "trickle")
+    ),
     "h200-12-04d-idle-split": lambda: _idle_split(H200_IDLE_SPLIT),
     "h200-12-04d-overhead": lambda: h200_overhead(_idle_split_rows()),
     "h200-12-04d-harvest": lambda: h200_harvest(_idle_split_rows()),
