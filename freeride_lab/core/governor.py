@@ -288,16 +288,7 @@ class OverheadGovernor:
             t = self._tasks[tid]
             if t.trickle_duty:  # work between bubbles goes first
                 duty = round(t.trickle_duty * self.decrease_factor, 6)
-                duty = duty if duty >= self.trickle_min else 0.0
-                out.append(
-                    self._set(
-                        tid,
-                        t.sm_pct,
-                        t.budget_scale,
-                        f"{why}: trickle duty {t.trickle_duty:g} -> {duty:g}",
-                        duty,
-                    )
-                )
+                out.append(self._set_duty(tid, duty if duty >= self.trickle_min else 0.0, why))
             elif t.sm_pct > self.sm_min_pct:
                 cut = math.floor(t.sm_pct * self.decrease_factor / self.sm_step_pct)
                 new = max(self.sm_min_pct, cut * self.sm_step_pct)
@@ -334,16 +325,14 @@ class OverheadGovernor:
                 )
             elif t.trickle_duty is not None and t.trickle_duty < self.trickle_max:
                 duty = round(min(self.trickle_max, t.trickle_duty + self.trickle_step), 6)
-                out.append(
-                    self._set(
-                        tid,
-                        t.sm_pct,
-                        t.budget_scale,
-                        f"{why}: trickle duty {t.trickle_duty:g} -> {duty:g}",
-                        duty,
-                    )
-                )
+                out.append(self._set_duty(tid, duty, why))
         return out
+
+    def _set_duty(self, task_id: str, duty: float, why: str) -> GovernorDecision:
+        """A new trickle duty for ``task_id``, its SM share and budget scale kept."""
+        t = self._tasks[task_id]
+        reason = f"{why}: trickle duty {t.trickle_duty:g} -> {duty:g}"
+        return self._set(task_id, t.sm_pct, t.budget_scale, reason, duty)
 
     def _set(
         self,

@@ -213,30 +213,27 @@ def test_task_options_from_the_command_line_merge_over_the_profiles() -> None:
     assert len(cpu.task_options["pagerank"]) > 1  # the profile's own options stay
 
 
-@pytest.mark.parametrize("text", ["{", '["resnet18"]', '{"resnet18": 4}', '{"resnt18": {}}'])
-def test_bad_task_options_are_a_usage_error_before_anything_runs(
-    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("option", "text"),
+    [
+        *(
+            ("--task-options", t)
+            for t in ("{", '["resnet18"]', '{"resnet18": 4}', '{"resnt18": {}}')
+        ),
+        *(("--modes", t) for t in ("governed,vanilla", "vanilla,trickel", "vanilla,vanilla")),
+    ],
+)
+def test_bad_task_options_or_modes_are_a_usage_error_before_anything_runs(
+    option: str, text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
     argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
-            "--task-options", text, "--out", str(out)]  # fmt: skip
+            option, text, "--out", str(out)]  # fmt: skip
     assert main(argv) == 2
-    assert "--task-options" in capsys.readouterr().err
+    assert option in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}
-
-
-@pytest.mark.parametrize("text", ["governed,vanilla", "vanilla,trickel", "vanilla,vanilla"])
-def test_bad_modes_are_a_usage_error_before_anything_runs(
-    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
-            "--modes", text, "--out", str(out)]  # fmt: skip
-    assert main(argv) == 2
-    assert "--modes" in capsys.readouterr().err
-    assert not out.exists()
