@@ -192,8 +192,6 @@ class RunDriver:
                 gating=gating,
             )  # fmt: skip
             seg.task_id = str(task["id"])
-            if gating == "trickle" and self.profile.trickle_sm_pct is not None:
-                self.session.tune(seg.task_id, trickle_sm_pct=self.profile.trickle_sm_pct)
         self.session.disable_governor()  # blocks tick their own loops (a trickle attach starts one)
         self.say(f"  attached {len(segments)} side task(s): "
                  + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip

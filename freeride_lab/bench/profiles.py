@@ -112,8 +112,6 @@ class BenchProfile:
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
     step_group_ms: float = 1.0
-    #: trickle blocks: the share of SMs of the steps between bubbles (``GpuLimits``); None: all
-    trickle_sm_pct: float | None = None
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -127,8 +125,6 @@ class BenchProfile:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.drop_steps < 0:
             raise ValueError(f"drop_steps={self.drop_steps} must be >= 0")
-        if self.trickle_sm_pct is not None and not 0 < self.trickle_sm_pct <= 100:
-            raise ValueError(f"trickle_sm_pct={self.trickle_sm_pct} must be in (0, 100]")
         if not 0 <= self.solo_min_s <= self.solo_max_s:
             raise ValueError(
                 f"solo_min_s={self.solo_min_s}, solo_max_s={self.solo_max_s}: need "

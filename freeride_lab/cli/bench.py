@@ -57,8 +57,6 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     p.add_argument("--step-group-ms", type=float, default=None,
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
-    p.add_argument("--trickle-sm-pct", type=float, default=None,
-                   help="trickle blocks: % of SMs for steps between bubbles")  # fmt: skip
     p.add_argument("--task-options", default=None, metavar="JSON",
                    help='options per task, e.g. {"resnet18": {"micro_batches": 4}}')  # fmt: skip
     return p
@@ -123,8 +121,7 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             runs = tuple(dataclasses.replace(r, modes=modes) for r in runs)
         except ValueError as exc:
             raise UsageError(f"--modes {args.modes}: {exc}") from exc
-    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms",
-                 "trickle_sm_pct"):  # fmt: skip
+    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.task_options:

@@ -221,10 +221,9 @@ class SideTaskManager:
             changes = limit_changes(limits)
             if not changes:
                 return self.book.view(record)
-            between = [k for k in ("trickle_duty", "trickle_sm_pct") if changes.get(k)]
-            if between and record.gating != "trickle":
+            if changes.get("trickle_duty") and record.gating != "trickle":
                 raise ValueError(
-                    f"{between[0]}={changes[between[0]]!r}: {record.id} steps with gating "
+                    f"trickle_duty={changes['trickle_duty']!r}: {record.id} steps with gating "
                     f"{record.gating!r}; only a task attached with gating 'trickle' steps "
                     "between bubbles"
                 )

@@ -189,13 +189,11 @@ class SideTaskControls:
         priority: int | None = None,
         budget_ms: float | None = None,
         trickle_duty: float | None = None,
-        trickle_sm_pct: float | None = None,
     ) -> dict[str, Any]:
         """Change a live task's limits (None = unchanged); its task dict. A memory, SM-share or
         priority change restarts its process from its checkpoint and profiles it again.
         ``trickle_duty`` (0-1, tasks attached with gating "trickle") is the share of the time
-        between bubbles it may step; the governor, when on, moves it again. ``trickle_sm_pct``
-        (0-100) is the share of SMs those steps use (a CUDA green context; no restart).
+        between bubbles it may step; the governor, when on, moves it again.
 
         Raises:
             ValueError: unknown or ended task, or a bad limit; nothing changed.
@@ -208,7 +206,6 @@ class SideTaskControls:
             priority=priority,
             budget_ms=budget_ms,
             trickle_duty=trickle_duty,
-            trickle_sm_pct=trickle_sm_pct,
         )
 
     def move(self, task_id: str, stage: int) -> dict[str, Any]:

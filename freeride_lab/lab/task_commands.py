@@ -27,7 +27,6 @@ class LimitChanges(TypedDict, total=False):
     priority: int | None
     budget_ms: float | None
     trickle_duty: float | None
-    trickle_sm_pct: float | None
 
 
 class AttachOptions(TypedDict, total=False):

@@ -70,8 +70,8 @@ def limits_of(given: Mapping[str, Any]) -> GpuLimits:
 
 def limit_changes(given: Mapping[str, Any]) -> dict[str, Any]:
     """``GpuLimits`` fields for the limits ``given`` (memory, sm_pct, priority, budget_ms,
-    trickle_duty, trickle_sm_pct, as ``attach`` and ``tune`` take them; other keys and None
-    values are ignored), checked."""
+    trickle_duty, as ``attach`` and ``tune`` take them; other keys and None values are
+    ignored), checked."""
     memory, sm_pct = given.get("memory"), given.get("sm_pct")
     priority, budget_ms = given.get("priority"), given.get("budget_ms")
     changes: dict[str, Any] = {}
@@ -95,9 +95,8 @@ def limit_changes(given: Mapping[str, Any]) -> dict[str, Any]:
                 "use None to profile the task"
             )
         changes["budget_s"] = float(budget_ms) / 1e3
-    for name in ("trickle_duty", "trickle_sm_pct"):
-        if given.get(name) is not None:
-            changes[name] = given[name]
+    if given.get("trickle_duty") is not None:
+        changes["trickle_duty"] = given["trickle_duty"]
     GpuLimits().replace(**changes)  # the remaining checks, with GpuLimits' messages
     return changes
 

@@ -218,8 +218,7 @@ class TaskBook:
     def view(self, record: TaskRecord) -> dict[str, Any]:
         """The task dict: id, name, stage, state, progress, unit, overruns, memory_bytes,
         sm_pct, priority, budget_ms, error; plus rank, task (reference), gating, trickle_duty,
-        trickle_sm_pct, policy, steps, profile (dict or None), placement, detached, reason (of
-        the latest state).
+        policy, steps, profile (dict or None), placement, detached, reason (of the latest state).
 
         ``memory_bytes`` is the cap in force, else the profiled request (whole GiB) once known;
         ``budget_ms`` the budget in force (set, or profiled), None while profiling.
@@ -250,7 +249,6 @@ class TaskBook:
             "task": record.task,
             "gating": record.gating,
             "trickle_duty": limits.trickle_duty,
-            "trickle_sm_pct": limits.trickle_sm_pct,
             "policy": record.policy,
             "steps": seen.steps,
             "profile": profile,

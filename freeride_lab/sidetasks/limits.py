@@ -121,9 +121,6 @@ class GpuLimits:
         trickle_duty: a task attached with gating "trickle" may also step between bubbles,
             through training's compute, for this share of that time (0 = bubbles only, 1 =
             continuously); the overhead governor sets it (``core.governor``).
-        trickle_sm_pct: the share of SMs, 0 < pct <= 100, its steps between bubbles may use
-            (a CUDA green context in the task process, ``gpu.sm_share``; no restart); its
-            steps in bubbles keep the whole share. None: the whole share for both.
     """
 
     memory_bytes: int | None = None
@@ -131,7 +128,6 @@ class GpuLimits:
     priority: int = 1
     budget_s: float | None = None
     trickle_duty: float = 0.0
-    trickle_sm_pct: float | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes is not None:
@@ -168,14 +164,6 @@ class GpuLimits:
                 "compute time a trickle task may step; 0 = bubbles only)"
             )
         object.__setattr__(self, "trickle_duty", duty)
-        if self.trickle_sm_pct is not None:
-            share = _number("trickle_sm_pct", self.trickle_sm_pct)
-            if not 0 < share <= 100:
-                raise ValueError(
-                    f"trickle_sm_pct={self.trickle_sm_pct!r} must be in (0, 100] (percent of "
-                    "SMs for steps between bubbles); use None for the whole share"
-                )
-            object.__setattr__(self, "trickle_sm_pct", share)
 
     def replace(self, **changes: Any) -> GpuLimits:
         """A copy with ``changes`` applied and validated.
@@ -246,7 +234,6 @@ _HOST_ENFORCED = {
     "budget_s": "step guard in the task host",
     "trickle_duty": 'pacing of steps between bubbles in the task host (gating "trickle")',
 }
-_GREEN_CONTEXT = "a CUDA green context for steps between bubbles, where torch has them"
 
 
 def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
@@ -257,7 +244,6 @@ def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
                 "memory_bytes": "MPS pinned device memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)",
                 "sm_pct": "MPS active thread percentage (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
                 "priority": "MPS client priority (CUDA_MPS_CLIENT_PRIORITY)",
-                "trickle_sm_pct": _GREEN_CONTEXT,
                 **_HOST_ENFORCED,
             }
         return {
@@ -267,14 +253,12 @@ def limit_support(*, device: str, mps_active: bool) -> dict[str, str]:
             ),
             "sm_pct": "does not apply without an MPS daemon",
             "priority": "does not apply without an MPS daemon",
-            "trickle_sm_pct": _GREEN_CONTEXT,
             **_HOST_ENFORCED,
         }
     return {
         "memory_bytes": "RLIMIT_AS (address space beyond the task host's start-up footprint)",
         "sm_pct": "does not apply on cpu",
         "priority": "does not apply on cpu",
-        "trickle_sm_pct": "does not apply on cpu",
         **_HOST_ENFORCED,
     }
 

@@ -317,8 +317,7 @@ class Worker:
             payload |= {"restarted": True, "pid": task.pid}
             text = f"{task.task_id} restarted for new {', '.join(fields)}"
             return self._ack("tune", True, text, payload)
-        live = {"cmd": "tune", "budget_s": limits.budget_s, "trickle_duty": limits.trickle_duty,
-                "trickle_sm_pct": limits.trickle_sm_pct}  # fmt: skip
+        live = {"cmd": "tune", "budget_s": limits.budget_s, "trickle_duty": limits.trickle_duty}
         live["overrun_policy"] = str(task.spec.overrun_policy)
         ok = task.request(live, on_message=self._on_message)
         return self._ack("tune", ok, f"{task.task_id} tuned" if ok else "no answer", payload)

@@ -51,17 +51,10 @@ def test_zero_memory_suggests_none_for_no_cap() -> None:
         GpuLimits(memory_bytes=0)
 
 
-@pytest.mark.parametrize("name", ["sm_pct", "trickle_sm_pct"])
 @pytest.mark.parametrize("pct", [0, 100.5, -5])
-def test_sm_share_outside_0_100_is_refused(name: str, pct: float) -> None:
-    with pytest.raises(ValueError, match=rf"{name}={pct!r} must be in \(0, 100\]"):
-        GpuLimits(**{name: pct})
-
-
-@pytest.mark.parametrize("duty", [-0.1, 1.5])
-def test_trickle_duty_outside_0_1_is_refused(duty: float) -> None:
-    with pytest.raises(ValueError, match=rf"trickle_duty={duty!r} must be in \[0, 1\]"):
-        GpuLimits(trickle_duty=duty)
+def test_sm_share_outside_0_100_is_refused(pct: float) -> None:
+    with pytest.raises(ValueError, match=rf"sm_pct={pct!r} must be in \(0, 100\]"):
+        GpuLimits(sm_pct=pct)
 
 
 def test_nan_is_refused_as_not_finite() -> None:
@@ -109,8 +102,6 @@ def test_cpu_summary_says_gpu_limits_do_not_apply() -> None:
 def test_memory_and_sm_changes_need_a_restart_but_the_budget_does_not() -> None:
     old = GpuLimits(budget_s=0.05)
     assert restart_fields(old, old.replace(budget_s=0.1)) == ()
-    # the steps between bubbles are paced and partitioned inside the running process
-    assert restart_fields(old, old.replace(trickle_duty=0.5, trickle_sm_pct=25)) == ()
     assert restart_fields(old, old.replace(memory_bytes=2**30, sm_pct=50)) == (
         "memory_bytes",
         "sm_pct",

@@ -27,7 +27,6 @@ from freeride_lab.core.sidetask_state import (
     SideTaskMachine,
     transition,
 )
-from freeride_lab.gpu.sm_share import SmShare
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.api import SideTaskBase
 from freeride_lab.sidetasks.edges import Edge, EdgeReader
@@ -89,8 +88,6 @@ class HostBase:
         self._policy_paused = False
         self._trickle_duty = spec.task.limits.trickle_duty  # gating "trickle": see host.iterative
         self._trickle_next_ns = 0  # no step between bubbles before this run-clock time
-        self._trickle_sm_pct = spec.task.limits.trickle_sm_pct  # SMs of steps between bubbles
-        self._trickle_share: SmShare | None = None  # its green context, made at first use
         self._warned_at_step = -(10**9)
         # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
         self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()

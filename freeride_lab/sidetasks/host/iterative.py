@@ -29,24 +29,19 @@ training's compute is bought only while training's step time stays under its cei
 steps between bubbles before the task is profiled, or once the rank's newest edge is older
 than ``_TRICKLE_STALE_NS`` (training parked or gone). A step's time during training's compute
 is its ``overrun_ns``, as under gating "none"; the overrun policy judges bubble steps only.
-With ``GpuLimits.trickle_sm_pct`` those steps run on that share of the SMs (a CUDA green context,
-``gpu.sm_share``), and the task's steps in bubbles on its whole share.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import time
 
 from freeride_lab.core.budget import should_step
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
-from freeride_lab.gpu.sm_share import SmShare
 from freeride_lab.sidetasks.api import IterativeSideTask, SideTaskBase
 from freeride_lab.sidetasks.edges import Edge
 from freeride_lab.sidetasks.host.accounting import StepAccounting, training_busy_ns
-from freeride_lab.sidetasks.host.base import log
 
 __all__ = ["IterativeSteps"]
 
@@ -164,8 +159,7 @@ class IterativeSteps(StepAccounting):
         if len(times) >= 3:
             group_ns = max(self.step_group_ns, _TRICKLE_GROUP_NS)
             calls = max(1, int(group_ns // max(statistics.median(times), 1.0)))
-        with self._trickle_sms():
-            progress, done = self._one_step(task, start_edge.step, calls, start_edge)
+        progress, done = self._one_step(task, start_edge.step, calls, start_edge)
         end_ns = self.reader.now_ns()
         self._recent_step_ns.append((end_ns - start_ns) / done)
         end_edge = self.reader.latest()
@@ -174,24 +168,6 @@ class IterativeSteps(StepAccounting):
         self._trickle_next_ns = end_ns + int((end_ns - start_ns) * (1 - duty) / duty)
         if task.is_finished():
             self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
-
-    def _trickle_sms(self) -> contextlib.AbstractContextManager[None]:
-        """Where steps between bubbles run: on ``trickle_sm_pct`` of the SMs (a green context,
-        made at first use), else on the task's whole share."""
-        pct = self._trickle_sm_pct
-        if pct is None or not self.spec.device.startswith("cuda"):
-            return contextlib.nullcontext()
-        if self._trickle_share is None:
-            share, why = SmShare.create(self.spec.device, pct)
-            if share is None:
-                self._trickle_sm_pct = None  # say it once, then use the whole share
-                log.warning("task %s: trickle_sm_pct=%g not applied: %s",
-                            self.spec.task.task_id, pct, why)  # fmt: skip
-                self._emit_state("LIMITS", True, f"trickle_sm_pct={pct:g} not applied: {why}")
-                return contextlib.nullcontext()
-            self._trickle_share = share
-            self._emit_state("LIMITS", True, f"steps between bubbles on {why}")
-        return self._trickle_share.active()
 
     def _end_trickle(self) -> None:
         """Leave the steps between bubbles (RUNNING -> PAUSED), if in them."""

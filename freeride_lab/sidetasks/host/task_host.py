@@ -35,9 +35,9 @@ non-zero and nothing else is affected.
 # [Note: host protocol]
 JSON objects over a socketpair (``multiprocessing.connection`` framing; never pickle).
 worker → host: ``{"cmd": "activate"}`` (CREATED → PAUSED: take bubbles), ``{"cmd": "tune",
-"budget_s": s|null, "overrun_policy": p, "trickle_duty": d, "trickle_sm_pct": pct|null}``,
-``{"cmd": "resume"}`` (after an overrun PAUSE), ``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``,
-``{"cmd": "stop", "reason": r, "restart": b}``.
+"budget_s": s|null, "overrun_policy": p, "trickle_duty": d}``, ``{"cmd": "resume"}`` (after an
+overrun PAUSE), ``{"cmd": "checkpoint"}``, ``{"cmd": "preempt"}``, ``{"cmd": "stop", "reason": r,
+"restart": b}``.
 host → worker: ``{"type": "state", "state", "event", "accepted", "reason", "mode"}``,
 ``{"type": "ack", "cmd", "ok", "message"}``, ``{"type": "paused"}`` (imperative: SIGSTOP me).
 End of file = worker gone: stop.
@@ -257,12 +257,6 @@ class TaskHost(IterativeSteps):
                     return False, f"trickle_duty={duty!r} must be in [0, 1]"
                 self._trickle_duty = duty
                 self._trickle_next_ns = 0
-            if "trickle_sm_pct" in message:
-                share = message["trickle_sm_pct"]
-                if share is not None and not 0 < float(share) <= 100:
-                    return False, f"trickle_sm_pct={share!r} must be in (0, 100] or null"
-                self._trickle_sm_pct = None if share is None else float(share)
-                self._trickle_share = None  # made again, at the new share, at first use
             return True, (
                 f"budget_ns={self._budget_ns()} policy={self._policy} "
                 f"trickle_duty={self._trickle_duty:g}"
