@@ -184,6 +184,8 @@ class RunDriver:
 
     def _attach(self, segments: list[_Segment]) -> None:
         gating = "trickle" if "trickle" in self.modes else "bubbles"  # duty 0 = "bubbles"
+        # the blocks set every duty; a governor started by the attach would raise it at once
+        self.session.govern_trickle_tasks = False
         for seg in segments:
             options = {"preset": self.profile.task_preset,
                        **self.profile.task_options.get(seg.task, {})}  # fmt: skip
@@ -192,7 +194,6 @@ class RunDriver:
                 gating=gating,
             )  # fmt: skip
             seg.task_id = str(task["id"])
-        self.session.disable_governor()  # blocks tick their own loops (a trickle attach starts one)
         self.say(f"  attached {len(segments)} side task(s): "
                  + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip
 

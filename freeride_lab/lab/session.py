@@ -223,6 +223,7 @@ class Session(RunProcesses, SessionTables, SideTaskControls):
         self._live_events = 0
         self._manager: SideTaskManager | None = None
         self._governor: GovernorLoop | None = None
+        self.govern_trickle_tasks = True
         self._watchdog: threading.Thread | None = None
         self._watchdog_stop = threading.Event()
         self._mps = RunMps(config, run_dir)

@@ -49,6 +49,9 @@ class SideTaskControls:
     run_id: str
     owner: bool
     _governor: GovernorLoop | None
+    #: ``attach(gating="trickle")`` starts the overhead governor when none runs; a caller that
+    #: sets trickle duties itself (the benchmark, ticking loops of its own) turns this off.
+    govern_trickle_tasks: bool
     _manager: SideTaskManager | None
     _lock: threading.RLock
     _tables: EventTables
@@ -176,7 +179,11 @@ class SideTaskControls:
             gating=gating,
             placement=placement,
         )
-        if attached.get("gating") == "trickle" and self.governor is None:
+        if (
+            attached.get("gating") == "trickle"
+            and self.govern_trickle_tasks
+            and self.governor is None
+        ):
             self.enable_governor()  # a trickle task's duty is the governor's to set
         return attached
 

@@ -1,7 +1,7 @@
 """Batch inference as a side task: a decoder-only language model prefilling and decoding.
 
 Offline batch inference is what most fleets would put into pipeline bubbles. One ``step()``
-does one bubble-sized chunk of a batch of requests and returns the tokens it processed:
+does one bubble-sized chunk of a batch of requests and returns the tokens it generated:
 
 - while the batch's prompts are not all read, a **prefill chunk**: the next ``prefill_chunk``
   prompt positions of every sequence, written to the KV cache in one forward;
@@ -15,12 +15,16 @@ positions through the model::
     >>> task = InferenceTask(d_model=32, layers=1, heads=2, batch_size=2, prompt_len=8,
     ...                      gen_len=4, prefill_chunk=8, decode_per_step=2)
     >>> task.setup(); task.to_device("cpu")
-    >>> [task.step() for _ in range(4)]    # prefill 2x8, decode 2x2, the last 2x1, next prefill
-    [16.0, 4.0, 2.0, 16.0]
+    >>> [task.step() for _ in range(4)]    # prefill (+ first token), 2 tokens, 1, next prefill
+    [2.0, 4.0, 2.0, 2.0]
     >>> task.batches_done
     1
 
-The unit is tokens (prompt and generated alike: both cost a forward position). The KV cache is
+The unit is output tokens, the generated ones (what a fleet counts: prompt positions are the
+work's cost, not its product). A prompt position costs far less than a generated one (on an
+H200 a 2,048-position prefill chunk takes 8 ms, 64 generated tokens 18 ms), so a unit that
+counted both would measure a different speed for every mix of prefill and decode steps. The
+KV cache is
 allocated once per batch at its full size, ``kv_cache_bytes(options)``, so the task's memory
 does not grow while it runs: size the batch to fit the task's memory cap.
 
@@ -165,7 +169,7 @@ class InferenceTask(HostReturningTask):
     """Greedy batch inference with a KV cache; one step = one prefill chunk or a few decode
     tokens per sequence (unit: tokens)."""
 
-    unit: ClassVar[str] = "tokens"
+    unit: ClassVar[str] = "output tokens"
     cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: preset="gpu": a 0.9 B-parameter model in bf16 (1.9 GB), 16 sequences of 512 + 256
     #: tokens (KV cache 1.5 GiB).
@@ -220,7 +224,8 @@ class InferenceTask(HostReturningTask):
 
     @torch.inference_mode()
     def step(self) -> float:
-        """One prefill chunk or ``decode_per_step`` tokens per sequence; returns tokens done."""
+        """One prefill chunk or ``decode_per_step`` tokens per sequence; returns the tokens
+        generated (a prefill chunk: none, but the prompt's last one makes the first)."""
         c = self.config
         if self.tokens is None or self.filled >= c.max_len:
             self._new_batch()
@@ -232,9 +237,9 @@ class InferenceTask(HostReturningTask):
             start, end = self.filled, min(self.filled + c.prefill_chunk, c.prompt_len)
             logits = model(tokens[:, start:end], cache, start)
             self.filled = self._cached = end
-            done = c.batch_size * (end - start)
             if end == c.prompt_len:  # the prompt's last logits give the first new token
                 self._append(logits[:, -1])
+                done = c.batch_size
         else:
             for _ in range(c.decode_per_step):
                 if self.filled >= c.max_len:

@@ -257,6 +257,14 @@ def test_trickle_task_steps_through_compute_as_far_as_its_duty_allows(runs: Runs
     with pytest.raises(ValueError, match="only a task attached with gating 'trickle'"):
         run.tune(runs.ids["counting"], trickle_duty=0.5)
 
+    run.govern_trickle_tasks = False  # a caller that sets the duties itself (the benchmark)
+    try:
+        quiet = run.attach(toy("Counting"), stage=2, budget_ms=3, gating="trickle")["id"]
+        assert run.governor is None
+        run.detach(quiet)
+    finally:
+        run.govern_trickle_tasks = True
+
 
 def test_governor_tunes_live_tasks_and_logs_its_decisions(runs: Runs) -> None:
     run = runs.main

@@ -40,14 +40,15 @@ def test_cached_decoding_picks_the_tokens_a_full_forward_picks() -> None:
     assert torch.equal(greedy, tokens[:, c.prompt_len :])
 
 
-def test_steps_are_prefill_chunks_then_decode_chunks_counted_in_tokens() -> None:
+def test_steps_are_prefill_chunks_then_decode_chunks_counted_in_output_tokens() -> None:
     task = ready()
     done = run_batch(task)
-    # prompt 10 in chunks of 4: 4, 4, 2 positions x 3 sequences; then 5 decode positions
-    # (the prefill made the first of 6 new tokens) two at a time
-    assert done == [12.0, 12.0, 6.0, 6.0, 6.0, 3.0]
+    # prompt 10 in chunks of 4, 4, 2 positions: nothing generated until the last chunk makes
+    # the first of 6 new tokens per sequence; then the other 5 two at a time (x 3 sequences)
+    assert done == [0.0, 0.0, 3.0, 6.0, 6.0, 3.0]
+    assert sum(done) == 3 * 6  # every generated token counted once
     assert task.batches_done == 1
-    assert task.step() == 12.0 and task.batches_done == 1  # the next batch starts
+    assert task.step() == 0.0 and task.batches_done == 1  # the next batch starts (prefill)
 
 
 def test_a_restored_task_decodes_exactly_what_the_original_would() -> None:

@@ -27,7 +27,7 @@ UNITS = {
     "pagerank": "iterations",
     "sgd_mf": "iterations",
     "image": "images",
-    "inference": "tokens",
+    "inference": "output tokens",
 }
 
 

@@ -25,7 +25,7 @@ CASES: list[tuple[type[HostReturningTask], dict[str, Any], tuple[str, ...]]] = [
     (
         InferenceTask,
         {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 4, "batch_size": 3,
-         "prompt_len": 10, "gen_len": 6, "prefill_chunk": 4, "decode_per_step": 2},
+         "prompt_len": 10, "gen_len": 6, "prefill_chunk": 10, "decode_per_step": 2},
         ("model", "tokens"),
     ),
 ]  # fmt: skip
