@@ -5,7 +5,7 @@ per-stage ``t_*_ms``): a hand-picked mix (one stage twice as slow as the others)
 drawn at random (seeded) from 5-25 ms. Every stage chunk must take its own costs, and the
 planner, fed the run's measured costs (``Costs.from_actions``: means per stage and kind plus
 the dispatch and communication time it estimates from the same table), must give each rank's
-idle share within 10% of the measured one (the steps after the warm-up, global windows), and
+idle share within 5% of the measured one (the steps after the warm-up, global windows), and
 the typical (median) step within 7.5%.
 
 The costs model the run as gloo runs it (``Costs.from_actions(statistic="mean",
@@ -14,11 +14,12 @@ its receive is posted, so an action fed by another rank starts ``comm_ms`` after
 its rank being free and its input leaving, and a sender that waits on its send blocks until the
 receiver has posted. Means, not medians, of the durations and waits: a step is a sum along its
 critical path, and on a loaded two-core box the sleeps and waits are right-skewed (medians made
-the slow and neighbouring ranks of these runs 3-16% idler than planned). Over three batches of these
-runs on a loaded box the median step came out within 5% and each rank's idle share within 6%;
-on an overloaded one (where the stage sleeps themselves overshot by 3-4 ms) the step was 5.5%
-short and the GPipe mix's first ranks 11% less idle than measured. Hence 7.5% for the step and
-10% for a rank's idle share, which is a small number (the slow rank idles a fifth of a step).
+the slow and neighbouring ranks of these runs 3-16% idler than planned). With nothing else on
+the two cores (as in CI, which runs these one at a time) two batches put every rank's idle share
+within 2.1% of the measured one. On a box shared with other work it was within 6% over three
+batches, and on an overloaded one (the stage sleeps themselves overshot by 3-4 ms) the GPipe
+mix's first ranks came out 11% less idle than measured: the 5% holds where the sleeps are
+honest. The median step came out within 5%, and 5.5% short on the overloaded box, hence 7.5%.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from freeride_lab.core.plan import Costs, compare_with_run, simulate, simulate_s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS, SKIP_STEPS = 10, 2
-REL_TOL = 0.10  # each rank's idle share
+REL_TOL = 0.05  # each rank's idle share
 STEP_TOL = 0.075  # the median step (within 5% unless the box is overloaded; see above)
 
 
@@ -109,7 +110,7 @@ def test_costs_from_actions_fed_back_into_simulate_reproduce_each_ranks_idle_sha
 
 
 @pytest.mark.parametrize("run", DRAWN, ids=str)
-def test_planner_predicts_each_ranks_idle_share_within_10pct_for_drawn_costs(
+def test_planner_predicts_each_ranks_idle_share_within_5pct_for_drawn_costs(
     runs: dict[GatedRun, GatedResult], run: GatedRun
 ) -> None:
     result = finished(runs, run)
