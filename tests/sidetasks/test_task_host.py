@@ -350,3 +350,15 @@ def test_an_imperative_task_cannot_trickle_and_fails_saying_why(
     assert "gating 'trickle' needs an iterative task (step()); FreeCounter is imperative" in (
         failed.reason
     )
+
+
+def test_a_malformed_trickle_duty_is_refused_and_the_task_goes_on(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    proc = start_active(
+        run_dir, hosts, ref("Counting"), gating="trickle", limits={"budget_s": 0.005}
+    )
+    for bad in ("fast", None, True, 1.5, -0.1):
+        assert not proc.request({"cmd": "tune", "trickle_duty": bad}), bad
+    assert proc.request({"cmd": "tune", "trickle_duty": 0.5})  # still there, still listening
+    assert stop(proc) == 0

@@ -59,7 +59,7 @@ from freeride_lab.sidetasks.edges import Edge, Phase
 from freeride_lab.sidetasks.host.accounting import training_busy_ns
 from freeride_lab.sidetasks.host.imperative import ImperativeDriver
 from freeride_lab.sidetasks.host.iterative import IterativeSteps
-from freeride_lab.sidetasks.limits import apply_in_process, support_summary
+from freeride_lab.sidetasks.limits import GpuLimits, apply_in_process, support_summary
 from freeride_lab.sidetasks.loader import load_task_class
 from freeride_lab.sidetasks.spec import checkpoint_path, parse_overrun_policy
 
@@ -252,9 +252,10 @@ class TaskHost(IterativeSteps):
             if "overrun_policy" in message:
                 self._policy = parse_overrun_policy(message["overrun_policy"])
             if "trickle_duty" in message:
-                duty = float(message["trickle_duty"])
-                if not 0 <= duty <= 1:
-                    return False, f"trickle_duty={duty!r} must be in [0, 1]"
+                try:  # GpuLimits holds the rule; a bad value leaves the duty as it was
+                    duty = GpuLimits(trickle_duty=message["trickle_duty"]).trickle_duty
+                except (TypeError, ValueError) as exc:
+                    return False, str(exc)
                 self._trickle_duty = duty
                 self._trickle_next_ns = 0
             return True, (
