@@ -93,10 +93,10 @@ class StepAccounting(Checkpointing):
     ) -> None:
         """An iterative step (or a group of ``calls`` steps: ``host.iterative`` [Note: step
         groups]): its event, a profile sample of one step's time, the overrun policy (not for a
-        step that ran through training's compute by design: ``policy=False``, gating "none")."""
+        step that ran through training's compute by design: ``policy=False``)."""
         self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
         self._sample_profile((end_ns - start_ns) // calls)
-        if not policy or self.spec.task.gating == "none":
+        if not policy:
             return  # overruns by design; the policy would only stop it
         self._window.append(overrun_ns)
         if overrun_ns > 0:

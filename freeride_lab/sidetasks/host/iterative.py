@@ -190,7 +190,7 @@ class IterativeSteps(StepAccounting):
             end_edge = self.reader.latest()
             step = end_edge.step if end_edge is not None else -1
             busy_ns = training_busy_ns(start_edge, end_edge, start_ns, end_ns)
-            self._record_step(step, start_ns, end_ns, progress, busy_ns)
+            self._record_step(step, start_ns, end_ns, progress, busy_ns, policy=False)
             if task.is_finished():
                 self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
                 return
