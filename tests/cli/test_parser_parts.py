@@ -31,3 +31,11 @@ def test_a_repeatable_option_is_told_from_a_single_one() -> None:
 def test_a_parser_without_subcommands_has_none() -> None:
     attach = subcommands(build_parser())["attach"]
     assert subcommands(attach) == {} and subcommand_helps(attach) == {}
+
+
+def test_attach_offers_exactly_the_gatings_a_task_spec_takes() -> None:
+    from freeride_lab.sidetasks.spec import GATINGS
+
+    attach = subcommands(build_parser())["attach"]
+    (gating,) = [a for a in arguments(attach) if "--gating" in a.option_strings]
+    assert list(gating.choices) == list(GATINGS)  # the CLI spells them out to stay numpy-free
