@@ -36,6 +36,7 @@ from freeride_lab.bench.markdown import (
     md_table,
 )
 from freeride_lab.bench.results import fill_tables
+from freeride_lab.core.intervals import Interval
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -675,12 +676,19 @@ def _highest_duty(data: dict[str, Any], stage: int) -> str:
     return f"{max(duties):g}" if duties else "0"
 
 
+def _throughput_interval(r: dict[str, Any]) -> str:
+    """A row's side-task throughput with its 95% interval over blocks."""
+    iv = Interval.of(r["throughput_per_s"], r["throughput_se_per_s"], r["throughput_df"],
+                     int(r["blocks"]))  # fmt: skip
+    return f"{fmt_rate(iv.value)} [{fmt_rate(iv.lo)}, {fmt_rate(iv.hi)}] {r['unit']}/s"
+
+
 def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> list[str]:
     """Per file, stage and mode: the work done, what it cost, and where it ran."""
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          _highest_duty(data, r["stage"]) if r["mode"] == "trickle" else "—",
-         f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+         _throughput_interval(r),
          fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
                       signed=True),
          fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
@@ -694,7 +702,7 @@ def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> l
         if r["mode"] in modes
     ]  # fmt: skip
     return md_table(
-        ["", "stage · task", "mode", "highest trickle duty", "throughput", "overhead [95%]",
+        ["", "stage · task", "mode", "highest trickle duty", "throughput [95%]", "overhead [95%]",
          "harvest of measured idle [95%]", "bubble time under steps", "unused bubbles",
          "edge → step p99 ms"],
         _first_of_run(rows),
