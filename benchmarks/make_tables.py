@@ -36,6 +36,7 @@ from freeride_lab.bench.markdown import (
     md_table,
 )
 from freeride_lab.bench.results import fill_tables
+from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.intervals import Interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -711,9 +712,7 @@ def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> l
 
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-12-04e-trickle": lambda: _side_by_side(H200_TRICKLE, ("governed", "trickle")),
-    "h200-12-04e-inference": lambda: _side_by_side(
-        H200_INFERENCE, ("managed", "governed", "trickle")
-    ),
+    "h200-12-04e-inference": lambda: _side_by_side(H200_INFERENCE, GATED_MODES),
     "h200-12-04d-idle-split": lambda: _idle_split(H200_IDLE_SPLIT),
     "h200-12-04d-overhead": lambda: h200_overhead(_idle_split_rows()),
     "h200-12-04d-harvest": lambda: h200_harvest(_idle_split_rows()),
