@@ -104,6 +104,12 @@ class IterativeSideTask(SideTaskBase):
         """Do one unit of work on ``self.device``; return the progress made (in ``unit``)."""
         raise NotImplementedError
 
+    @property
+    def warmup_steps(self) -> int:
+        """Steps at the start on a device whose time says nothing of the task's pace (a
+        compilation, a graph capture); the host's profile leaves them out. Default 0."""
+        return 0
+
 
 class ImperativeSideTask(SideTaskBase):
     """A side task with its own loop; the framework pauses and resumes the whole process."""

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freeride_lab.tasks.device import HostReturningTask
+from freeride_lab.tasks.graphed_step import GraphedSteps, set_capturable
 from freeride_lab.tasks.nets import IMPLS, build_model
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
@@ -73,6 +74,7 @@ class VisionOptions:
     seed: int = 0  # weights, images and the task's random stream
     max_steps: int | None = None  # is_finished() after this many batches; None: never
     micro_batches: int = 1  # steps per batch, with gradient accumulation ([Note: micro-batches])
+    cuda_graphs: bool = False  # on a GPU, replay each step as a CUDA graph (tasks.graphed_step)
     impl: str = "own"  # "own" (tasks.nets), "torchvision" or "auto"
 
     def __post_init__(self) -> None:
@@ -91,6 +93,8 @@ class VisionOptions:
                 f"{self.batch_size // 2}: each slice needs two images (BatchNorm's statistics)"
             )
         check_choice("impl", self.impl, IMPLS)
+        if not isinstance(self.cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs={self.cuda_graphs!r} must be True or False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +146,7 @@ class _VisionTask(HostReturningTask):
          "n_batches": 8}
     )  # fmt: skip
     #: ``teardown`` drops model, optimizer and data.
-    _dropped = ("model", "optimizer", "images", "labels", "_last_loss")
+    _dropped = ("_graphs", "model", "optimizer", "images", "labels", "_last_loss")
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -159,6 +163,8 @@ class _VisionTask(HostReturningTask):
         self._rng_cpu: torch.Tensor | None = None
         self._rng_cuda: torch.Tensor | None = None
         self._last_loss: torch.Tensor | None = None
+        self._graphs: GraphedSteps | None = None  # [Note: graphed steps]
+        self._eager_batches = 0  # whole batches run eagerly on the current device
 
     def __repr__(self) -> str:
         return (
@@ -199,6 +205,7 @@ class _VisionTask(HostReturningTask):
         """Move model, optimizer state and batches onto ``device`` ("cpu", "cuda", "cuda:1")."""
         model, optimizer, images, labels = self._require_setup()
         target = torch.device(device)
+        self._drop_graphs()
         model.to(target)
         _move_optimizer_state(optimizer, target)
         self.images, self.labels = images.to(target), labels.to(target)
@@ -214,20 +221,60 @@ class _VisionTask(HostReturningTask):
         if cfg.micro_batches > 1:
             x = x.tensor_split(cfg.micro_batches)[self.micro_done]  # (b, 3, H, W)
             y = y.tensor_split(cfg.micro_batches)[self.micro_done]  # (b,)
+        graphs = self._graphed()
         with self._own_rng():
             model.train()
+            if graphs is not None:
+                self._last_loss = graphs.step(x, y, last=self.micro_done + 1 == cfg.micro_batches)
+                self._advance()
+                return float(len(y))
             if self.micro_done == 0:
                 optimizer.zero_grad(set_to_none=True)
             logits = model(x)  # (b, classes)
             loss = F.cross_entropy(logits, y, reduction="sum") / cfg.batch_size
             loss.backward()  # type: ignore[no-untyped-call]
-            self.micro_done += 1
-            if self.micro_done == cfg.micro_batches:
+            if self.micro_done + 1 == cfg.micro_batches:
                 optimizer.step()
-                self.micro_done = 0
-                self.steps_done += 1
+                self._eager_batches += 1
+            self._advance()
         self._last_loss = loss.detach() * (cfg.batch_size / len(y))  # the slice's mean
         return float(len(y))
+
+    @property
+    def warmup_steps(self) -> int:
+        """With ``cuda_graphs`` on a GPU: two batches' steps (one eager, one capturing)."""
+        graphing = self.config.cuda_graphs and torch.device(self.device).type == "cuda"
+        return 2 * self.config.micro_batches if graphing else 0
+
+    def _advance(self) -> None:
+        """Count one slice done; the batch's last one completes an optimizer step."""
+        self.micro_done += 1
+        if self.micro_done == self.config.micro_batches:
+            self.micro_done = 0
+            self.steps_done += 1
+
+    def _graphed(self) -> GraphedSteps | None:
+        """The step's graphs once they may be used: ``cuda_graphs`` on, a CUDA device, one
+        eager batch done there, and a batch boundary ([Note: graphed steps]); else None."""
+        cfg = self.config
+        if self._graphs is None and (
+            cfg.cuda_graphs
+            and torch.device(self.device).type == "cuda"
+            and self._eager_batches > 0
+            and self.micro_done == 0
+        ):
+            model, optimizer, _, _ = self._require_setup()
+            self._graphs = GraphedSteps(model, optimizer, cfg.batch_size)
+        return self._graphs
+
+    def _drop_graphs(self) -> None:
+        """Forget the graphs (they refer to tensors about to be replaced) and put Adam's step
+        counts back on the host; the next batch on a GPU runs eagerly again."""
+        self._eager_batches = 0
+        if self._graphs is not None:
+            self._graphs = None
+            if self.optimizer is not None:
+                set_capturable(self.optimizer, torch.device(self.device), False)
 
     def is_finished(self) -> bool:
         """True once ``max_steps`` batches are done (never when it is None)."""
@@ -254,8 +301,10 @@ class _VisionTask(HostReturningTask):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` (after ``setup()``, on any device)."""
         model, optimizer, _, _ = self._require_setup()
+        self._drop_graphs()
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        set_capturable(optimizer, torch.device(self.device), False)  # saved while graphed?
         self.progress = float(state.get("progress", 0.0))
         self.steps_done = int(state["steps_done"])
         self.micro_done = int(state.get("micro_done", 0))

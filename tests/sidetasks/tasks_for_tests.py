@@ -38,6 +38,23 @@ class Counting(IterativeSideTask):
         return self.limit is not None and self.progress >= self.limit
 
 
+class WarmingUp(Counting):
+    """Counting whose first ``warmup`` steps sleep ``warm_s`` (a capture, a compilation)."""
+
+    def __init__(self, step_s: float = 0.002, warmup: int = 3, warm_s: float = 0.03) -> None:
+        super().__init__(step_s=step_s)
+        self.warmup, self.warm_s, self.calls = warmup, warm_s, 0
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.warmup
+
+    def step(self) -> float:
+        self.calls += 1
+        time.sleep(self.warm_s if self.calls <= self.warmup else self.step_s)
+        return 1.0
+
+
 class RaisingInSetup(IterativeSideTask):
     def setup(self) -> None:
         raise ValueError("boom in setup")

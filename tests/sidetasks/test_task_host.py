@@ -23,7 +23,7 @@ from freeride_lab.io.rundir import RunDir
 from freeride_lab.sidetasks.edges import EdgeWriter
 from freeride_lab.sidetasks.loader import load_task_class, parse_task_ref
 from freeride_lab.sidetasks.process import TaskProcess
-from freeride_lab.sidetasks.spec import TaskSpec, checkpoint_path
+from freeride_lab.sidetasks.spec import TaskSpec, checkpoint_path, profile_path
 
 R18 = "freeride_lab.tasks.vision:ResNet18Task"
 S = SideTaskState
@@ -362,3 +362,33 @@ def test_a_malformed_trickle_duty_is_refused_and_the_task_goes_on(
         assert not proc.request({"cmd": "tune", "trickle_duty": bad}), bad
     assert proc.request({"cmd": "tune", "trickle_duty": 0.5})  # still there, still listening
     assert stop(proc) == 0
+
+
+def test_the_profile_leaves_out_the_steps_a_task_declares_as_warm_up(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    """Three 30 ms warm-up steps (a graph capture, say) before 2 ms ones: the five profiled
+    steps are the 2 ms ones, so the budget is not set by the capture."""
+    proc = start_active(
+        run_dir, hosts, ref("WarmingUp"), options={"warmup": 3}, limits={"budget_s": 0.005}
+    )
+    path = profile_path(run_dir.path, "t1")
+    for first in range(0, 60, 6):
+        drive_bubbles(edges, 6, first_step=first)
+        if path.exists():
+            break
+    assert stop(proc) == 0
+    profile = json.loads(path.read_text())
+    assert profile["n_steps"] == 5
+    assert profile["median_step_s"] < 0.015  # 2 ms steps, not the 30 ms warm-up
+
+
+def test_a_malformed_warmup_steps_fails_the_task_saying_why(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_active(
+        run_dir, hosts, ref("WarmingUp"), options={"warmup": -1}, limits={"budget_s": 0.005}
+    )
+    drive_bubbles(edges, 3)
+    wait_exit(proc)
+    assert "WarmingUp.warmup_steps=-1 must be an integer >= 0" in failed_state(run_dir, proc).reason

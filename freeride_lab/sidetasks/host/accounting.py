@@ -6,7 +6,8 @@ where it will run, under the limits it will run with, without hurting training: 
 budget is unknown, the host launches one step per bubble, and only in a bubble whose predicted
 length is at least the largest predicted length of the rank's bubbles seen so far (so never in
 the first step it watches, which it needs to see every slot once). After ``profile_steps``
-steps the median step time and the peak memory make a ``core.budget.Profile``; the budget is
+steps (after the task's own ``warmup_steps``, a graph capture say) the median step time and
+the peak memory make a ``core.budget.Profile``; the budget is
 then ``Profile.budget_s()`` (median rounded up to 10 ms x 1.2). With a fixed budget (given, or
 set by a tune) the task steps normally and the profile is taken from its first steps. Either
 way the profile is reported once per process, as a ``SideTaskStateChanged`` note (event
@@ -106,8 +107,17 @@ class StepAccounting(Checkpointing):
         if self.profile is not None:
             return
         self._profile_ns.append(duration_ns)
-        if len(self._profile_ns) >= self.spec.task.profile_steps:
+        if len(self._profile_ns) >= self._warmup_steps() + self.spec.task.profile_steps:
             self._finish_profile()
+
+    def _warmup_steps(self) -> int:
+        """The task's own warm-up (``IterativeSideTask.warmup_steps``), left out of the profile."""
+        n = getattr(self.task, "warmup_steps", 0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(
+                f"{type(self.task).__name__}.warmup_steps={n!r} must be an integer >= 0"
+            )
+        return n
 
     def _finish_profile(self) -> None:
         """Make the ``Profile`` and report it (see [Note: profiling in bubbles])."""
@@ -115,6 +125,7 @@ class StepAccounting(Checkpointing):
         profile = profile_from_steps(
             [d / 1e9 for d in self._profile_ns],
             _peak_memory_bytes(self.spec.device),
+            warmup_steps=self._warmup_steps(),
             sm_pct=limits.sm_pct,
             memory_cap_bytes=limits.memory_bytes,
         )
