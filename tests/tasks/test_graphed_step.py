@@ -8,7 +8,6 @@ task drops its graphs and keeps training right.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from freeride_lab.tasks.vision import ResNet18Task, VGG19Task
 
