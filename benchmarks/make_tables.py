@@ -98,6 +98,19 @@ H200_TRICKLE = (
 #: The inference side task on stages 1 and 3 (M = 4, time-sliced), after its attention
 #: stopped using cuDNN's kernels.
 H200_INFERENCE = (("h200-2026-12-04-inference.json", "inference"),)
+#: The same, once the task counted output tokens only (one call, the same command).
+H200_INFERENCE_TOKENS = (("h200-2026-12-04-inference-output-tokens.json", "output tokens"),)
+#: ResNet-18 on stage 1, then VGG-19 on stage 3 (M = 4, time-sliced): eager whole batches,
+#: then slices of a batch replayed as CUDA graphs; per task, two bench invocations back to
+#: back in one device call.
+H200_GRAPHS = (
+    ("h200-2026-12-04-graphs-eager.json", "whole batches, eager"),
+    ("h200-2026-12-04-graphs-2slices.json", "2 graphed slices"),
+    ("h200-2026-12-04-slices-vgg-eager.json", "whole batches, eager"),
+    ("h200-2026-12-04-slices-vgg-4graphed.json", "4 graphed slices"),
+)
+#: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
+GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
 
@@ -710,7 +723,27 @@ def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> l
     )  # fmt: skip
 
 
+def graphed_steps() -> list[str]:
+    """Eager vs graphed step of each vision task, per number of slices a batch."""
+    rows = [
+        [r["task"], str(r["micro_batches"]), str(r["slice_images"]),
+         f"{r['eager_step_ms_median']:.2f}", f"{r['graphed_step_ms_median']:.2f}",
+         fmt_rate(r["eager_samples_per_s"]), fmt_rate(r["graphed_samples_per_s"]),
+         fmt_interval(r["speedup_frac"], r["speedup_low"], r["speedup_high"], 0, signed=True)]
+        for r in raw(GRAPHED_STEPS)["rows"]
+    ]  # fmt: skip
+    return md_table(
+        ["task", "slices a batch", "images a step", "eager step ms", "graphed step ms",
+         "eager samples/s", "graphed samples/s", "speed-up [95%]"],
+        rows,
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04f-graphed-steps": graphed_steps,
+    "h200-12-04f-graphs": lambda: _side_by_side(H200_GRAPHS, ("managed", "governed")),
+    "h200-12-04f-graphs-idle": lambda: _idle_split(H200_GRAPHS),
+    "h200-12-04f-inference": lambda: _side_by_side(H200_INFERENCE_TOKENS, GATED_MODES),
     "h200-12-04e-trickle": lambda: _side_by_side(H200_TRICKLE, ("governed", "trickle")),
     "h200-12-04e-inference": lambda: _side_by_side(H200_INFERENCE, GATED_MODES),
     "h200-12-04d-idle-split": lambda: _idle_split(H200_IDLE_SPLIT),

@@ -31,6 +31,13 @@ _CPU_TASK_OPTIONS: dict[str, dict[str, Any]] = {
     "vgg19": {"batch_size": 1, "image_size": 32},
     "sgd_mf": {"batch_edges": 4096},
 }
+#: GPU runs: the vision tasks step in slices of a batch replayed as CUDA graphs, which filled
+#: more of the bubbles on the H200 than whole eager batches (BENCHMARKS.md, "steps as CUDA
+#: graphs"); ``{"cuda_graphs": false, "micro_batches": 1}`` gives FreeRide's whole batches.
+_GPU_TASK_OPTIONS: dict[str, dict[str, Any]] = {
+    "resnet18": {"cuda_graphs": True, "micro_batches": 2},
+    "vgg19": {"cuda_graphs": True, "micro_batches": 4},
+}
 _SHORT = ("vanilla", "managed", "naive")  # the later runs of --quick: no governor blocks
 
 #: The benchmark's goals, with FreeRide's published numbers (paper notes §14) beside them.
@@ -187,7 +194,7 @@ def bench_profile(name: str, device: str) -> BenchProfile:
             instrumentation_repeats=6, time_budget_s=6 * 3600.0,
         )  # fmt: skip
     if gpu:
-        return base
+        return base.replace(task_options=_GPU_TASK_OPTIONS)
     return base.replace(
         runs=tuple(r for r in base.runs if not r.mps),  # no MPS without a GPU
         layers=base.stages * 2, d_model=256, heads=4, seq_len=128, microbatch_size=4,

@@ -213,6 +213,15 @@ def test_task_options_from_the_command_line_merge_over_the_profiles() -> None:
     assert len(cpu.task_options["pagerank"]) > 1  # the profile's own options stay
 
 
+def test_gpu_runs_step_the_vision_tasks_in_graphed_slices_unless_told_otherwise() -> None:
+    gpu = bench_profile("quick", "cuda").task_options
+    assert gpu["resnet18"] == {"cuda_graphs": True, "micro_batches": 2}
+    assert gpu["vgg19"] == {"cuda_graphs": True, "micro_batches": 4}
+    whole = bench_options("--task-options", '{"vgg19": {"cuda_graphs": false, "micro_batches": 1}}')
+    assert whole.task_options["vgg19"] == {"cuda_graphs": False, "micro_batches": 1}
+    assert whole.task_options["resnet18"]["micro_batches"] == 2
+
+
 @pytest.mark.parametrize(
     ("option", "text"),
     [
