@@ -109,6 +109,9 @@ H200_GRAPHS = (
     ("h200-2026-12-04-slices-vgg-eager.json", "whole batches, eager"),
     ("h200-2026-12-04-slices-vgg-4graphed.json", "4 graphed slices"),
 )
+#: The bench's new GPU defaults under MPS: stages 1 (ResNet-18, 2 graphed slices) and 3
+#: (VGG-19, 4 graphed slices), one call.
+H200_MPS_GRAPHS = (("h200-2026-12-04-mps-graphed-slices.json", "MPS, graphed slices"),)
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
@@ -743,6 +746,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-12-04f-graphed-steps": graphed_steps,
     "h200-12-04f-graphs": lambda: _side_by_side(H200_GRAPHS, ("managed", "governed")),
     "h200-12-04f-graphs-idle": lambda: _idle_split(H200_GRAPHS),
+    "h200-12-04f-mps": lambda: _side_by_side(H200_MPS_GRAPHS, ("managed", "governed")),
     "h200-12-04f-inference": lambda: _side_by_side(H200_INFERENCE_TOKENS, GATED_MODES),
     "h200-12-04e-trickle": lambda: _side_by_side(H200_TRICKLE, ("governed", "trickle")),
     "h200-12-04e-inference": lambda: _side_by_side(H200_INFERENCE, GATED_MODES),
