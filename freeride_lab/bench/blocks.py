@@ -28,6 +28,7 @@ from freeride_lab.bench.readout import collect_blocks, read_calibration, task_st
 from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.governor import OverheadGovernor
+from freeride_lab.core.theory import theory_bubble_fraction
 from freeride_lab.lab.governor import GovernorLoop, step_times_s
 from freeride_lab.pipeline.emulate import Control, ControlFile, Gate
 
@@ -81,6 +82,11 @@ class RunDriver:
         self.record: dict[str, Any] = {
             "name": plan.name,
             "microbatches": plan.microbatches,
+            "schedule": profile.schedule,
+            "chunks": profile.chunks,
+            "bubble_limit_frac": theory_bubble_fraction(
+                profile.schedule, profile.stages, plan.microbatches, profile.chunks
+            ),
             "mps": plan.mps,
             "run_dir": str(self.run_dir),
             "segments": [],

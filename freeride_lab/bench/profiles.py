@@ -96,6 +96,7 @@ class BenchProfile:
     device: str
     runs: tuple[RunPlan, ...]
     schedule: str = "1F1B"
+    chunks: int | None = None  # stage chunks per rank; None: the schedule's default
     stages: int = 4
     modes: tuple[str, ...] = ("vanilla", "managed", "governed", "naive")
     repeats: int = 5  # blocks per mode: the 95% intervals need at least five
@@ -141,6 +142,11 @@ class BenchProfile:
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
         # their one check, before any run
         RuntimeOptions(announce_min_ms=self.announce_min_ms, step_group_ms=self.step_group_ms)
+        for plan in self.runs:  # an unknown schedule or chunk count, before any run
+            RunConfig(
+                schedule=self.schedule, stages=self.stages, microbatches=plan.microbatches,
+                chunks=self.chunks, steps=1,
+            )  # fmt: skip
 
     def replace(self, **changes: Any) -> BenchProfile:
         return dataclasses.replace(self, **changes)
@@ -214,7 +220,7 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
         dtype=p.dtype,
     )
     return RunConfig(
-        schedule=p.schedule, stages=p.stages, microbatches=plan.microbatches,
+        schedule=p.schedule, stages=p.stages, microbatches=plan.microbatches, chunks=p.chunks,
         steps=10**7, workload="text", layers=p.layers, d_model=p.wire_d_model, heads=1,
         seq_len=p.seq_len, microbatch_size=p.microbatch_size, dtype="float32",
         device="cpu", run_dir=str(run_dir), mps=False,

@@ -94,8 +94,10 @@ def fill_tables(result: dict[str, Any], *, stages: int) -> None:
         if d["dedicated_per_s"] is not None
     }
     m_of_run = {r["name"]: r["microbatches"] for r in result["runs"] if "microbatches" in r}
+    # a run's theory idle share; results from before other schedules ran are 1F1B's
+    limits = {r["name"]: r["bubble_limit_frac"] for r in result["runs"] if "bubble_limit_frac" in r}
     summary = bt.summarize_blocks(
-        blocks, stages=stages, microbatches=m_of_run, dedicated_per_s=speeds
+        blocks, stages=stages, microbatches=m_of_run, dedicated_per_s=speeds, limits=limits
     )
     from freeride_lab.tasks import REFERENCE_KEYS
 

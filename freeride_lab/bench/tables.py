@@ -139,12 +139,15 @@ def summarize_blocks(
     stages: int,
     microbatches: int | Mapping[str, int],
     dedicated_per_s: Mapping[SegmentKey, float],
+    limits: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """One row per (run, case, stage, task, mode): estimates and 95% intervals over its blocks.
 
     Args:
         blocks: rows with ``BLOCK_COLUMNS``.
         stages: S; microbatches: M, or M per run name (for the bubble limit).
+        limits: the theory idle share per run name, for a run of another schedule than 1F1B
+            (``core.theory.theory_bubble_fraction``); a run not in it has 1F1B's.
         dedicated_per_s: the dedicated speed of each segment, keyed (run, case, stage, task):
             the task alone on the device in *that* segment's solo phases. Never one speed
             pooled over runs: the same task's solo speed differs from run to run.
@@ -168,7 +171,7 @@ def summarize_blocks(
     for key, seg in blocks.groupby(keys, sort=False):
         run, case, stage, task = str(key[0]), str(key[1]), int(key[2]), str(key[3])
         m = microbatches if isinstance(microbatches, int) else microbatches[run]
-        limit = bubble_limit(stages, m)
+        limit = (limits or {}).get(run, bubble_limit(stages, m))
         theta = float(dedicated_per_s.get((run, case, stage, task), math.nan)) if task else math.nan
         order, modes, step_ms = list(seg["order"]), list(seg["mode"]), list(seg["step_ms_median"])
         ref = seg[seg["mode"] == REFERENCE_MODE]

@@ -57,6 +57,15 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     p.add_argument("--step-group-ms", type=float, default=None,
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
+    p.add_argument("--schedule", default=None,
+                   help="pipeline schedule (default 1F1B); Interleaved1F1B and "
+                        "InterleavedZeroBubble run on every torch")  # fmt: skip
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help="stage chunks per rank for --schedule (default: the schedule's)",
+    )
     p.add_argument("--task-options", default=None, metavar="JSON",
                    help='options per task, e.g. {"resnet18": {"micro_batches": 4}}')  # fmt: skip
     return p
@@ -121,6 +130,13 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             runs = tuple(dataclasses.replace(r, modes=modes) for r in runs)
         except ValueError as exc:
             raise UsageError(f"--modes {args.modes}: {exc}") from exc
+    layout = {n: getattr(args, n) for n in ("schedule", "chunks") if getattr(args, n) is not None}
+    if layout:
+        try:
+            profile = profile.replace(runs=runs, **layout)
+        except ValueError as exc:
+            given = " ".join(f"--{n} {v}" for n, v in layout.items())
+            raise UsageError(f"{given}: {exc}") from exc
     for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)

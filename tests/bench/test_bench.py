@@ -230,6 +230,8 @@ def test_gpu_runs_step_the_vision_tasks_in_graphed_slices_unless_told_otherwise(
             for t in ("{", '["resnet18"]', '{"resnet18": 4}', '{"resnt18": {}}')
         ),
         *(("--modes", t) for t in ("governed,vanilla", "vanilla,trickel", "vanilla,vanilla")),
+        ("--schedule", "Interleaved"),
+        ("--chunks", "0"),
     ],
 )
 def test_bad_task_options_or_modes_are_a_usage_error_before_anything_runs(
@@ -241,6 +243,14 @@ def test_bad_task_options_or_modes_are_a_usage_error_before_anything_runs(
     assert main(argv) == 2
     assert option in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_schedule_and_its_chunks_reach_every_runs_config(tmp_path: Path) -> None:
+    from freeride_lab.bench.profiles import run_config
+
+    profile = bench_options("--schedule", "Interleaved1F1B", "--chunks", "2")
+    configs = [run_config(profile, plan, tmp_path) for plan in profile.runs]  # type: ignore[attr-defined]
+    assert {(c.schedule, c.chunks) for c in configs} == {("Interleaved1F1B", 2)}
 
 
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:

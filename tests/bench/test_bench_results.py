@@ -103,6 +103,20 @@ def test_a_segment_uses_the_mean_of_its_solo_speeds_before_and_after_its_blocks(
     assert _managed(result, "m4")["harvest_frac"] == pytest.approx(400 / 4500 / 0.4)
 
 
+def test_the_theory_limit_is_the_runs_own_schedules_and_1f1bs_for_older_results() -> None:
+    from freeride_lab.core.theory import theory_bubble_fraction
+
+    seg = {"dedicated_per_s": 4000.0}
+    interleaved, _ = run_blocks = _run("m4-interleaved", seg, (1.0,) * 5)
+    interleaved["bubble_limit_frac"] = theory_bubble_fraction("Interleaved1F1B", 4, 4, 2)
+    result = _result(run_blocks, _run("m4", seg, (1.0,) * 5))  # the second: recorded before
+    bench_results.fill_tables(result, stages=4)
+    assert _managed(result, "m4-interleaved")["bubble_limit_frac"] == pytest.approx(3 / 11)
+    assert _managed(result, "m4")["bubble_limit_frac"] == pytest.approx(3 / 7)
+    row = _managed(result, "m4-interleaved")
+    assert row["harvest_of_theory_limit_frac"] == pytest.approx(row["harvest_frac"] / (3 / 11))
+
+
 @pytest.mark.parametrize(("after", "flagged"), [(4300.0, False), (4500.0, True)])
 def test_a_segment_whose_solo_speed_moved_more_than_ten_percent_is_flagged(
     after: float, flagged: bool
