@@ -112,6 +112,12 @@ H200_GRAPHS = (
 #: The bench's new GPU defaults under MPS: stages 1 (ResNet-18, 2 graphed slices) and 3
 #: (VGG-19, 4 graphed slices), one call.
 H200_MPS_GRAPHS = (("h200-2026-12-04-mps-graphed-slices.json", "MPS, graphed slices"),)
+#: Stage 1 (ResNet-18, 2 graphed slices) under two more schedules, S = 4, M = 4, V = 2,
+#: time-sliced; one call, the two invocations back to back.
+H200_SCHEDULES = (
+    ("h200-2026-12-04-schedule-Interleaved1F1B.json", "Interleaved1F1B"),
+    ("h200-2026-12-04-schedule-InterleavedZeroBubble.json", "InterleavedZeroBubble"),
+)
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
@@ -742,7 +748,31 @@ def graphed_steps() -> list[str]:
     )  # fmt: skip
 
 
+def schedules() -> list[str]:
+    """Per schedule and gated mode: theory vs measured idle, and the share of each harvested."""
+    rows = [
+        [label, f"{r['stage']} · {r['task']}", r["mode"], fmt_pct(r["bubble_limit_frac"], 1),
+         fmt_pct(r["vanilla_idle_frac"], 1), _throughput_interval(r),
+         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
+                      r["harvest_of_measured_idle_hi_frac"], 0),
+         fmt_interval(r["harvest_of_theory_limit_frac"], r["harvest_of_theory_limit_lo_frac"],
+                      r["harvest_of_theory_limit_hi_frac"], 0),
+         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
+                      signed=True)]
+        for name, label in H200_SCHEDULES
+        for r in result(name)["summary"]
+        if r["mode"] in ("managed", "governed")
+    ]  # fmt: skip
+    return md_table(
+        ["schedule", "stage · task", "mode", "theory idle", "measured idle (vanilla)",
+         "throughput [95%]", "harvest of measured idle [95%]", "harvest of theory idle [95%]",
+         "overhead [95%]"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04f-schedules": schedules,
     "h200-12-04f-graphed-steps": graphed_steps,
     "h200-12-04f-graphs": lambda: _side_by_side(H200_GRAPHS, ("managed", "governed")),
     "h200-12-04f-graphs-idle": lambda: _idle_split(H200_GRAPHS),
