@@ -28,6 +28,7 @@ from typing import Any
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
+    fmt_frac_interval,
     fmt_interval,
     fmt_num,
     fmt_pct,
@@ -493,9 +494,8 @@ def _split_rows() -> list[tuple[str, dict[str, Any]]]:
 def _per_stage(summary: list[dict[str, Any]], cases: tuple[str, ...]) -> list[str]:
     rows = [
         [str(r["stage"]), r["task"], r["mode"],
-         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
-                      signed=True),
-         fmt_interval(r["harvest_frac"], r["harvest_lo_frac"], r["harvest_hi_frac"], 1),
+         fmt_frac_interval(r, "overhead", 2, signed=True),
+         fmt_frac_interval(r, "harvest", 1),
          fmt_pct(r["idle_frac"], 0)]
         for r in summary
         if r["case"] in cases and r["mode"] != "vanilla"
@@ -634,8 +634,7 @@ def _tails(summary: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]
     """Per stage and mode: the p99 step inflation, board energy per unit, edge latency."""
     rows = [
         [label(r), r["task"], r["mode"],
-         fmt_interval(r["step_p99_inflation_frac"], r["step_p99_inflation_lo_frac"],
-                      r["step_p99_inflation_hi_frac"], 2, signed=True),
+         fmt_frac_interval(r, "step_p99_inflation", 2, signed=True),
          "—" if r["extra_energy_j_per_unit"] != r["extra_energy_j_per_unit"]
          else f"{r['extra_energy_j_per_unit']:.3g} J per {r['unit'].rstrip('s') or 'unit'}",
          "—" if r["latency_p50_ms"] is None or r["latency_p50_ms"] != r["latency_p50_ms"]
@@ -672,10 +671,8 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
                                       "idle_tail_frac", "idle_unused_frac")),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
-         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
-                      r["harvest_of_measured_idle_hi_frac"], 0),
-         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
-                      signed=True)]
+         fmt_frac_interval(r, "harvest_of_measured_idle", 0),
+         fmt_frac_interval(r, "overhead", 2, signed=True)]
         for name, label in files
         for r in result(name)["summary"]
         if r["case"] == "mix" and r["mode"] in ("managed", "governed")
@@ -712,10 +709,8 @@ def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> l
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          _highest_duty(data, r["stage"]) if r["mode"] == "trickle" else "—",
          _throughput_interval(r),
-         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
-                      signed=True),
-         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
-                      r["harvest_of_measured_idle_hi_frac"], 0),
+         fmt_frac_interval(r, "overhead", 2, signed=True),
+         fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_unused_frac"], 0),
          "—" if r["latency_p99_ms"] is None or r["latency_p99_ms"] != r["latency_p99_ms"]
          else f"{r['latency_p99_ms']:.2f}"]
@@ -753,12 +748,9 @@ def schedules() -> list[str]:
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"], fmt_pct(r["bubble_limit_frac"], 1),
          fmt_pct(r["vanilla_idle_frac"], 1), _throughput_interval(r),
-         fmt_interval(r["harvest_of_measured_idle_frac"], r["harvest_of_measured_idle_lo_frac"],
-                      r["harvest_of_measured_idle_hi_frac"], 0),
-         fmt_interval(r["harvest_of_theory_limit_frac"], r["harvest_of_theory_limit_lo_frac"],
-                      r["harvest_of_theory_limit_hi_frac"], 0),
-         fmt_interval(r["overhead_frac"], r["overhead_lo_frac"], r["overhead_hi_frac"], 2,
-                      signed=True)]
+         fmt_frac_interval(r, "harvest_of_measured_idle", 0),
+         fmt_frac_interval(r, "harvest_of_theory_limit", 0),
+         fmt_frac_interval(r, "overhead", 2, signed=True)]
         for name, label in H200_SCHEDULES
         for r in result(name)["summary"]
         if r["mode"] in ("managed", "governed")

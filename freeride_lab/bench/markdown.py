@@ -12,7 +12,16 @@ from typing import Any
 
 from freeride_lab.bench import stats as bs
 
-__all__ = ["NOT_MEASURED", "fmt_interval", "fmt_num", "fmt_pct", "fmt_rate", "markdown", "md_table"]
+__all__ = [
+    "NOT_MEASURED",
+    "fmt_frac_interval",
+    "fmt_interval",
+    "fmt_num",
+    "fmt_pct",
+    "fmt_rate",
+    "markdown",
+    "md_table",
+]
 
 #: What a table says for a figure an older result did not record.
 NOT_MEASURED = "not measured in this result"
@@ -59,7 +68,10 @@ def fmt_rate(v: Any) -> str:
     return f"{x:.3g}"
 
 
-def _iv(r: Mapping[str, Any], name: str, digits: int = 2, *, signed: bool = False) -> str:
+def fmt_frac_interval(
+    r: Mapping[str, Any], name: str, digits: int = 2, *, signed: bool = False
+) -> str:
+    """``fmt_interval`` of a row's ``{name}_frac`` with its ``_lo_frac`` and ``_hi_frac``."""
     return fmt_interval(
         r.get(f"{name}_frac"), r.get(f"{name}_lo_frac"), r.get(f"{name}_hi_frac"), digits,
         signed=signed,
@@ -78,7 +90,7 @@ def _overhead_cells(r: Mapping[str, Any]) -> list[str]:
     if r["mode"] == bs.REFERENCE_MODE:
         return ["baseline", "-"]
     return [
-        _iv(r, "overhead", signed=True),
+        fmt_frac_interval(r, "overhead", signed=True),
         f"{fmt_pct(r['overhead_median_frac'], signed=True)}"
         f" ({fmt_pct(r['overhead_min_frac'])}..{fmt_pct(r['overhead_max_frac'])})",
     ]
@@ -171,9 +183,9 @@ def markdown(result: Mapping[str, Any]) -> str:
          "one stage: mean", "one stage: worst"],
         [
             [r["run"], r["case"], r["mode"], r["stages_covered"], r["blocks_min"],
-             _iv(r, "overhead_all_stages_estimate", signed=True),
-             _iv(r, "overhead_one_stage_mean", signed=True),
-             f"{_iv(r, 'overhead_one_stage_worst', signed=True)} "
+             fmt_frac_interval(r, "overhead_all_stages_estimate", signed=True),
+             fmt_frac_interval(r, "overhead_one_stage_mean", signed=True),
+             f"{fmt_frac_interval(r, 'overhead_one_stage_worst', signed=True)} "
              f"({r['worst_stage']}·{r['worst_task']})"]
             for r in result.get("pipeline", [])
         ],
@@ -183,10 +195,12 @@ def markdown(result: Mapping[str, Any]) -> str:
         ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
          "of measured idle", "saving published", "corrected", "edge → step p50 ms", "p99 ms"],
         [
-            [r["run"], r["case"], r["mode"], _iv(r, "harvest", 1),
-             f"{_iv(r, 'harvest_of_theory_limit', 0)} (of {fmt_pct(r['bubble_limit_frac'], 1)})",
-             fmt_pct(r["idle_frac"], 1), _iv(r, "harvest_of_measured_idle", 0),
-             _iv(r, "saving_published", 1), _iv(r, "saving_corrected", 1),
+            [r["run"], r["case"], r["mode"], fmt_frac_interval(r, "harvest", 1),
+             f"{fmt_frac_interval(r, 'harvest_of_theory_limit', 0)} "
+             f"(of {fmt_pct(r['bubble_limit_frac'], 1)})",
+             fmt_pct(r["idle_frac"], 1), fmt_frac_interval(r, "harvest_of_measured_idle", 0),
+             fmt_frac_interval(r, "saving_published", 1),
+             fmt_frac_interval(r, "saving_corrected", 1),
              _ms_iv(r, "latency_p50"), _ms_iv(r, "latency_p99")]
             for r in result.get("pipeline", [])
         ],
@@ -207,8 +221,10 @@ def markdown(result: Mapping[str, Any]) -> str:
              r["blocks"], fmt_num(r["step_ms_median"], ".1f"), *_overhead_cells(r),
              f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
              fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_frac"], 0),
-             _iv(r, "harvest", 1), _iv(r, "harvest_of_theory_limit", 0),
-             _iv(r, "harvest_of_measured_idle", 0), f"{r['overruns']} of {r['side_steps']}",
+             fmt_frac_interval(r, "harvest", 1),
+             fmt_frac_interval(r, "harvest_of_theory_limit", 0),
+             fmt_frac_interval(r, "harvest_of_measured_idle", 0),
+             f"{r['overruns']} of {r['side_steps']}",
              fmt_num(r["sm_clock_mhz"], ".0f"), fmt_num(r["power_w"], ".0f")]
             for r in result.get("summary", [])
         ],
