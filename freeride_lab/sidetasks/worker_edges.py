@@ -29,9 +29,10 @@ from freeride_lab.sidetasks.process import TaskProcess
 
 __all__ = ["IDLE_CHECK_S", "watch_edges"]
 
-IDLE_CHECK_S = 0.02
+IDLE_CHECK_S = 0.1
 """How often the edge thread looks for a task (and for the end of training) while none is
-active."""
+active: fewer wake-ups than the rank's announced edges (tens a second), and a task made
+active starts being stopped and continued at most this much later."""
 
 _ON_DEVICE = (SideTaskState.PAUSED, SideTaskState.RUNNING)
 
