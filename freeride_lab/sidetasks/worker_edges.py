@@ -7,12 +7,12 @@ whole process with SIGSTOP; at the next bubble start it sends SIGCONT. It also n
 of training (the rank closes its edge file) and keeps the worker's run clock offset current.
 
 [Note: a worker without a task is not woken]
-Every edge the rank publishes writes a byte to each waiting reader's FIFO and wakes that process:
-two kernel wake-ups per compute action, on the cores training runs on. A worker with no active
-task has nothing to stop or continue at an edge, so its edge thread mutes its reader (the rank
-then writes to no FIFO of it) and looks at the edge file every ``IDLE_CHECK_S`` for the end of
-training and for a task; once one is active it is woken at every edge again. A task's own edge
-reader (in its host process) is not affected.
+Every edge the rank announces writes a byte to each waiting reader's FIFO and wakes that process
+(tens of times a second, on the cores training runs on, from inside the rank's step). A worker
+with no active task has nothing to stop or continue at an edge, so its edge thread mutes its
+reader (the rank then writes to no FIFO of it) and looks at the edge file every ``IDLE_CHECK_S``
+for the end of training and for a task; once one is active it is woken at every edge again. A
+task's own edge reader (in its host process) is not affected.
 """
 
 from __future__ import annotations
