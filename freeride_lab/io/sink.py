@@ -1,8 +1,9 @@
 """``EventSink``: a process's non-blocking outlet for events.
 
-The caller (a training rank's hot path) only appends to an in-memory queue; a daemon thread
-writes JSON lines to the process's event file (the source of truth) and forwards the same bytes
-to the session's live bus when one is configured. If the queue is full the event is dropped and
+The caller (a training rank's hot path) only appends the event to an in-memory queue; a daemon
+thread turns events into JSON lines (off the training thread: a rank emits dozens a step), writes
+them to the process's event file (the source of truth) and forwards the same bytes to the
+session's live bus when one is configured. If the queue is full the event is dropped and
 counted (``dropped``) — training never waits on telemetry.
 
     sink = EventSink.for_rank(RunDir(path), rank)      # file + the bus named in run.json
@@ -67,7 +68,8 @@ class EventSink:
         self.dropped = 0  # events lost: the queue was full, or the backlog of a failing disk
         self.write_errors = 0  # failed attempts to write the file
         self.last_write_error = ""  # e.g. "[Errno 28] No space left on device"
-        self._queue: collections.deque[str] = collections.deque()
+        self._queue: collections.deque[Event] = collections.deque()  # frozen: safe to encode later
+        self.encode_errors = 0  # events that could not be turned into JSON (dropped, counted)
         self._wake = threading.Event()
         self._closed = False
         self._flush_interval_s = flush_interval_s
@@ -131,7 +133,7 @@ class EventSink:
         if self._closed or len(self._queue) >= self.capacity:
             self.dropped += 1
             return False
-        self._queue.append(to_json(event))
+        self._queue.append(event)
         return True
 
     def flush(self) -> None:
@@ -168,7 +170,14 @@ class EventSink:
     def _drain(self, *, force: bool = False) -> None:
         lines: list[str] = []
         while self._queue:
-            lines.append(self._queue.popleft())
+            event = self._queue.popleft()
+            try:
+                lines.append(to_json(event))
+            except (TypeError, ValueError):  # e.g. a payload JSON cannot carry
+                self.dropped += 1
+                self.encode_errors += 1
+                if self.encode_errors == 1:
+                    log.exception("event sink %s: cannot encode %r; dropped", self.path, event)
         if self._file.closed:
             return
         if lines:

@@ -113,6 +113,7 @@ from typing import TYPE_CHECKING, Any
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.io.bus import BusBatch, BusServer
+from freeride_lab.io.child_wait import wait_exit
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.hooks import report_writer
 from freeride_lab.lab.launch import (
@@ -382,10 +383,10 @@ class Session(RunProcesses, SessionTables, SideTaskControls):
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if self._launcher is not None:
-            try:
-                self._launcher.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise self._timeout(timeout_s) from None
+            if timeout_s is None:
+                self._launcher.wait()
+            elif wait_exit(self._launcher, timeout_s) is None:  # no polling while it runs
+                raise self._timeout(timeout_s)
         else:
             while not self._state(poll_files=False).done:
                 if deadline is not None and time.monotonic() >= deadline:

@@ -46,6 +46,7 @@ from typing import Any
 
 import psutil
 
+from freeride_lab.io.child_wait import wait_exit
 from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir, open_append
 from freeride_lab.pipeline.rendezvous import (
@@ -249,8 +250,7 @@ class Launcher:
                 stop_processes(self._descendants(), self.grace_s, poll=proc.poll)
                 proc.wait()
                 break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.1)
+            wait_exit(proc, 0.1)  # asleep until torchrun exits or 0.1 s passes: no polling
         code = proc.returncode
         reason = reason or self._stop_reason()  # a stop can race torchrun's own exit
         self._reap_orphans()

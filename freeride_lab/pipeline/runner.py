@@ -98,6 +98,7 @@ class RankRunner:
         self.optimizer: torch.optim.Optimizer | None = None
         self.edges: BubbleEdges | None = None
         self.emulation: Emulation | None = None  # emulate mode only (pipeline/emulate.py)
+        self._host_memory: tuple[Any, int] | None = None  # (psutil.Process, RAM bytes) on CPU
 
     def __repr__(self) -> str:
         return (
@@ -394,11 +395,13 @@ class RankRunner:
             peak = torch.cuda.max_memory_reserved(self.device)
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            import psutil
+        else:  # the process handle and the machine's RAM are read once, not every step
+            if self._host_memory is None:
+                import psutil
 
-            peak = psutil.Process().memory_info().rss
-            total = psutil.virtual_memory().total
+                self._host_memory = (psutil.Process(), psutil.virtual_memory().total)
+            process, total = self._host_memory
+            peak = process.memory_info().rss
         return MemoryReport(
             rank=self.env.rank,
             step=step,

@@ -170,6 +170,7 @@ class EdgeReader:
         self.last_seq = 0
         self._last: Edge | None = None
         self._interrupted = False
+        self._muted = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, timeout_s: float = 0.0) -> EdgeReader:
@@ -247,6 +248,26 @@ class EdgeReader:
                 if remaining <= 0:
                     return None
             self._wake.sleep(remaining)
+
+    def mute(self) -> None:
+        """Stop the writer's wake-ups to this reader: it removes its FIFO, so publishing an edge
+        no longer wakes this process (nor costs the training rank a write for it). For a reader
+        that only looks now and then: while muted, call ``wait`` with ``timeout_s=0`` or
+        ``latest``; a longer ``wait`` checks the file every 0.5 ms. Idempotent."""
+        if not self._muted:
+            self._muted = True
+            self._wake.close()
+
+    def unmute(self) -> None:
+        """Be woken at every edge again (a new FIFO, registered with the writer). Idempotent."""
+        if self._muted:
+            self._muted = False
+            self._wake = WakeReceiver(wake_dir(self._map.path), self._map.set_readers)
+
+    @property
+    def muted(self) -> bool:
+        """True between ``mute`` and ``unmute``."""
+        return self._muted
 
     def interrupt(self) -> None:
         """Make a ``wait`` in another thread of this process return None soon.
