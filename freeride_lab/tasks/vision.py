@@ -26,7 +26,9 @@ one); each ``step()`` runs forward and backward on one slice, summing its loss s
 also runs Adam. The model sees the same data and takes the same optimizer steps as with one
 step per batch; only BatchNorm's batch statistics are taken per slice, as in any gradient
 accumulation. A checkpoint between the slices keeps the accumulated gradients, so a restored
-task continues the batch it was in.
+task continues the batch it was in. On a fast GPU a small slice is launch-bound (16 images of
+ResNet-18: 10.6 ms eager on an H200); ``cuda_graphs=True`` replays each slice as a CUDA graph
+(5.1 ms; [Note: graphed steps] in ``tasks.graphed_step``).
 
 [Note: the task's own random stream]
 Dropout (VGG-19) draws random numbers. Each step runs inside ``torch.random.fork_rng`` with the
