@@ -194,6 +194,7 @@ class EventSink:
             self._write_all(payload)
         except OSError as e:
             self._write_failed(e)
+            self._trim_backlog()
             return
         if self._failing:
             log.warning(
@@ -208,6 +209,19 @@ class EventSink:
         offset, self._offset = self._offset, self._offset + len(payload)
         if self._publisher is not None and lines_written:
             self._publisher.publish(offset, payload)
+
+    def _trim_backlog(self) -> None:
+        """Keep the oldest whole lines that fit ``backlog_bytes``; drop and count the rest.
+
+        What one drain hands over goes into the backlog whole while writes succeed (it is about
+        to be written), so after the write that failed the backlog may be over its size."""
+        if len(self._backlog) <= self.backlog_bytes:
+            return
+        cut = self._backlog.rfind(b"\n", 0, self.backlog_bytes) + 1  # 0: not one line fits
+        kept = self._backlog.count(b"\n", 0, cut)
+        self.dropped += self._backlog_lines - kept
+        del self._backlog[cut:]
+        self._backlog_lines = kept
 
     def _retry_due(self) -> bool:
         return time.monotonic() >= self._retry_at

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from waits import wait_until
 
 from freeride_lab.core.events import ControlAck, StepTimed
 from freeride_lab.io.sink import EventSink
@@ -55,3 +56,33 @@ def test_events_are_encoded_on_the_writer_thread_not_the_emitting_one(
     assert len(threads) == 50
     lines = (tmp_path / "rank-0.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(50))
+
+
+def test_a_failed_write_keeps_only_the_backlog_size_of_what_one_drain_handed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events are emitted faster than the writer wakes, so a thousand reach it at once; the
+    write fails (a full disk): the backlog keeps the oldest whole lines within its size and the
+    rest are counted as dropped, and once writes work again the kept lines are written."""
+    sink = EventSink(tmp_path / "rank-0.jsonl", backlog_bytes=4096, retry_s=0.05)
+    failing = threading.Event()
+    failing.set()
+    write_all = sink._write_all
+
+    def full_disk(payload: bytes) -> None:
+        if failing.is_set():
+            raise OSError(28, "No space left on device")
+        write_all(payload)
+
+    monkeypatch.setattr(sink, "_write_all", full_disk)
+    for n in range(1000):
+        sink.emit(step(n))
+    sink.flush()
+    wait_until(lambda: sink.dropped > 0, timeout_s=10, what="events beyond the backlog dropped")
+    assert 0 < sink.unwritten < 1000
+    failing.clear()
+    wait_until(lambda: sink.unwritten == 0, timeout_s=10, what="the backlog written")
+    sink.close()
+    steps = [json.loads(x)["step"] for x in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert steps == list(range(len(steps))) and len(steps) + sink.dropped == 1000
+    assert len((tmp_path / "rank-0.jsonl").read_bytes()) <= 4096
