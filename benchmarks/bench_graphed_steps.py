@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from freeride_lab.bench.stats import median
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.tasks.vision import ResNet18Task, ResNet50Task, VGG19Task
 
@@ -58,14 +59,14 @@ def measure(name: str, micro_batches: int, batches: int) -> dict[str, Any]:
     kept = {g: s[SKIP_BATCHES:] for g, s in steps.items()}
     speed = {g: [samples / (sum(b) / 1e3) for b in s] for g, s in kept.items()}
     ratio = mean_interval([g / e - 1.0 for e, g in zip(speed[False], speed[True], strict=True)])
-    flat = {g: sorted(x for b in s for x in b) for g, s in kept.items()}
+    flat = {g: [x for b in s for x in b] for g, s in kept.items()}
     return {
         "task": name,
         "micro_batches": micro_batches,
         "slice_images": tasks[False].config.batch_size // micro_batches,
         "batches_measured": len(kept[False]),
-        "eager_step_ms_median": flat[False][len(flat[False]) // 2],
-        "graphed_step_ms_median": flat[True][len(flat[True]) // 2],
+        "eager_step_ms_median": median(flat[False]),
+        "graphed_step_ms_median": median(flat[True]),
         "eager_samples_per_s": sum(speed[False]) / len(speed[False]),
         "graphed_samples_per_s": sum(speed[True]) / len(speed[True]),
         "speedup_frac": ratio.value,
