@@ -484,7 +484,13 @@ class RunDriver:
     def _calibration_line(self) -> str:
         parts = [
             f"r{c['rank']} F {'/'.join(f'{x:.1f}' for x in c['forward_ms'])} "
-            f"B {'/'.join(f'{x:.1f}' for x in c['backward_ms'])} opt {c['optimizer_ms']:.1f} ms"
+            f"B {'/'.join(f'{x:.1f}' for x in c['backward_ms'])} "
+            + (
+                f"(W {'/'.join(f'{x:.1f}' for x in c['weight_ms'])}) "
+                if any(c.get("weight_ms") or ())
+                else ""
+            )
+            + f"opt {c['optimizer_ms']:.1f} ms"
             for c in self.record.get("calibration", [])
         ]
         return "; ".join(parts) or "(none)"

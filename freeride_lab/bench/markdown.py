@@ -243,7 +243,9 @@ def markdown(result: Mapping[str, Any]) -> str:
             lines.append(f"- {run['name']}: skipped ({run['skipped']})")
             continue
         cal = "; ".join(
-            f"rank {c['rank']}: F {c['forward_ms']} B {c['backward_ms']} opt {c['optimizer_ms']}"
+            f"rank {c['rank']}: F {c['forward_ms']} B {c['backward_ms']}"
+            + (f" (of which W {c['weight_ms']})" if any(c.get("weight_ms") or ()) else "")
+            + f" opt {c['optimizer_ms']}"
             for c in run.get("calibration", [])
         )
         lines.append(

@@ -4,8 +4,10 @@ freeride_lab builds on ``torch.distributed.pipelining`` and torchrun in ways the
 does not cover: it builds a schedule's plan against stand-in stages (torch's constructors read a
 handful of ``_PipelineStageBase`` attributes), reads the plan's private ``_Action`` tuples,
 decodes ``PipelineStage.backward_one_chunk``'s positional arguments, relies on torch computing
-the loss in ``_PipelineSchedule._maybe_compute_loss`` right after a forward, and asks torchrun's
-argument parser (``_actions``) which options it knows. A torch upgrade can change any of these;
+the loss in ``_PipelineSchedule._maybe_compute_loss`` right after a forward, runs a zero-bubble
+schedule's two backward halves the way a stage does (``_backward.stage_backward_input`` and
+``stage_backward_weight``, to time them apart), and asks torchrun's argument parser
+(``_actions``) which options it knows. A torch upgrade can change any of these;
 ``tests/core/test_torch_compat.py`` pins the supported version and checks every name and
 signature below, so an upgrade breaks this module and that test, not the timing code.
 
@@ -24,6 +26,8 @@ __all__ = [
     "SUPPORTED_TORCH",
     "StandInStage",
     "action_parts",
+    "backward_input",
+    "backward_weight",
     "is_full_backward",
     "plan_order",
     "schedule_class",
@@ -39,6 +43,8 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.distributed.pipelining.schedules", "_Action"),
     ("torch.distributed.pipelining.schedules", "_ComputationType"),
     ("torch.distributed.pipelining.schedules", "_PipelineSchedule"),
+    ("torch.distributed.pipelining._backward", "stage_backward_input"),
+    ("torch.distributed.pipelining._backward", "stage_backward_weight"),
 )
 
 # What StandInStage provides: the _PipelineStageBase attributes the schedules' constructors
@@ -111,6 +117,28 @@ def is_full_backward(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
     second argument after the chunk id (``BACKWARD_ONE_CHUNK_PARAMS``), default True."""
     full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
     return bool(full)
+
+
+def backward_input(
+    outputs: Sequence[Any], output_grads: Sequence[Any], inputs: Sequence[Any], weights: Any
+) -> list[dict[str, Any]]:
+    """A stage's I action, as torch runs it for a zero-bubble schedule: the gradients of
+    ``inputs`` from ``outputs`` and ``output_grads`` (computed and dropped: this is for
+    timing), keeping the graph for the weight half. Returns what ``backward_weight`` needs
+    (torch's param groups).
+    """
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    _, groups = stage_backward_input(list(outputs), list(output_grads), list(inputs), weights)
+    return list(groups)
+
+
+def backward_weight(weights: Any, param_groups: list[dict[str, Any]]) -> None:
+    """The W action after ``backward_input``: the gradients of ``weights`` (the same module's
+    parameters) from the param groups it returned."""
+    from torch.distributed.pipelining._backward import stage_backward_weight
+
+    stage_backward_weight(weights, param_groups)
 
 
 @functools.cache

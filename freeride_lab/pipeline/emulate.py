@@ -31,11 +31,13 @@ How it is built:
 - **Calibration.** After the process group is up, rank by rank (one at a time on the device),
   each rank times F (host → device → host, the output copy synchronises) and B (closed by a
   synchronise, see ``_SyncOnBackward``) of each of its chunks on random inputs, and one AdamW
-  step of its parameters; medians of ``calibrate_iters`` after ``calibrate_warmup``.
+  step of its parameters; medians of ``calibrate_iters`` after ``calibrate_warmup``. Under a
+  zero-bubble schedule B is timed as its two halves, the way a stage runs them: I (the input's
+  gradient) and then W (the weights'), each closed by a synchronise.
 - **Sleeping.** A rank that is not real runs the same chunk as a sleep (``time.sleep`` of its
-  own calibrated F in forward and B in backward, on tensors of the right shapes, gradients
-  flowing), and before the next step it sleeps its calibrated optimizer time (a real rank's
-  AdamW would have run then).
+  own calibrated F in forward, I and W in the backward's two halves, on tensors of the right
+  shapes, gradients flowing), and before the next step it sleeps its calibrated optimizer time
+  (a real rank's AdamW would have run then).
 - **Control** [Note: emulation control]. ``ControlFile`` holds the newest ``Control``; before
   each step rank 0 reads it and one all-reduce shares it (and any rank's stop request). The
   rank applies it for the whole step and rank 0 appends ``{seq, step, t_ns}`` to
@@ -64,9 +66,12 @@ What this models, and what not:
   at once (one stage harvests at a time; pipeline-wide overhead is estimated from the
   per-stage numbers); memory: all S ranks keep their chunks resident on the one device, so free
   memory per stage is not that of S separate GPUs (each rank's own peak is still reported).
-- Zero-bubble schedules: a sleeping chunk puts its whole backward into I (W sleeps 0). Torch
-  2.11 on gloo cannot run V schedules at all (``stage_build.check_torch_supports_layout``); use 1F1B
-  or Interleaved1F1B.
+- Zero-bubble schedules: a sleeping chunk sleeps I and W as calibrated, so the real rank sees
+  the residual idle of the schedule, not that of a zero-bubble plan whose peers hold their
+  whole backward in I. On the first stage torch runs the whole backward as W (it has no input
+  gradient to compute), real or sleeping. V schedules (ZBV, DualPipeV) need torch >= 2.13 on
+  gloo ([Note: adjacent stages on one rank]); with older torch InterleavedZeroBubble is the
+  zero-bubble schedule that runs here.
 
 On a machine without a GPU, ``device="cpu"`` runs the same harness with the real chunk on the
 CPU (float32), so it is testable anywhere; CPU timings are not GPU truth.
@@ -89,6 +94,8 @@ import torch.distributed as dist
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.runtime_options import EmulateOptions
+from freeride_lab.core.schedule import Schedule
+from freeride_lab.core.torch_compat import backward_input, backward_weight
 from freeride_lab.io.rundir import RunDir, create_file
 from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
 from freeride_lab.pipeline.emulate_control import Control, ControlFile, EdgeGate, Gate
@@ -123,7 +130,7 @@ def _torch_dtype(options: EmulateOptions) -> torch.dtype:
 def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGate:
     """rank.py's ``edges_factory`` in emulate mode: the rank's worker (on the emulation device),
     behind an ``EdgeGate`` that starts CLOSED."""
-    from freeride_lab.core.schedule import Schedule, stage_indices
+    from freeride_lab.core.schedule import stage_indices
     from freeride_lab.sidetasks.client import start_worker
 
     path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
@@ -247,6 +254,7 @@ class Emulation:
             "device": str(self.device),
             "forward_ms": [round(c.costs.forward_s * 1e3, 3) for c in self.chunks if c.costs],
             "backward_ms": [round(c.costs.backward_s * 1e3, 3) for c in self.chunks if c.costs],
+            "weight_ms": [round(c.costs.weight_s * 1e3, 3) for c in self.chunks if c.costs],
             "optimizer_ms": round(self.optimizer_s * 1e3, 3),
         }
         log.info("emulate calibration %s", report)
@@ -262,9 +270,11 @@ class Emulation:
         cfg, spec = self.config, self.spec
         B, T, W = cfg.microbatch_size, cfg.seq_len, cfg.d_model
         gen = torch.Generator().manual_seed(cfg.seed + 17 * self.rank)
+        splits = Schedule.from_name(cfg.schedule).splits_backward
         for chunk in self.chunks:
             fwd: list[float] = []
             bwd: list[float] = []
+            wgt: list[float] = []
             for i in range(spec.calibrate_warmup + spec.calibrate_iters):
                 if chunk.first:
                     x = torch.randint(0, VOCAB, (B, T), generator=gen)  # (B, T)
@@ -276,13 +286,25 @@ class Emulation:
                 t1 = time.perf_counter()
                 g = torch.randn(y.shape, generator=gen)
                 t2 = time.perf_counter()
-                torch.autograd.backward(y, g)
+                if splits and not chunk.first:  # I, then W, as a zero-bubble stage runs them
+                    groups = backward_input([y], [g], [x], chunk.chunk.parameters())
+                    self._sync()
+                    t3 = time.perf_counter()
+                    backward_weight(chunk.chunk.parameters(), groups)
+                else:  # B (the first stage's W is its whole backward too)
+                    torch.autograd.backward(y, g)
                 self._sync()
-                t3 = time.perf_counter()
+                t4 = time.perf_counter()
+                if not splits or chunk.first:
+                    t3 = t4  # nothing split off as W
                 if i >= spec.calibrate_warmup:
                     fwd.append(t1 - t0)
-                    bwd.append(t3 - t2)
-            chunk.costs = ChunkCosts(statistics.median(fwd), statistics.median(bwd))
+                    bwd.append(t4 - t2)
+                    wgt.append(t4 - t3)
+            # each backward is at least its W, so the medians keep weight_s <= backward_s
+            chunk.costs = ChunkCosts(
+                statistics.median(fwd), statistics.median(bwd), statistics.median(wgt)
+            )
         params = [p for c in self.chunks for p in c.parameters() if p.grad is not None]
         times: list[float] = []
         if params:

@@ -22,10 +22,28 @@ VOCAB = 256  # core.models' byte vocabulary: the last stage's logits width
 
 @dataclass(frozen=True, slots=True)
 class ChunkCosts:
-    """Calibrated seconds per micro-batch of one chunk on the device."""
+    """Calibrated seconds per micro-batch of one chunk on the device.
+
+    ``backward_s`` is the whole backward (B); ``weight_s`` is the part of it that a
+    zero-bubble schedule runs later as W (the weights' gradients), so I costs
+    ``backward_s - weight_s``. 0 (schedules that never split the backward) puts all of it in I.
+    """
 
     forward_s: float
     backward_s: float
+    weight_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.weight_s <= self.backward_s:
+            raise ValueError(
+                f"weight_s={self.weight_s} must lie in [0, backward_s={self.backward_s}]: "
+                "it is the weight-gradient part of the backward"
+            )
+
+    @property
+    def input_s(self) -> float:
+        """The input-gradient part of the backward (torch's I action)."""
+        return self.backward_s - self.weight_s
 
 
 class _SyncOnBackward(torch.autograd.Function):
@@ -81,6 +99,8 @@ class EmulatedChunk(nn.Module):
         self.last = chunk.head is not None
         self.costs: ChunkCosts | None = None
         self.is_real = True
+        # the weight a sleeping chunk's W acts on (see _forward_sleep); a CPU float32 (W,)
+        self.sleep_weight = nn.Parameter(torch.zeros(wire_d_model))
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Self:
         return self  # see [Note: fixed placement]
@@ -121,7 +141,12 @@ class EmulatedChunk(nn.Module):
             x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()  # keep a backward path on the first stage
-        y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.backward_s)  # type: ignore[no-untyped-call]
+        # two paths, as in pipeline.synthetic's SleepStage: the input's (F, I) and the
+        # weight's (W), so a zero-bubble schedule's I and W each sleep their own part
+        y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.input_s)  # type: ignore[no-untyped-call]
+        if costs.weight_s > 0:
+            w: torch.Tensor = _Sleep.apply(self.sleep_weight, 0.0, costs.weight_s)  # type: ignore[no-untyped-call]
+            y = y + w  # (B, T, W) + (W,)
         if self.last:
             y = y[..., :1].expand(*y.shape[:-1], VOCAB).contiguous()  # (B, T, 256)
         return y

@@ -138,6 +138,17 @@ def test_results_from_before_the_after_phase_say_it_was_not_measured() -> None:
     assert bench_markdown.NOT_MEASURED in bench_markdown.markdown(result)
 
 
+@pytest.mark.parametrize("weight_ms", [[0.0, 0.0], [0.0, 1.5]])
+def test_the_runs_section_shows_a_calibrated_weight_half_only_where_there_is_one(
+    weight_ms: list[float],
+) -> None:
+    calibration = {"rank": 1, "forward_ms": [1.0, 2.0], "backward_ms": [2.0, 4.0],
+                   "weight_ms": weight_ms, "optimizer_ms": 0.5}  # fmt: skip
+    md = bench_markdown.markdown({"runs": [{"name": "m4", "calibration": [calibration]}]})
+    assert "rank 1: F [1.0, 2.0] B [2.0, 4.0]" in md
+    assert ("(of which W [0.0, 1.5])" in md) is any(weight_ms)
+
+
 def test_headline_names_the_all_stage_estimate_and_the_one_stage_figures_with_intervals() -> None:
     result = _result(_run("m4", {"dedicated_per_s": 4000.0}, (1.01, 1.02, 1.00, 1.03, 1.01)))
     bench_results.fill_tables(result, stages=4)

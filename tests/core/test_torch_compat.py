@@ -26,6 +26,8 @@ from freeride_lab.core.torch_compat import (
     SUPPORTED_TORCH,
     StandInStage,
     action_parts,
+    backward_input,
+    backward_weight,
     is_full_backward,
     plan_order,
     schedule_class,
@@ -117,6 +119,20 @@ def test_a_full_backward_is_read_from_keyword_or_position() -> None:
     assert is_full_backward((None, False), {}) is False
     assert is_full_backward((), {"full_backward": False}) is False
     assert is_full_backward((None,), {"last_backward": True}) is True
+
+
+def test_the_two_backward_halves_give_the_input_gradient_first_and_the_weights_after() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3, requires_grad=True)  # (B, D_in)
+    y = layer(x)  # (B, D_out)
+    g = torch.ones_like(y)
+    groups = backward_input([y], [g], [x], layer.parameters())
+    assert layer.weight.grad is None  # I computes no weight gradient
+    backward_weight(layer.parameters(), groups)
+    assert layer.weight.grad is not None
+    torch.testing.assert_close(layer.weight.grad, g.T @ x.detach())
+    torch.testing.assert_close(layer.bias.grad, g.sum(0))
 
 
 def test_schedules_still_compute_the_loss_in_their_own_step_after_a_forward() -> None:

@@ -13,12 +13,16 @@ import torch
 from edge_receivers import RecordingEdges
 
 from freeride_lab.core.config import EmulateOptions, RunConfig
+from freeride_lab.core.torch_compat import backward_input, backward_weight
+from freeride_lab.io.rundir import RunDir
+from freeride_lab.pipeline import synthetic
 from freeride_lab.pipeline.emulate import (
     ChunkCosts,
     Control,
     ControlFile,
     EdgeGate,
     EmulatedChunk,
+    Emulation,
     Gate,
 )
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
@@ -131,7 +135,67 @@ def test_a_passing_gate_drops_the_end_of_a_bubble_it_did_not_pass_the_start_of()
 def test_emulated_chunk_keeps_its_device_and_dtype_when_the_rank_moves_modules() -> None:
     chunk = _chunks(dtype=torch.bfloat16)[1]
     chunk.to(device="cpu", dtype=torch.float32)  # what rank.setup does to every module
-    assert {p.dtype for p in chunk.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in chunk.chunk.parameters()} == {torch.bfloat16}
+    assert chunk.sleep_weight.dtype == torch.float32  # the sleeping W's weight: a CPU tensor
+
+
+def _record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every ``time.sleep`` of the sleep-timed chunks, in seconds, instead of sleeping."""
+    slept: list[float] = []
+    monkeypatch.setattr(synthetic.time, "sleep", slept.append)
+    return slept
+
+
+def test_a_sleeping_chunk_sleeps_its_input_half_in_i_and_its_weight_half_in_w(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    middle = _chunks()[1]
+    middle.costs = ChunkCosts(forward_s=0.5, backward_s=0.75, weight_s=0.25)
+    middle.is_real = False
+    slept = _record_sleeps(monkeypatch)
+    x = torch.randn(B, T, W, requires_grad=True)  # (B, T, W)
+    y = middle(x)
+    assert slept == [0.5]  # F
+    groups = backward_input([y], [torch.ones_like(y)], [x], middle.parameters())
+    assert slept[1:] == [0.5]  # I: backward_s - weight_s
+    backward_weight(middle.parameters(), groups)
+    assert slept[2:] == [0.25]  # W
+
+
+def test_a_sleeping_chunks_whole_backward_sleeps_both_halves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    middle = _chunks()[1]
+    middle.costs = ChunkCosts(forward_s=0.0, backward_s=0.75, weight_s=0.25)
+    middle.is_real = False
+    slept = _record_sleeps(monkeypatch)
+    middle(torch.randn(B, T, W, requires_grad=True)).sum().backward()
+    assert sorted(s for s in slept if s) == [0.25, 0.5]
+
+
+def test_chunk_costs_refuse_a_weight_half_larger_than_the_backward() -> None:
+    with pytest.raises(ValueError, match=r"weight_s=0.5 must lie in \[0, backward_s=0.25\]"):
+        ChunkCosts(forward_s=0.0, backward_s=0.25, weight_s=0.5)
+
+
+@pytest.mark.parametrize(("schedule", "split"), [("1F1B", False), ("InterleavedZeroBubble", True)])
+def test_calibration_times_w_apart_under_a_zero_bubble_schedule_except_on_the_first_stage(
+    tmp_path: Path, schedule: str, split: bool
+) -> None:
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 2}}
+    config = RunConfig(
+        stages=2, microbatches=4, schedule=schedule, workload="text", d_model=16, heads=4,
+        seq_len=T, microbatch_size=B, layers=4, runtime=runtime,
+    )  # fmt: skip
+    stage_ids = [0, 2] if split else [0]  # rank 0's stage chunks
+    n_stages = 4 if split else 2
+    emulation = Emulation.build(config, 0, stage_ids, n_stages, RunDir(tmp_path))
+    emulation._calibrate_own()
+    costs = [c.costs for c in emulation.chunks]
+    assert all(c is not None and c.backward_s > 0 for c in costs)
+    assert costs[0] is not None and costs[0].weight_s == 0.0  # the first stage: B in W
+    if split:
+        assert costs[1] is not None and 0.0 < costs[1].weight_s < costs[1].backward_s
 
 
 @pytest.mark.parametrize("real", [True, False], ids=["real", "sleeping"])
