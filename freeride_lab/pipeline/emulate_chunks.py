@@ -5,6 +5,7 @@ See ``pipeline.emulate`` for the whole harness and [Note: wire width].
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -13,7 +14,6 @@ import torch
 from torch import nn
 
 from freeride_lab.pipeline.models import StageChunk
-from freeride_lab.pipeline.synthetic import _Sleep  # the synthetic stages' sleep-timed identity
 
 __all__ = ["VOCAB", "ChunkCosts", "EmulatedChunk"]
 
@@ -67,6 +67,101 @@ class _SyncOnBackward(torch.autograd.Function):
         return grad
 
 
+class _BackwardClock:
+    """When the backward of one sleeping forward (one micro-batch) began, plus what its
+    halves slept so far: the deadline of the next sleep."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self) -> None:
+        self.deadline = 0.0  # perf_counter seconds
+
+
+def _sleep_until(deadline: float) -> None:
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+class _Wire(torch.autograd.Function):
+    """A sleeping chunk's last node: a fresh tensor of the next stage's shape; its backward
+    (the first of the chunk's) starts the backward clock.
+
+    (B, T) tokens (first stage) or (B, T, W) wire → (B, T, W), or (B, T, 256) logits on the
+    last stage (the first channel widened).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, clock: _BackwardClock, width: int, first: bool, last: bool
+    ) -> torch.Tensor:
+        ctx.clock, ctx.first, ctx.last, ctx.x_shape = clock, first, last, x.shape
+        src = x.unsqueeze(-1) if first else (x[..., :1] if last else x)  # (B, T, 1 or W)
+        out = src.expand(*src.shape[:-1], VOCAB if last else width)
+        return out.clone(memory_format=torch.contiguous_format)  # the stage checks strides
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        ctx.clock.deadline = time.perf_counter()
+        if ctx.first:
+            dx = grad.sum(-1)  # (B, T)
+        elif ctx.last:
+            dx = grad.new_zeros(ctx.x_shape)  # (B, T, W)
+            dx[..., :1] = grad.sum(-1, keepdim=True)
+        else:
+            dx = grad
+        return dx, None, None, None, None
+
+
+class _InputSleep(torch.autograd.Function):
+    """Identity on the input's path; its backward (I) ends ``input_s`` after the chunk's
+    backward began (after the W slept before it in a whole backward), whatever ran between."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: _BackwardClock, input_s: float) -> torch.Tensor:
+        ctx.clock, ctx.input_s = clock, input_s
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ctx.clock.deadline += ctx.input_s
+        _sleep_until(ctx.clock.deadline)
+        return grad, None, None
+
+
+class _Join(torch.autograd.Function):
+    """``x`` out, ``weight`` in with a zero gradient: where the input and weight paths meet.
+
+    Torch's W resumes the backward from this node, so it does nothing costly.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.weight_shape = weight.shape
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.new_zeros(ctx.weight_shape)
+
+
+class _WeightSleep(torch.autograd.Function):
+    """Identity on the weight's path; its backward (W) sleeps ``weight_s``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, weight: torch.Tensor, clock: _BackwardClock, weight_s: float
+    ) -> torch.Tensor:
+        ctx.clock, ctx.weight_s = clock, weight_s
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ctx.clock.deadline += ctx.weight_s  # a whole backward (B) lasts both halves
+        time.sleep(ctx.weight_s)
+        return grad, None, None
+
+
 class EmulatedChunk(nn.Module):
     """One stage chunk: computes on ``device`` while ``is_real``, else sleeps its ``costs``.
 
@@ -77,6 +172,18 @@ class EmulatedChunk(nn.Module):
     The real chunk lives on the emulation device in its dtype for the whole run, while the rank
     moves "its modules" to the pipeline device (the CPU); ``_apply`` (what ``.to``, ``.float``
     and friends call) is therefore a no-op here.
+
+    [Note: a sleeping chunk lasts what the real one did]
+    A sleeping chunk still builds tensors of the wire's shape: a (B, T, W) output, the last
+    stage's (B, T, 256) logits, their gradients. On some hosts each such megabyte-sized tensor
+    costs milliseconds (an H200 host measured 2-6 ms per sleeping forward with zero sleeps,
+    against 0.5-1.5 ms on a laptop-class CPU), and a sleep *on top of* that work made every
+    peer action 5-10 ms longer than the real action it stands for, so the real rank waited on
+    its peers far beyond the schedule. So a sleeping forward sleeps until ``forward_s`` after
+    it began, and the input half of its backward (``_InputSleep``) until ``input_s`` after the
+    backward began (``_Wire``, the forward's last node), whatever work ran in between; the
+    weight half (``_WeightSleep``) does no work but its sleep. The host's costs around the
+    chunk (torch's stage, gloo) are not absorbed: the real rank pays them too.
     """
 
     def __init__(
@@ -134,21 +241,24 @@ class EmulatedChunk(nn.Module):
         return next(self.chunk.parameters()).dtype
 
     def _forward_sleep(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens or (B, T, W) → (B, T, W) or (B, T, 256), lasting the calibrated costs.
+
+        See [Note: a sleeping chunk lasts what the real one did].
+        """
+        t0 = time.perf_counter()
         costs = self.costs
         assert costs is not None
+        clock = _BackwardClock()
         if self.first:
-            # (B, T) -> (B, T, W); contiguous: the stage checks strides against its static shapes
-            x = x.unsqueeze(-1).expand(*x.shape, self.wire_d_model).float().contiguous()
+            x = x.float()  # (B, T)
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()  # keep a backward path on the first stage
-        # two paths, as in pipeline.synthetic's SleepStage: the input's (F, I) and the
-        # weight's (W), so a zero-bubble schedule's I and W each sleep their own part
-        y: torch.Tensor = _Sleep.apply(x, costs.forward_s, costs.input_s)  # type: ignore[no-untyped-call]
-        if costs.weight_s > 0:
-            w: torch.Tensor = _Sleep.apply(self.sleep_weight, 0.0, costs.weight_s)  # type: ignore[no-untyped-call]
-            y = y + w  # (B, T, W) + (W,)
-        if self.last:
-            y = y[..., :1].expand(*y.shape[:-1], VOCAB).contiguous()  # (B, T, 256)
+        h: torch.Tensor = _InputSleep.apply(x, clock, costs.input_s)  # type: ignore[no-untyped-call]
+        if costs.weight_s > 0:  # the weight's path, whose backward is W
+            w = _WeightSleep.apply(self.sleep_weight, clock, costs.weight_s)  # type: ignore[no-untyped-call]
+            h = _Join.apply(h, w)  # type: ignore[no-untyped-call]
+        y: torch.Tensor = _Wire.apply(h, clock, self.wire_d_model, self.first, self.last)  # type: ignore[no-untyped-call]
+        _sleep_until(t0 + costs.forward_s)
         return y
 
     def extra_repr(self) -> str:

@@ -5,6 +5,7 @@ The whole harness runs end to end in ``tests/bench/test_bench.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from edge_receivers import RecordingEdges
 from freeride_lab.core.config import EmulateOptions, RunConfig
 from freeride_lab.core.torch_compat import backward_input, backward_weight
 from freeride_lab.io.rundir import RunDir
-from freeride_lab.pipeline import synthetic
+from freeride_lab.pipeline import emulate_chunks
 from freeride_lab.pipeline.emulate import (
     ChunkCosts,
     Control,
@@ -139,38 +140,87 @@ def test_emulated_chunk_keeps_its_device_and_dtype_when_the_rank_moves_modules()
     assert chunk.sleep_weight.dtype == torch.float32  # the sleeping W's weight: a CPU tensor
 
 
-def _record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every ``time.sleep`` of the sleep-timed chunks, in seconds, instead of sleeping."""
-    slept: list[float] = []
-    monkeypatch.setattr(synthetic.time, "sleep", slept.append)
-    return slept
+class _VirtualTime:
+    """A clock that only sleeps move: action lengths in it are exact."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.t += seconds
 
 
-def test_a_sleeping_chunk_sleeps_its_input_half_in_i_and_its_weight_half_in_w(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def vtime(monkeypatch: pytest.MonkeyPatch) -> _VirtualTime:
+    clock = _VirtualTime()
+    monkeypatch.setattr(emulate_chunks, "time", clock)
+    return clock
+
+
+def _sleeping_middle(forward_s: float, backward_s: float, weight_s: float) -> EmulatedChunk:
     middle = _chunks()[1]
-    middle.costs = ChunkCosts(forward_s=0.5, backward_s=0.75, weight_s=0.25)
+    middle.costs = ChunkCosts(forward_s=forward_s, backward_s=backward_s, weight_s=weight_s)
     middle.is_real = False
-    slept = _record_sleeps(monkeypatch)
+    return middle
+
+
+def _timed(vtime: _VirtualTime, fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = vtime.t
+    out = fn()
+    return out, vtime.t - t0
+
+
+def test_a_sleeping_chunk_lasts_its_forward_then_i_then_w_under_a_split_backward(
+    vtime: _VirtualTime,
+) -> None:
+    middle = _sleeping_middle(0.5, 0.75, 0.25)
     x = torch.randn(B, T, W, requires_grad=True)  # (B, T, W)
-    y = middle(x)
-    assert slept == [0.5]  # F
-    groups = backward_input([y], [torch.ones_like(y)], [x], middle.parameters())
-    assert slept[1:] == [0.5]  # I: backward_s - weight_s
-    backward_weight(middle.parameters(), groups)
-    assert slept[2:] == [0.25]  # W
+    y, forward = _timed(vtime, lambda: middle(x))
+    groups, i = _timed(
+        vtime, lambda: backward_input([y], [torch.ones_like(y)], [x], middle.parameters())
+    )
+    _, w = _timed(vtime, lambda: backward_weight(middle.parameters(), groups))
+    assert (forward, i, w) == pytest.approx((0.5, 0.5, 0.25))
 
 
-def test_a_sleeping_chunks_whole_backward_sleeps_both_halves(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("weight_s", [0.0, 0.25])
+def test_a_sleeping_chunks_whole_backward_lasts_both_halves(
+    vtime: _VirtualTime, weight_s: float
 ) -> None:
-    middle = _chunks()[1]
-    middle.costs = ChunkCosts(forward_s=0.0, backward_s=0.75, weight_s=0.25)
-    middle.is_real = False
-    slept = _record_sleeps(monkeypatch)
-    middle(torch.randn(B, T, W, requires_grad=True)).sum().backward()
-    assert sorted(s for s in slept if s) == [0.25, 0.5]
+    middle = _sleeping_middle(0.0, 0.75, weight_s)
+    y = middle(torch.randn(B, T, W, requires_grad=True))
+    _, b = _timed(vtime, lambda: y.sum().backward())
+    assert b == pytest.approx(0.75)
+
+
+def test_work_inside_a_sleeping_chunk_does_not_lengthen_its_actions(
+    vtime: _VirtualTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the wire's tensors takes milliseconds on some hosts; the sleeps absorb it."""
+    work_s = 0.003
+
+    def with_work(fn: Callable[..., Any]) -> Any:
+        def run(*args: Any) -> Any:
+            vtime.t += work_s
+            return fn(*args)
+
+        return staticmethod(run)
+
+    monkeypatch.setattr(  # work in the forward (building the output), before the deadline
+        emulate_chunks._Wire, "forward", with_work(emulate_chunks._Wire.forward)
+    )
+    monkeypatch.setattr(  # and in the backward, after the clock started
+        emulate_chunks._Join, "backward", with_work(emulate_chunks._Join.backward)
+    )
+    middle = _sleeping_middle(0.5, 0.75, 0.25)
+    x = torch.randn(B, T, W, requires_grad=True)
+    y, forward = _timed(vtime, lambda: middle(x))
+    _, b = _timed(vtime, lambda: y.sum().backward())
+    assert (forward, b) == pytest.approx((0.5, 0.75))
 
 
 def test_chunk_costs_refuse_a_weight_half_larger_than_the_backward() -> None:
@@ -249,4 +299,4 @@ def test_emulated_chunk_computes_on_cuda_and_hands_back_cpu_tensors() -> None:
     logits = last(middle(first(torch.randint(0, 256, (B, T)))) + x)
     logits.float().sum().backward()
     assert logits.device.type == "cpu" and x.grad is not None
-    assert next(middle.parameters()).device.type == "cuda"
+    assert next(middle.chunk.parameters()).device.type == "cuda"
