@@ -84,33 +84,20 @@ def _sleep_until(deadline: float) -> None:
 
 
 class _Wire(torch.autograd.Function):
-    """A sleeping chunk's last node: a fresh tensor of the next stage's shape; its backward
-    (the first of the chunk's) starts the backward clock.
-
-    (B, T) tokens (first stage) or (B, T, W) wire → (B, T, W), or (B, T, 256) logits on the
-    last stage (the first channel widened).
-    """
+    """A sleeping chunk's last node: a (B, T) tensor widened into a fresh one of the next
+    stage's shape, (B, T, W) or (B, T, 256) logits; its backward (the first of the chunk's)
+    starts the backward clock."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, clock: _BackwardClock, width: int, first: bool, last: bool
-    ) -> torch.Tensor:
-        ctx.clock, ctx.first, ctx.last, ctx.x_shape = clock, first, last, x.shape
-        src = x.unsqueeze(-1) if first else (x[..., :1] if last else x)  # (B, T, 1 or W)
-        out = src.expand(*src.shape[:-1], VOCAB if last else width)
+    def forward(ctx: Any, h: torch.Tensor, clock: _BackwardClock, width: int) -> torch.Tensor:
+        ctx.clock = clock
+        out = h.unsqueeze(-1).expand(*h.shape, width)  # (B, T, width), a view
         return out.clone(memory_format=torch.contiguous_format)  # the stage checks strides
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         ctx.clock.deadline = time.perf_counter()
-        if ctx.first:
-            dx = grad.sum(-1)  # (B, T)
-        elif ctx.last:
-            dx = grad.new_zeros(ctx.x_shape)  # (B, T, W)
-            dx[..., :1] = grad.sum(-1, keepdim=True)
-        else:
-            dx = grad
-        return dx, None, None, None, None
+        return grad.sum(-1), None, None  # (B, T)
 
 
 class _InputSleep(torch.autograd.Function):
@@ -127,22 +114,6 @@ class _InputSleep(torch.autograd.Function):
         ctx.clock.deadline += ctx.input_s
         _sleep_until(ctx.clock.deadline)
         return grad, None, None
-
-
-class _Join(torch.autograd.Function):
-    """``x`` out, ``weight`` in with a zero gradient: where the input and weight paths meet.
-
-    Torch's W resumes the backward from this node, so it does nothing costly.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.weight_shape = weight.shape
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return grad, grad.new_zeros(ctx.weight_shape)
 
 
 class _WeightSleep(torch.autograd.Function):
@@ -243,7 +214,13 @@ class EmulatedChunk(nn.Module):
     def _forward_sleep(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T) tokens or (B, T, W) → (B, T, W) or (B, T, 256), lasting the calibrated costs.
 
-        See [Note: a sleeping chunk lasts what the real one did].
+        The graph (see [Note: a sleeping chunk lasts what the real one did])::
+
+            x ─ _InputSleep ─ (B, T) ─┬─ add ─ _Wire ─ y        input path: F, then I
+            sleep_weight ─ _WeightSleep ─ sum ─┘                weight path: W
+
+        The add, where torch's W resumes the backward, is a small built-in op (torch 2.11's W
+        cannot resume from a custom autograd node).
         """
         t0 = time.perf_counter()
         costs = self.costs
@@ -254,10 +231,13 @@ class EmulatedChunk(nn.Module):
         if torch.is_grad_enabled() and not x.requires_grad:
             x = x.detach().requires_grad_()  # keep a backward path on the first stage
         h: torch.Tensor = _InputSleep.apply(x, clock, costs.input_s)  # type: ignore[no-untyped-call]
+        if not self.first:
+            h = h[..., 0]  # (B, T): the wire's first channel carries on
         if costs.weight_s > 0:  # the weight's path, whose backward is W
-            w = _WeightSleep.apply(self.sleep_weight, clock, costs.weight_s)  # type: ignore[no-untyped-call]
-            h = _Join.apply(h, w)  # type: ignore[no-untyped-call]
-        y: torch.Tensor = _Wire.apply(h, clock, self.wire_d_model, self.first, self.last)  # type: ignore[no-untyped-call]
+            w: torch.Tensor = _WeightSleep.apply(self.sleep_weight, clock, costs.weight_s)  # type: ignore[no-untyped-call]
+            h = h + w.sum()  # (B, T)
+        width = VOCAB if self.last else self.wire_d_model
+        y: torch.Tensor = _Wire.apply(h, clock, width)  # type: ignore[no-untyped-call]
         _sleep_until(t0 + costs.forward_s)
         return y
 

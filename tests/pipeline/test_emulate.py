@@ -205,8 +205,9 @@ def test_work_inside_a_sleeping_chunk_does_not_lengthen_its_actions(
 
     def with_work(fn: Callable[..., Any]) -> Any:
         def run(*args: Any) -> Any:
-            vtime.t += work_s
-            return fn(*args)
+            out = fn(*args)
+            vtime.t += work_s  # e.g. building the output, or the input's gradient
+            return out
 
         return staticmethod(run)
 
@@ -214,7 +215,7 @@ def test_work_inside_a_sleeping_chunk_does_not_lengthen_its_actions(
         emulate_chunks._Wire, "forward", with_work(emulate_chunks._Wire.forward)
     )
     monkeypatch.setattr(  # and in the backward, after the clock started
-        emulate_chunks._Join, "backward", with_work(emulate_chunks._Join.backward)
+        emulate_chunks._Wire, "backward", with_work(emulate_chunks._Wire.backward)
     )
     middle = _sleeping_middle(0.5, 0.75, 0.25)
     x = torch.randn(B, T, W, requires_grad=True)
