@@ -130,7 +130,9 @@ class _WeightSleep(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         ctx.clock.deadline += ctx.weight_s  # a whole backward (B) lasts both halves
         time.sleep(ctx.weight_s)
-        return grad, None, None
+        # (W,) from the sum's backward is one element expanded; torch adds later micro-batches'
+        # gradients into the first one in place, which an expanded tensor cannot take
+        return grad.contiguous(), None, None
 
 
 class EmulatedChunk(nn.Module):

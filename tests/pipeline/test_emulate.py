@@ -187,6 +187,19 @@ def test_a_sleeping_chunk_lasts_its_forward_then_i_then_w_under_a_split_backward
     assert (forward, i, w) == pytest.approx((0.5, 0.5, 0.25))
 
 
+def test_a_sleeping_chunks_weight_gradient_accumulates_over_micro_batches(
+    vtime: _VirtualTime,
+) -> None:
+    middle = _sleeping_middle(0.0, 0.75, 0.25)
+    for _ in range(2):  # torch adds the second micro-batch's W into the first's, in place
+        x = torch.randn(B, T, W, requires_grad=True)
+        y = middle(x)
+        groups = backward_input([y], [torch.ones_like(y)], [x], middle.parameters())
+        backward_weight(middle.parameters(), groups)
+    assert middle.sleep_weight.grad is not None
+    torch.testing.assert_close(middle.sleep_weight.grad, torch.full((W,), 2.0 * B * T * W))
+
+
 @pytest.mark.parametrize("weight_s", [0.0, 0.25])
 def test_a_sleeping_chunks_whole_backward_lasts_both_halves(
     vtime: _VirtualTime, weight_s: float
