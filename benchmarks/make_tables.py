@@ -119,6 +119,22 @@ H200_SCHEDULES = (
     ("h200-2026-12-04-schedule-Interleaved1F1B.json", "Interleaved1F1B"),
     ("h200-2026-12-04-schedule-InterleavedZeroBubble.json", "InterleavedZeroBubble"),
 )
+#: Stage 1 (ResNet-18) and stage 2 (image) under InterleavedZeroBubble as the emulation's
+#: peers changed: their whole backward in I (the call above), I and W calibrated and slept
+#: apart, then every sleep run to a deadline (one call each).
+H200_ZB_EMULATION = (
+    ("h200-2026-12-04-schedule-InterleavedZeroBubble.json", "whole backward in I"),
+    ("h200-2026-12-04-schedule-InterleavedZeroBubble-iw-split.json", "I and W apart"),
+    ("h200-2026-12-04-schedule-InterleavedZeroBubble-deadline.json", "apart, to deadlines"),
+)
+#: Where an emulated pipeline's idle goes with no side task (benchmarks/bench_emulated_idle.py),
+#: as the emulation's peers changed; a result without a recorded wire width used the quick
+#: profile's 256.
+EMULATED_IDLE = (
+    ("emulated-idle-h200-2026-12-04-a-iw-split.json", "sleep on top of work"),
+    ("emulated-idle-h200-2026-12-04-b-deadline.json", "sleep to a deadline"),
+    ("emulated-idle-h200-2026-12-04-c-wires.json", "sleep to a deadline"),
+)
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
@@ -743,7 +759,7 @@ def graphed_steps() -> list[str]:
     )  # fmt: skip
 
 
-def schedules() -> list[str]:
+def schedules(files: Sequence[tuple[str, str]] = H200_SCHEDULES) -> list[str]:
     """Per schedule and gated mode: theory vs measured idle, and the share of each harvested."""
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"], fmt_pct(r["bubble_limit_frac"], 1),
@@ -751,7 +767,7 @@ def schedules() -> list[str]:
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "harvest_of_theory_limit", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
-        for name, label in H200_SCHEDULES
+        for name, label in files
         for r in result(name)["summary"]
         if r["mode"] in ("managed", "governed")
     ]  # fmt: skip
@@ -763,7 +779,38 @@ def schedules() -> list[str]:
     )  # fmt: skip
 
 
+def emulated_idle() -> list[str]:
+    """Per emulation version, schedule and wire width: measured idle per rank beside theory,
+    where the bubble time went (ms per step, mean over ranks), and the actions' median costs."""
+    rows = []
+    for name, label in EMULATED_IDLE:
+        for r in raw(name)["results"]:
+            ranks = r["per_rank"]
+            if not ranks:
+                continue
+            costs: dict[str, list[float]] = {}
+            for a in r["action_ms"]:
+                costs.setdefault(a["action"], []).append(a["median_ms"])
+            mean = {k: sum(x[k] for x in ranks) / len(ranks) for k in
+                    ("schedule_ms_per_step", "peer_ms_per_step", "host_ms_per_step")}  # fmt: skip
+            rows.append([
+                label, r["schedule"], str(r.get("wire_d_model", 256)), fmt_pct(r["theory_frac"], 1),
+                " / ".join(fmt_pct(x["measured_frac"], 0) for x in ranks),
+                f"{mean['schedule_ms_per_step']:.0f}", f"{mean['peer_ms_per_step']:.0f}",
+                f"{mean['host_ms_per_step']:.0f}",
+                "; ".join(f"{k} " + "/".join(f"{v:.0f}" for v in costs[k])
+                          for k in ("F", "B", "I", "W") if k in costs),
+            ])  # fmt: skip
+    return md_table(
+        ["peers", "schedule", "wire width", "theory idle", "measured idle, ranks 0/1/2/3",
+         "schedule ms/step", "peer ms/step", "host ms/step", "median action ms, ranks 0/1/2/3"],
+        rows,
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-12-04g-emulated-idle": emulated_idle,
+    "h200-12-04g-zb-emulation": lambda: schedules(H200_ZB_EMULATION),
     "h200-12-04f-schedules": schedules,
     "h200-12-04f-graphed-steps": graphed_steps,
     "h200-12-04f-graphs": lambda: _side_by_side(H200_GRAPHS, ("managed", "governed")),
