@@ -1,10 +1,12 @@
-"""Single-GPU emulation pieces: control file, edge gate, emulated chunks (CPU; one GPU test).
+"""Single-GPU emulation pieces: control file, edge gate, emulated chunks (CPU; one GPU test),
+and one emulated zero-bubble pipeline end to end on the CPU.
 
 The whole harness runs end to end in ``tests/bench/test_bench.py``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,11 @@ import pytest
 import torch
 from edge_receivers import RecordingEdges
 
+from freeride_lab.bench.profiles import bench_profile, run_config
 from freeride_lab.core.config import EmulateOptions, RunConfig
 from freeride_lab.core.torch_compat import backward_input, backward_weight
 from freeride_lab.io.rundir import RunDir
+from freeride_lab.lab.session import Session
 from freeride_lab.pipeline import emulate_chunks
 from freeride_lab.pipeline.emulate import (
     ChunkCosts,
@@ -26,6 +30,7 @@ from freeride_lab.pipeline.emulate import (
     Emulation,
     Gate,
 )
+from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
 
 B, T, W, D = 2, 8, 4, 16
@@ -314,3 +319,27 @@ def test_emulated_chunk_computes_on_cuda_and_hands_back_cpu_tensors() -> None:
     logits.float().sum().backward()
     assert logits.device.type == "cpu" and x.grad is not None
     assert next(middle.chunk.parameters()).device.type == "cuda"
+
+
+@pytest.mark.slow
+def test_an_emulated_zero_bubble_pipeline_trains_with_peers_sleeping_i_and_w_apart(
+    tmp_path: Path,
+) -> None:
+    profile = bench_profile("tiny", "cpu").replace(schedule="InterleavedZeroBubble", chunks=2)
+    run_dir = tmp_path / "run"
+    config = run_config(profile, profile.runs[0], run_dir).replace(steps=3)
+    session = Session.launch(config, grace_s=20.0)
+    try:
+        ControlFile(run_dir).write(Control(seq=1, real_rank=1))
+        assert session.wait(timeout_s=240) is RunState.FINISHED
+    finally:
+        session.stop()
+    calibrations = [
+        json.loads(p.read_text()) for p in sorted((run_dir / "emulate").glob("calibration-*"))
+    ]
+    # rank 0 holds stages 0 and 2, rank 1 stages 1 and 3: only stage 0 has no W of its own
+    assert [c["weight_ms"][0] > 0 for c in calibrations] == [False, True]
+    assert all(w > 0 for c in calibrations for w in c["weight_ms"][1:])
+    actions = session.actions
+    kinds = actions.groupby(["step", "rank"])["action"].agg(lambda a: "".join(sorted(set(a))))
+    assert set(kinds) == {"FIW"} and len(kinds) == 3 * 2
