@@ -23,6 +23,7 @@ from typing import Any
 
 from freeride_lab.bench import stats as bs
 from freeride_lab.bench.devices import nvml_sampler, private_mps_daemon
+from freeride_lab.bench.markdown import fmt_calibration
 from freeride_lab.bench.profiles import MIX, BenchProfile, RunPlan, run_config
 from freeride_lab.bench.readout import collect_blocks, read_calibration, task_steps
 from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
@@ -169,7 +170,8 @@ class RunDriver:
         self.record["startup_s"] = round(time.monotonic() - t0, 1)
         self.record["calibration"] = read_calibration(self.control.dir, self.profile.stages)
         self.say(f"  training up after {self.record['startup_s']} s; "
-                 f"calibration {self._calibration_line()}")  # fmt: skip
+                 "calibration " + ("; ".join(map(fmt_calibration, self.record["calibration"]))
+                                   or "(none)"))  # fmt: skip
         self._attach(segments)
         if self.plan.instrumentation:
             self._wait_ready(segments)  # their set-up and first copy to the device are noise
@@ -480,20 +482,6 @@ class RunDriver:
             time.sleep(poll_s)
 
     # -- reports --
-
-    def _calibration_line(self) -> str:
-        parts = [
-            f"r{c['rank']} F {'/'.join(f'{x:.1f}' for x in c['forward_ms'])} "
-            f"B {'/'.join(f'{x:.1f}' for x in c['backward_ms'])} "
-            + (
-                f"(W {'/'.join(f'{x:.1f}' for x in c['weight_ms'])}) "
-                if any(c.get("weight_ms") or ())
-                else ""
-            )
-            + f"opt {c['optimizer_ms']:.1f} ms"
-            for c in self.record.get("calibration", [])
-        ]
-        return "; ".join(parts) or "(none)"
 
     def _collect(self) -> list[dict[str, Any]]:
         """The blocks table of this run, from its event files (``bench.readout``)."""

@@ -78,6 +78,21 @@ def fmt_frac_interval(
     )  # fmt: skip
 
 
+def fmt_calibration(c: Mapping[str, Any]) -> str:
+    """One rank's calibration record, e.g. ``rank 1: F 12.9/10.8 B 22.2/22.1 (W 9.1/9.1) opt
+    11.1 ms`` (one value per stage chunk; W only where a zero-bubble schedule split it off)."""
+
+    def ms(values: Iterable[float]) -> str:
+        return "/".join(f"{x:.1f}" for x in values)
+
+    weight = c.get("weight_ms") or []
+    return (
+        f"rank {c['rank']}: F {ms(c['forward_ms'])} B {ms(c['backward_ms'])}"
+        + (f" (W {ms(weight)})" if any(weight) else "")
+        + f" opt {c['optimizer_ms']:.1f} ms"
+    )
+
+
 def _ms_iv(r: Mapping[str, Any], name: str) -> str:
     return fmt_interval(
         r.get(f"{name}_ms"), r.get(f"{name}_lo_ms"), r.get(f"{name}_hi_ms"), 2, pct=False
@@ -242,15 +257,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         if "skipped" in run and isinstance(run["skipped"], str):
             lines.append(f"- {run['name']}: skipped ({run['skipped']})")
             continue
-        cal = "; ".join(
-            f"rank {c['rank']}: F {c['forward_ms']} B {c['backward_ms']}"
-            + (f" (of which W {c['weight_ms']})" if any(c.get("weight_ms") or ()) else "")
-            + f" opt {c['optimizer_ms']}"
-            for c in run.get("calibration", [])
-        )
+        cal = "; ".join(fmt_calibration(c) for c in run.get("calibration", []))
         lines.append(
             f"- {run['name']} (M={run.get('microbatches')}, MPS {run.get('mps')}): state "
-            f"{run.get('state')}, start-up {run.get('startup_s')} s; calibration (ms) {cal}"
+            f"{run.get('state')}, start-up {run.get('startup_s')} s; calibration {cal}"
         )
         memory = ", ".join(
             f"rank {m['rank']} {m['peak_reserved_bytes'] / 2**30:.1f} GiB"

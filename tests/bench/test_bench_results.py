@@ -145,8 +145,8 @@ def test_the_runs_section_shows_a_calibrated_weight_half_only_where_there_is_one
     calibration = {"rank": 1, "forward_ms": [1.0, 2.0], "backward_ms": [2.0, 4.0],
                    "weight_ms": weight_ms, "optimizer_ms": 0.5}  # fmt: skip
     md = bench_markdown.markdown({"runs": [{"name": "m4", "calibration": [calibration]}]})
-    assert "rank 1: F [1.0, 2.0] B [2.0, 4.0]" in md
-    assert ("(of which W [0.0, 1.5])" in md) is any(weight_ms)
+    assert "rank 1: F 1.0/2.0 B 2.0/4.0" in md and "opt 0.5 ms" in md
+    assert ("(W 0.0/1.5)" in md) is any(weight_ms)
 
 
 def test_headline_names_the_all_stage_estimate_and_the_one_stage_figures_with_intervals() -> None:
