@@ -26,25 +26,33 @@ from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test waits for them all
 
-ACTION_MS = 50.0  # one stage chunk's F, I or W per micro-batch (fast set)
-# Slow set: twice as long, so that the larger plans (48 actions a step on a rank for ZB-V at
-# S=4, M=8) stay within the band on a box shared with other work (at 50 ms and a load average
-# of 20, ZBV S=4 M=8 measured +5 to +8 points and InterleavedZeroBubble S=4 M=8 V=2 +4 to +6).
-SLOW_ACTION_MS = 100.0
+# One stage chunk's F, I or W per micro-batch, by schedule: the shortest that keeps every shape
+# of the schedule in the band with margin. Host time between actions (0.3-1 ms on a loaded
+# two-core box) is a share of each action; at 20 ms it put GPipe, 1F1B, Interleaved1F1B,
+# LoopedBFS and InterleavedZeroBubble up to 3.4-4.9 points above theory, ZBVZeroBubble up to
+# 2.1 and DualPipeV up to 1.4 (one batch of every shape, eight ranks training at once).
+ACTION_MS = {
+    "GPipe": 50.0,
+    "1F1B": 50.0,
+    "Interleaved1F1B": 50.0,
+    "LoopedBFS": 50.0,
+    "InterleavedZeroBubble": 50.0,
+    "ZBVZeroBubble": 30.0,
+    "DualPipeV": 20.0,
+}
 STEPS = 4
 SKIP_STEPS = 1
+TRAIN_RANKS = 8  # ranks training at once (the batch's others wait at the start gate)
 BELOW_PTS, ABOVE_PTS = 1.0, 3.0
 
 
-def fidelity_run(
-    schedule: str, stages: int, microbatches: int, chunks: int, action_ms: float = ACTION_MS
-) -> GatedRun:
-    per_rank = action_ms * chunks  # a scalar cost is one rank's, split over its chunks
+def fidelity_run(schedule: str, stages: int, microbatches: int, chunks: int) -> GatedRun:
+    per_rank = ACTION_MS[schedule] * chunks  # a scalar cost is one rank's, split over its chunks
     return GatedRun(
         schedule, stages, microbatches, chunks, per_rank, per_rank, per_rank,
-        steps=STEPS, group=f"fidelity-{action_ms:g}ms", skip_steps=SKIP_STEPS,
+        steps=STEPS, group="fidelity", skip_steps=SKIP_STEPS, train_ranks=TRAIN_RANKS,
     )  # fmt: skip
 
 
@@ -60,23 +68,8 @@ def shapes(schedule: str) -> list[tuple[int, int, int]]:
     return out
 
 
-FAST = {
-    "GPipe": (2, 4, 1),
-    "1F1B": (4, 8, 1),
-    "Interleaved1F1B": (4, 8, 2),
-    "LoopedBFS": (2, 4, 2),
-    "InterleavedZeroBubble": (2, 4, 2),
-    "ZBVZeroBubble": (2, 4, 2),
-    "DualPipeV": (2, 4, 2),
-}
 PARAMS = [
     pytest.param(fidelity_run(name, *shape), id=str(fidelity_run(name, *shape)))
-    if FAST[name] == shape
-    else pytest.param(
-        fidelity_run(name, *shape, action_ms=SLOW_ACTION_MS),
-        id=str(fidelity_run(name, *shape)),
-        marks=pytest.mark.soak,
-    )
     for name in SCHEDULES
     for shape in shapes(name)
 ]
@@ -97,12 +90,13 @@ def test_measured_bubble_fraction_is_within_minus_1_plus_3_points_of_theory_on_e
     measured = per_rank_fraction(result)
     assert sorted(measured) == list(range(run.stages))
     off = {r: round((f - theory) * 100, 1) for r, f in measured.items()}
+    worst = max(off.values(), key=abs)
+    print(f"{run} at {ACTION_MS[run.schedule]:g} ms: worst {worst:+.1f} points, per rank {off}")
     assert all(-BELOW_PTS <= d <= ABOVE_PTS for d in off.values()), (
         f"{run}: theory {theory:.1%}, measured minus theory per rank (points) {off}"
     )
 
 
-def test_every_schedule_has_a_fast_shape() -> None:
-    assert set(FAST) == set(SCHEDULES)
-    for name, shape in FAST.items():
-        assert shape in shapes(name), (name, shape)
+def test_every_schedule_has_an_action_cost() -> None:
+    assert set(ACTION_MS) == set(SCHEDULES)
+    assert all(ms >= 10 for ms in ACTION_MS.values())
