@@ -1,19 +1,21 @@
 """Acceptance: every schedule's measured bubble fraction matches its theory on every rank.
 
 Each run is a real pipeline of sleep-timed synthetic stages whose every action (F, I, W of one
-stage chunk) costs ``ACTION_MS``. The measured fraction of a rank is the median, over the steps
-after the warm-up, of its idle share of the step's global window; theory is
+stage chunk) costs the schedule's ``ACTION_MS``. The measured fraction of a rank is the median,
+over the steps after the warm-up, of its idle share of the step's global window; theory is
 ``theory_bubble_fraction``, the idle share of the plan torch runs with no overheads. A real run
-adds host time between actions (torch's dispatch and gloo's send and receive, about 0.5-2 ms
+adds host time between actions (torch's schedule runtime and gloo's send and receive, 0.3-1 ms
 per action on a loaded two-core box), so it may sit a little above theory: the band is
 [theory - 1, theory + 3] percentage points. Below theory by more than a point would mean the
-instrument misses idle time. ``ACTION_MS`` keeps that host time a small share of each action;
-at 10 ms it adds 2-17 points (see ``test_planner_nonuniform.py`` for the planner, which models
-that host time).
+instrument misses idle time. ``ACTION_MS`` keeps that host time a small share of each action
+(see ``test_planner_nonuniform.py`` for the planner, which models it).
 
-Runs go through a ``GatedFarm``: all runs of a batch start their steps together once every rank
-has imported torch. One shape per schedule is in the second tier (``slow``, which CI runs);
-the other sizes are a ``soak`` (with ``SLOW_ACTION_MS`` actions).
+Every shape (S in {2, 4}, M in {S, 2S}, V in {1, 2} where the schedule takes it; 40 runs, 120
+ranks) is in the second tier (``slow``), which CI runs. They go through one ``GatedFarm`` group:
+batches of up to ``MAX_RANKS`` ranks start up together (the torch imports are most of the time),
+then at most ``TRAIN_RANKS`` of a batch's ranks train at once while the others wait at the start
+gate, so neither start-ups nor a crowd of pipelines on the two cores skew a measured step. The
+whole set takes about eight minutes on a two-core box.
 """
 
 from __future__ import annotations
@@ -28,19 +30,19 @@ from freeride_lab.core.theory import theory_bubble_fraction
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test waits for them all
 
-# One stage chunk's F, I or W per micro-batch, by schedule: the shortest that keeps every shape
-# of the schedule in the band with margin. Host time between actions (0.3-1 ms on a loaded
-# two-core box) is a share of each action; at 20 ms it put GPipe, 1F1B, Interleaved1F1B,
-# LoopedBFS and InterleavedZeroBubble up to 3.4-4.9 points above theory, ZBVZeroBubble up to
-# 2.1 and DualPipeV up to 1.4 (one batch of every shape, eight ranks training at once).
+# One stage chunk's F, I or W per micro-batch, by schedule: the shortest tried that keeps every
+# shape of the schedule 1.5 points or more inside the band. Host time between actions (0.3-1 ms
+# on a loaded two-core box) is a share of each action: at 20 ms it put GPipe, 1F1B,
+# Interleaved1F1B, LoopedBFS and InterleavedZeroBubble up to 3.4-4.9 points above theory (at
+# 50 ms: 0.8-1.5), ZBVZeroBubble up to 2.1 (at 30 ms: 1.9) and DualPipeV up to 2.0.
 ACTION_MS = {
     "GPipe": 50.0,
     "1F1B": 50.0,
     "Interleaved1F1B": 50.0,
     "LoopedBFS": 50.0,
     "InterleavedZeroBubble": 50.0,
-    "ZBVZeroBubble": 30.0,
-    "DualPipeV": 20.0,
+    "ZBVZeroBubble": 40.0,
+    "DualPipeV": 30.0,
 }
 STEPS = 4
 SKIP_STEPS = 1
