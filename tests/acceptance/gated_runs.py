@@ -8,7 +8,7 @@ imports), while the start-ups themselves overlap, which is what keeps a dozen ru
 minute. Runs of one ``group`` share a batch (up to ``MAX_RANKS`` ranks); groups with different
 timing needs (long actions for bubble fractions, short ones for the planner) run apart. A run's
 ``train_ranks`` bounds how many ranks of its batch train at once: the farm opens the gate run by
-run (longest first), the others waiting at it, asleep, until enough of the batch has finished,
+run (most ranks first), the others waiting at it, asleep, until enough of the batch has ended,
 so runs that must not crowd the two cores still pay for their start-ups together.
 
 Each test module lists its runs in a module-level ``GATED_RUNS``; the farm learns every selected
