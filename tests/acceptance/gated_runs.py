@@ -6,7 +6,10 @@ batch have imported torch and joined their process groups; then all of them trai
 So no run's measured steps share the two cores with another run's start-up (tens of seconds of
 imports), while the start-ups themselves overlap, which is what keeps a dozen runs to about a
 minute. Runs of one ``group`` share a batch (up to ``MAX_RANKS`` ranks); groups with different
-timing needs (long actions for bubble fractions, short ones for the planner) run apart.
+timing needs (long actions for bubble fractions, short ones for the planner) run apart. A run's
+``train_ranks`` bounds how many ranks of its batch train at once: the farm opens the gate run by
+run (most ranks first), the others waiting at it, asleep, until enough of the batch has ended,
+so runs that must not crowd the two cores still pay for their start-ups together.
 
 Each test module lists its runs in a module-level ``GATED_RUNS``; the farm learns every selected
 module's runs at the start (as ``RunFarm`` does) and launches them on the first request.
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from acceptance_runs import FinishedRun
 from runs import synthetic_config
-from start_gate import GATE, go_file, ready_file
+from start_gate import GATE, go_file, ready_file, run_go_file
 
 from freeride_lab.core.config import CostMs, RunConfig, RuntimeOptions
 from freeride_lab.lab.session import Session
@@ -47,6 +50,7 @@ class GatedRun:
     group: str
     skip_steps: int = 1
     label: str = field(default="", compare=True)
+    train_ranks: int = MAX_RANKS  # at most this many ranks of its batch train at once
 
     def config(self) -> RunConfig:
         """Its fields that ``RunConfig`` has too, on the small synthetic model, without side-task
@@ -100,7 +104,8 @@ class GatedFarm:
             for run in batch:
                 session = Session.launch(run.config(), run_dir=root / str(run), grace_s=3)
                 sessions.append((run, session))
-            self._open_gate(root, sessions)
+            self._wait_ready(root, sessions)
+            self._train(root, sessions)
             for run, session in sessions:
                 state = session.wait(timeout_s=RUN_TIMEOUT_S)
                 self._done[run] = GatedResult(run, session, state, session.actions, run.skip_steps)
@@ -114,15 +119,35 @@ class GatedFarm:
                 session.stop()  # a no-op for a finished run; ends the batch on a timeout
 
     @staticmethod
-    def _open_gate(root: Path, sessions: list[tuple[GatedRun, Session]]) -> None:
-        """Open the gate once every rank waits at it (or a run has ended: it never will)."""
+    def _wait_ready(root: Path, sessions: list[tuple[GatedRun, Session]]) -> None:
+        """Until every rank waits at the gate (or a run has ended: it never will)."""
         ready = [ready_file(root, str(run), r) for run, _ in sessions for r in range(run.stages)]
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not all(p.exists() for p in ready) and time.monotonic() < deadline:
             if any(s.state.done for _, s in sessions):
-                break
+                return
             time.sleep(0.05)
-        go_file(root).touch()
+
+    @staticmethod
+    def _train(root: Path, sessions: list[tuple[GatedRun, Session]]) -> None:
+        """Open the gate run by run, the longest (most ranks) first, so that at most the
+        smallest ``train_ranks`` of the batch train at once (one run at least); a run counts as
+        training until it ends or ``RUN_TIMEOUT_S`` after its gate opened."""
+        limit = min(run.train_ranks for run, _ in sessions)
+        waiting = sorted(sessions, key=lambda rs: -rs[0].stages)
+        training: list[tuple[GatedRun, Session, float]] = []
+        while waiting:
+            now = time.monotonic()
+            training = [t for t in training if not t[1].state.done and now - t[2] < RUN_TIMEOUT_S]
+            busy = sum(run.stages for run, _, _ in training)
+            fits = [rs for rs in waiting if not training or busy + rs[0].stages <= limit]
+            if not fits:
+                time.sleep(0.05)
+                continue
+            run, session = fits[0]
+            waiting.remove(fits[0])
+            run_go_file(root, str(run)).touch()
+            training.append((run, session, now))
 
     def stop(self) -> None:
         for result in self._done.values():

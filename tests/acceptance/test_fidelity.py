@@ -1,19 +1,21 @@
 """Acceptance: every schedule's measured bubble fraction matches its theory on every rank.
 
 Each run is a real pipeline of sleep-timed synthetic stages whose every action (F, I, W of one
-stage chunk) costs ``ACTION_MS``. The measured fraction of a rank is the median, over the steps
-after the warm-up, of its idle share of the step's global window; theory is
+stage chunk) costs ``ACTION_MS``. The measured fraction of a rank is the median,
+over the steps after the warm-up, of its idle share of the step's global window; theory is
 ``theory_bubble_fraction``, the idle share of the plan torch runs with no overheads. A real run
-adds host time between actions (torch's dispatch and gloo's send and receive, about 0.5-2 ms
+adds host time between actions (torch's schedule runtime and gloo's send and receive, 0.3-1 ms
 per action on a loaded two-core box), so it may sit a little above theory: the band is
 [theory - 1, theory + 3] percentage points. Below theory by more than a point would mean the
-instrument misses idle time. ``ACTION_MS`` keeps that host time a small share of each action;
-at 10 ms it adds 2-17 points (see ``test_planner_nonuniform.py`` for the planner, which models
-that host time).
+instrument misses idle time. ``ACTION_MS`` keeps that host time a small share of each action
+(see ``test_planner_nonuniform.py`` for the planner, which models it).
 
-Runs go through a ``GatedFarm``: all runs of a batch start their steps together once every rank
-has imported torch. One shape per schedule is in the second tier (``slow``, which CI runs);
-the other sizes are a ``soak`` (with ``SLOW_ACTION_MS`` actions).
+Every shape (S in {2, 4}, M in {S, 2S}, V in {1, 2} where the schedule takes it; 40 runs, 120
+ranks) is in the second tier (``slow``), which CI runs. They go through one ``GatedFarm`` group:
+batches of up to ``MAX_RANKS`` ranks start up together (the torch imports are most of the time),
+then at most ``TRAIN_RANKS`` of a batch's ranks train at once while the others wait at the start
+gate, so neither start-ups nor a crowd of pipelines on the two cores skew a measured step. The
+whole set takes about seven minutes on a two-core box.
 """
 
 from __future__ import annotations
@@ -26,25 +28,26 @@ from freeride_lab.core.bubbles import bubble_fraction
 from freeride_lab.core.schedule import SCHEDULES
 from freeride_lab.core.theory import theory_bubble_fraction
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test waits for them all
 
-ACTION_MS = 50.0  # one stage chunk's F, I or W per micro-batch (fast set)
-# Slow set: twice as long, so that the larger plans (48 actions a step on a rank for ZB-V at
-# S=4, M=8) stay within the band on a box shared with other work (at 50 ms and a load average
-# of 20, ZBV S=4 M=8 measured +5 to +8 points and InterleavedZeroBubble S=4 M=8 V=2 +4 to +6).
-SLOW_ACTION_MS = 100.0
+# One stage chunk's F, I or W per micro-batch. Host time between actions (0.3-1 ms on a loaded
+# two-core box) is a share of each action, so shorter actions sit higher above theory: at 20 ms
+# GPipe, 1F1B, Interleaved1F1B, LoopedBFS and InterleavedZeroBubble came out up to 3.4-4.9
+# points above it, DualPipeV up to 2.0 (at 30 ms: 2.3) and ZBVZeroBubble up to 2.1 (at 40 ms:
+# 2.3). At 50 ms every shape stayed at +2.0 or less (four full sets for the first five schedules,
+# one for the V schedules, which came out at +1.2 or less), a point or more inside the band.
+ACTION_MS = 50.0
 STEPS = 4
 SKIP_STEPS = 1
+TRAIN_RANKS = 8  # ranks training at once (the batch's others wait at the start gate)
 BELOW_PTS, ABOVE_PTS = 1.0, 3.0
 
 
-def fidelity_run(
-    schedule: str, stages: int, microbatches: int, chunks: int, action_ms: float = ACTION_MS
-) -> GatedRun:
-    per_rank = action_ms * chunks  # a scalar cost is one rank's, split over its chunks
+def fidelity_run(schedule: str, stages: int, microbatches: int, chunks: int) -> GatedRun:
+    per_rank = ACTION_MS * chunks  # a scalar cost is one rank's, split over its chunks
     return GatedRun(
         schedule, stages, microbatches, chunks, per_rank, per_rank, per_rank,
-        steps=STEPS, group=f"fidelity-{action_ms:g}ms", skip_steps=SKIP_STEPS,
+        steps=STEPS, group="fidelity", skip_steps=SKIP_STEPS, train_ranks=TRAIN_RANKS,
     )  # fmt: skip
 
 
@@ -60,23 +63,8 @@ def shapes(schedule: str) -> list[tuple[int, int, int]]:
     return out
 
 
-FAST = {
-    "GPipe": (2, 4, 1),
-    "1F1B": (4, 8, 1),
-    "Interleaved1F1B": (4, 8, 2),
-    "LoopedBFS": (2, 4, 2),
-    "InterleavedZeroBubble": (2, 4, 2),
-    "ZBVZeroBubble": (2, 4, 2),
-    "DualPipeV": (2, 4, 2),
-}
 PARAMS = [
     pytest.param(fidelity_run(name, *shape), id=str(fidelity_run(name, *shape)))
-    if FAST[name] == shape
-    else pytest.param(
-        fidelity_run(name, *shape, action_ms=SLOW_ACTION_MS),
-        id=str(fidelity_run(name, *shape)),
-        marks=pytest.mark.soak,
-    )
     for name in SCHEDULES
     for shape in shapes(name)
 ]
@@ -97,12 +85,8 @@ def test_measured_bubble_fraction_is_within_minus_1_plus_3_points_of_theory_on_e
     measured = per_rank_fraction(result)
     assert sorted(measured) == list(range(run.stages))
     off = {r: round((f - theory) * 100, 1) for r, f in measured.items()}
+    worst = max(off.values(), key=abs)
+    print(f"{run} at {ACTION_MS:g} ms: worst {worst:+.1f} points, per rank {off}")
     assert all(-BELOW_PTS <= d <= ABOVE_PTS for d in off.values()), (
         f"{run}: theory {theory:.1%}, measured minus theory per rank (points) {off}"
     )
-
-
-def test_every_schedule_has_a_fast_shape() -> None:
-    assert set(FAST) == set(SCHEDULES)
-    for name, shape in FAST.items():
-        assert shape in shapes(name), (name, shape)
