@@ -11,6 +11,9 @@ Run from the repository root with the package importable (``pip install -e .`` o
 
     python benchmarks/make_tables.py            # rewrite the tables in place
     python benchmarks/make_tables.py --check    # exit 1 naming every stale table or .md file
+
+Over 500 lines: one builder per table of BENCHMARKS.md, each beside the constants naming its result
+files.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Fixtures (conventions.md §3.5, conventions 13 and 14):
 - ``notebook_factory``: JSON text of a small notebook of code cells, for ``server.add_notebook``.
 
 Every wait has a deadline and names what it waited for; nothing sleeps to synchronise.
+
+Over 500 lines: the server, the browser and the notebook driver are one fixture stack that every
+browser test uses.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ well-typed, finite values that round-trip through JSON.
 A known gap is pinned by an ``xfail(strict=True)`` test named after the claim it breaks, its
 reason naming the fix (see RELIABILITY.md); when the fix lands strict mode fails the test, and
 the marker is removed. (None is open today.)
+
+Over 500 lines: one place for every public entry point's refusals, so a new entry point shows what
+it must refuse.
 """
 
 from __future__ import annotations

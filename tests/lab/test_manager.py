@@ -1,5 +1,8 @@
 """Claims about ``SideTaskManager`` and its views, without processes: a fake worker takes the
-commands, plain frames stand in for the run's tables, event dicts for its event files."""
+commands, plain frames stand in for the run's tables, event dicts for its event files.
+
+Over 500 lines: every command of one class (SideTaskManager) against one fake worker.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ One run serves the whole module (its behaviours do not interfere: each stage's w
 task at a time, and the tasks that fail share stage 0, where they queue). A second run, without
 side tasks and with zero-cost stages, gives the reference losses. Waits are for named conditions
 with deadlines; a wait fails at once, with a hint, if the run ends first.
+
+Over 500 lines: the claims share module-scoped real runs, which a split would start again.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Parsing, errors and the extension's life cycle use ``FakeSession`` or no session at all; the
 claims about acting on a run share one small real CPU run (``live``: two sleep-timed ranks,
 launched through the magic) for the whole module, and the last of them stops it.
+
+Over 500 lines: the claims share one real IPython shell and one small real run.
 """
 
 from __future__ import annotations
