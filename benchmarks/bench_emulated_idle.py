@@ -62,8 +62,6 @@ def one_schedule(
         .median()
         .round(2)
     )
-    steps_ms = session.steps
-    steps_ms = steps_ms[steps_ms["step"] >= first]
     return {
         "schedule": schedule,
         "wire_d_model": profile.wire_d_model,
@@ -80,7 +78,6 @@ def one_schedule(
         "action_ms": [
             {"rank": int(r), "action": str(a), "median_ms": float(v)} for (r, a), v in costs.items()
         ],
-        "step_columns": list(steps_ms.columns),
         "run_dir": run_dir.name,
     }
 

@@ -170,8 +170,7 @@ class RunDriver:
         self.record["startup_s"] = round(time.monotonic() - t0, 1)
         self.record["calibration"] = read_calibration(self.control.dir, self.profile.stages)
         self.say(f"  training up after {self.record['startup_s']} s; "
-                 "calibration " + ("; ".join(map(fmt_calibration, self.record["calibration"]))
-                                   or "(none)"))  # fmt: skip
+                 f"calibration {fmt_calibration(self.record['calibration'])}")  # fmt: skip
         self._attach(segments)
         if self.plan.instrumentation:
             self._wait_ready(segments)  # their set-up and first copy to the device are noise

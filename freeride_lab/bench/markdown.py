@@ -78,19 +78,23 @@ def fmt_frac_interval(
     )  # fmt: skip
 
 
-def fmt_calibration(c: Mapping[str, Any]) -> str:
-    """One rank's calibration record, e.g. ``rank 1: F 12.9/10.8 B 22.2/22.1 (W 9.1/9.1) opt
-    11.1 ms`` (one value per stage chunk; W only where a zero-bubble schedule split it off)."""
+def fmt_calibration(records: Iterable[Mapping[str, Any]]) -> str:
+    """A run's calibration records, one a rank, e.g. ``rank 1: F 12.9/10.8 B 22.2/22.1
+    (W 9.1/9.1) opt 11.1 ms; rank 2: ...`` (one value per stage chunk; W only where a
+    zero-bubble schedule split it off), or "(none)"."""
 
     def ms(values: Iterable[float]) -> str:
         return "/".join(f"{x:.1f}" for x in values)
 
-    weight = c.get("weight_ms") or []
-    return (
-        f"rank {c['rank']}: F {ms(c['forward_ms'])} B {ms(c['backward_ms'])}"
-        + (f" (W {ms(weight)})" if any(weight) else "")
-        + f" opt {c['optimizer_ms']:.1f} ms"
-    )
+    def one(c: Mapping[str, Any]) -> str:
+        weight = c.get("weight_ms") or []
+        return (
+            f"rank {c['rank']}: F {ms(c['forward_ms'])} B {ms(c['backward_ms'])}"
+            + (f" (W {ms(weight)})" if any(weight) else "")
+            + f" opt {c['optimizer_ms']:.1f} ms"
+        )
+
+    return "; ".join(map(one, records)) or "(none)"
 
 
 def _ms_iv(r: Mapping[str, Any], name: str) -> str:
@@ -257,10 +261,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         if "skipped" in run and isinstance(run["skipped"], str):
             lines.append(f"- {run['name']}: skipped ({run['skipped']})")
             continue
-        cal = "; ".join(fmt_calibration(c) for c in run.get("calibration", []))
         lines.append(
             f"- {run['name']} (M={run.get('microbatches')}, MPS {run.get('mps')}): state "
-            f"{run.get('state')}, start-up {run.get('startup_s')} s; calibration {cal}"
+            f"{run.get('state')}, start-up {run.get('startup_s')} s; "
+            f"calibration {fmt_calibration(run.get('calibration', []))}"
         )
         memory = ", ".join(
             f"rank {m['rank']} {m['peak_reserved_bytes'] / 2**30:.1f} GiB"

@@ -94,7 +94,7 @@ import torch.distributed as dist
 
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.runtime_options import EmulateOptions
-from freeride_lab.core.schedule import Schedule
+from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.core.torch_compat import backward_input, backward_weight
 from freeride_lab.io.rundir import RunDir, create_file
 from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
@@ -130,7 +130,6 @@ def _torch_dtype(options: EmulateOptions) -> torch.dtype:
 def open_edges(*, run_dir: RunDir | str | os.PathLike[str], rank: int) -> EdgeGate:
     """rank.py's ``edges_factory`` in emulate mode: the rank's worker (on the emulation device),
     behind an ``EdgeGate`` that starts CLOSED."""
-    from freeride_lab.core.schedule import stage_indices
     from freeride_lab.sidetasks.client import start_worker
 
     path = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
@@ -272,6 +271,7 @@ class Emulation:
         gen = torch.Generator().manual_seed(cfg.seed + 17 * self.rank)
         splits = Schedule.from_name(cfg.schedule).splits_backward
         for chunk in self.chunks:
+            split = splits and not chunk.first  # the first stage's W is its whole backward
             fwd: list[float] = []
             bwd: list[float] = []
             wgt: list[float] = []
@@ -286,21 +286,20 @@ class Emulation:
                 t1 = time.perf_counter()
                 g = torch.randn(y.shape, generator=gen)
                 t2 = time.perf_counter()
-                if splits and not chunk.first:  # I, then W, as a zero-bubble stage runs them
+                t3 = t2
+                if split:  # I, then W, as a zero-bubble stage runs them
                     groups = backward_input([y], [g], [x], chunk.chunk.parameters())
                     self._sync()
                     t3 = time.perf_counter()
                     backward_weight(chunk.chunk.parameters(), groups)
-                else:  # B (the first stage's W is its whole backward too)
+                else:  # B
                     torch.autograd.backward(y, g)
                 self._sync()
                 t4 = time.perf_counter()
-                if not splits or chunk.first:
-                    t3 = t4  # nothing split off as W
                 if i >= spec.calibrate_warmup:
                     fwd.append(t1 - t0)
                     bwd.append(t4 - t2)
-                    wgt.append(t4 - t3)
+                    wgt.append(t4 - t3 if split else 0.0)
             # each backward is at least its W, so the medians keep weight_s <= backward_s
             chunk.costs = ChunkCosts(
                 statistics.median(fwd), statistics.median(bwd), statistics.median(wgt)
