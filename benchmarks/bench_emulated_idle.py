@@ -48,8 +48,11 @@ def one_schedule(
     run_dir = root / f"{schedule}-w{profile.wire_d_model}-{int(time.time())}"
     config = run_config(profile, plan, run_dir).replace(steps=steps)
     session = Session.launch(config, grace_s=20.0)
-    ControlFile(run_dir).write(Control(seq=1, real_rank=real_rank, gate=Gate.CLOSED))
-    state = session.wait(timeout_s=900)
+    try:
+        ControlFile(run_dir).write(Control(seq=1, real_rank=real_rank, gate=Gate.CLOSED))
+        state = session.wait(timeout_s=900)
+    finally:
+        session.stop()  # a run that hung or failed leaves nothing running
     applied_log = (run_dir / "emulate" / "applied.jsonl").read_text().splitlines()
     applied = [json.loads(line) for line in applied_log if line.strip()]
     first = max([skip] + [a["step"] for a in applied if a["seq"] == 1])
