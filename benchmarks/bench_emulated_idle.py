@@ -85,6 +85,18 @@ def one_schedule(
     }
 
 
+def _widths(text: str) -> list[int]:
+    """``--wire-d-model``: positive integers, comma separated (the model width must be a
+    multiple of each; the run's config says so if it is not)."""
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 256,16")
+    return widths
+
+
 def _print(r: dict[str, Any]) -> None:
     print(f"{r['schedule']} wire {r['wire_d_model']}: theory {r['theory_frac']:.3f}", flush=True)
     for row in r["per_rank"]:
@@ -101,14 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=3, help="leading steps left out (warm-up)")
     ap.add_argument("--run-root", type=Path, default=None)
-    ap.add_argument(
-        "--wire-d-model", default="", help="comma list of wire widths (default: the profile's)"
-    )
+    ap.add_argument("--wire-d-model", type=_widths, default=[],
+                    help="comma list of wire widths (default: the profile's)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     root = args.run_root or Path(tempfile.mkdtemp(prefix="emulated-idle-"))
     results = []
-    wires = [int(w) for w in args.wire_d_model.split(",") if w] or [None]
+    wires: list[int | None] = [*args.wire_d_model] or [None]
     for schedule in args.schedules.split(","):
         for wire in wires:
             r = one_schedule(schedule, device=args.device, real_rank=args.real_rank,
