@@ -33,7 +33,9 @@ How it is built:
   synchronise, see ``_SyncOnBackward``) of each of its chunks on random inputs, and one AdamW
   step of its parameters; medians of ``calibrate_iters`` after ``calibrate_warmup``. Under a
   zero-bubble schedule B is timed as its two halves, the way a stage runs them: I (the input's
-  gradient) and then W (the weights'), each closed by a synchronise.
+  gradient) and then W (the weights'), each closed by a synchronise. In the run, a real rank's
+  W is closed the same way (``Emulation.settle``, [Note: settled W] in ``pipeline.timed_stage``):
+  torch's W only launches its kernels, and would otherwise end on the host before they did.
 - **Sleeping.** A rank that is not real runs the same chunk as a sleep (``time.sleep`` of its
   own calibrated F in forward, I and W in the backward's two halves, on tensors of the right
   shapes, gradients flowing), and before the next step it sleeps its calibrated optimizer time
@@ -325,6 +327,12 @@ class Emulation:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def settle(self) -> None:
+        """The end of a W: wait for the device on a rank that computes for real this step
+        (``timed_stage.SettledStage``, [Note: settled W]); a sleeping rank has nothing queued."""
+        if self.is_real:
+            self._sync()
 
     # -- per step --
 

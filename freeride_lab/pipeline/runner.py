@@ -166,6 +166,8 @@ class RankRunner:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr) if params else None
         plain_loss = stage_build.loss_function(cfg)
         modes = {"alternate": (True, False), True: (True,), False: (False,)}[self.timed]
+        # emulate mode: a real rank's W ends when its kernels do ([Note: settled W])
+        settle = self.emulation.settle if self.emulation is not None else None
         for timed in modes:
             recorder = self.recorder if timed else None
             stages = [
@@ -176,6 +178,7 @@ class RankRunner:
                     self.device,
                     stage_build.example_io(cfg, i, self.n_stages, self.device, self.dtype),
                     recorder=recorder,
+                    settle=settle,
                 )
                 for m, i in zip(modules, self.stage_ids, strict=True)
             ]

@@ -28,6 +28,7 @@ from freeride_lab.pipeline.synthetic import build_sleep_chunks
 from freeride_lab.pipeline.timed_stage import (
     ActionRecorder,
     BubbleEdges,
+    SettledStage,
     SlotPredictorLike,
     TimedPipelineStage,
 )
@@ -131,20 +132,21 @@ def make_stage(
     example: tuple[torch.Tensor, torch.Tensor],
     *,
     recorder: ActionRecorder | None,
+    settle: Callable[[], None] | None = None,
 ) -> PipelineStage:
-    """A ``TimedPipelineStage`` reporting to ``recorder``, or a plain ``PipelineStage`` (None)."""
+    """A ``TimedPipelineStage`` reporting to ``recorder``, or a plain stage (None).
+
+    ``settle``: called at the end of every W (``SettledStage``, [Note: settled W]).
+    """
     inp, out = example
+    io = {"input_args": (inp,), "output_args": (out,)}
     if recorder is not None:
         return TimedPipelineStage(
-            module,
-            stage,
-            n_stages,
-            device,
-            input_args=(inp,),
-            output_args=(out,),
-            recorder=recorder,
+            module, stage, n_stages, device, **io, recorder=recorder, settle=settle
         )
-    return PipelineStage(module, stage, n_stages, device, input_args=(inp,), output_args=(out,))
+    if settle is not None:
+        return SettledStage(module, stage, n_stages, device, **io, settle=settle)
+    return PipelineStage(module, stage, n_stages, device, **io)
 
 
 def make_schedule(

@@ -91,6 +91,7 @@ __all__ = [
     "ActionSpan",
     "BubbleEdges",
     "EdgeRecord",
+    "SettledStage",
     "SlotPredictorLike",
     "StepRecord",
     "TimedPipelineStage",
@@ -393,10 +394,37 @@ class ActionRecorder:
             self._tracker.close(stamp)
 
 
-class TimedPipelineStage(PipelineStage):
+class SettledStage(PipelineStage):
+    """``PipelineStage`` whose W returns only once ``settle()`` has (None: a plain stage).
+
+    [Note: settled W]
+    In emulate mode a stage's chunk computes on the GPU while the pipeline's tensors and
+    clocks stay on the host. F ends when its output has been copied back (the copy waits for
+    the device) and B in the chunk's own synchronise (``pipeline.emulate_chunks``), so on the
+    host clock both end when their kernels end. torch's W (``stage_backward_weight``) only
+    launches the weights' gradients and returns: timed on the host it would end early, and its
+    kernels would run on into what the rank records as idle, beside any side task started
+    there. ``settle`` (a device synchronise on a rank that computes for real) closes it, as the
+    calibration closes the W the sleeping peers replay. Timed and plain stages both take it, so
+    comparing the two still compares the recorder alone.
+    """
+
+    def __init__(self, *args: Any, settle: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settle = settle
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        result = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        if self.settle is not None:
+            self.settle()
+        return result
+
+
+class TimedPipelineStage(SettledStage):
     """``PipelineStage`` that reports each F, B/I and W call to a shared ``ActionRecorder``.
 
-    Takes ``PipelineStage``'s arguments unchanged plus the keyword ``recorder``.
+    Takes ``PipelineStage``'s arguments unchanged plus the keywords ``recorder`` and
+    ``settle`` (``SettledStage``: its W is timed up to the end of ``settle``).
     """
 
     def __init__(self, *args: Any, recorder: ActionRecorder, **kwargs: Any) -> None:

@@ -267,6 +267,20 @@ def test_calibration_times_w_apart_under_a_zero_bubble_schedule_except_on_the_fi
         assert costs[1] is not None and 0.0 < costs[1].weight_s < costs[1].backward_s
 
 
+@pytest.mark.parametrize(("real_rank", "syncs"), [(1, 1), (0, 0)], ids=["real", "sleeping"])
+def test_a_real_rank_settles_its_w_on_the_device_and_a_sleeping_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_rank: int, syncs: int
+) -> None:
+    # the stage calls settle() at the end of every W ([Note: settled W])
+    waited: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+    emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
+    emulation.control = Control(seq=1, real_rank=real_rank)
+    emulation.settle()
+    assert waited == [torch.device("cuda:0")] * syncs
+
+
 @pytest.mark.parametrize("real", [True, False], ids=["real", "sleeping"])
 def test_emulated_chunks_map_pipeline_tensors_of_the_right_shapes(real: bool) -> None:
     first, middle, last = _chunks()

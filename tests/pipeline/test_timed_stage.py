@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from statistics import median
+from typing import Any
 
 import pytest
 import torch
@@ -20,9 +21,11 @@ from edge_receivers import RecordingEdges
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from freeride_lab.core.schedule import ActionKind
+from freeride_lab.pipeline.stage_build import make_stage
 from freeride_lab.pipeline.synthetic import SleepStage, build_sleep_chunks
 from freeride_lab.pipeline.timed_stage import (
     ActionRecorder,
+    SettledStage,
     StepRecord,
     TimedPipelineStage,
     _CudaEdgeWatcher,
@@ -266,7 +269,12 @@ def one_rank_group() -> Iterator[None]:
 
 
 def run_schedule(
-    name: str, steps: int = 3, *, loss_s: float = 0.0, rec: ActionRecorder | None = None
+    name: str,
+    steps: int = 3,
+    *,
+    loss_s: float = 0.0,
+    rec: ActionRecorder | None = None,
+    settle: Callable[[], None] | None = None,
 ) -> list[StepRecord]:
     rec = rec or ActionRecorder()
     chunks = build_sleep_chunks(4, [(T_F / 2, T_I / 2, T_W / 2)] * 2)
@@ -280,6 +288,7 @@ def run_schedule(
             input_args=(example,),
             output_args=(example,),
             recorder=rec,
+            settle=settle,
         )
         for i, m in enumerate(chunks)
     ]
@@ -356,3 +365,49 @@ def test_the_last_stages_loss_is_timed_inside_its_forward_not_as_a_bubble(
     # the live bubble after the last stage's F opens once its loss is done
     starts = {c[3] for c in edges.calls if c[0] == "start"}
     assert all(s.end_ns in starts for r in records for s in r.spans)
+
+
+class LoggingRecorder(ActionRecorder):
+    """An ``ActionRecorder`` that also logs the order of its starts and stops."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    def start(self, kind: ActionKind, stage: int, microbatch: int) -> Any:
+        self.log.append(f"start {kind.value}")
+        return super().start(kind, stage, microbatch)
+
+    def stop(self, token: Any, *, loss_follows: bool = False) -> None:
+        self.log.append(f"stop {token[0].value}")
+        super().stop(token, loss_follows=loss_follows)
+
+
+def test_a_settled_w_is_timed_up_to_the_end_of_its_settle(one_rank_group: None) -> None:
+    # emulate mode settles a real rank's W with a device synchronise: the W span must hold it
+    log: list[str] = []
+    run_schedule(
+        "ScheduleZBVZeroBubble", 2, rec=LoggingRecorder(log), settle=lambda: log.append("settle")
+    )
+    settles = [i for i, entry in enumerate(log) if entry == "settle"]
+    assert len(settles) == 2 * 2 * 2  # steps x stage chunks x micro-batches: one per W
+    for i in settles:
+        assert log[i - 1 : i + 2] == ["start W", "settle", "stop W"], log[i - 2 : i + 3]
+
+
+def test_a_plain_stage_settles_its_w_too(one_rank_group: None) -> None:
+    # so that plain and timed blocks of one emulated run differ by the recorder alone
+    calls: list[int] = []
+    example = torch.empty(2, 3, 4, requires_grad=True)  # (mb, T, D)
+    chunks = build_sleep_chunks(4, [(0.0, 0.0, 0.0)] * 2)
+    stages = [
+        make_stage(m, i, 2, torch.device("cpu"), (example, example), recorder=None,
+                   settle=lambda: calls.append(1))
+        for i, m in enumerate(chunks)
+    ]  # fmt: skip
+    assert all(type(s) is SettledStage for s in stages)
+    schedule = torch_schedules.ScheduleZBVZeroBubble(stages, n_microbatches=2, loss_fn=F.mse_loss)
+    schedule.step(torch.randn(4, 3, 4), target=torch.zeros(4, 3, 4))
+    assert len(calls) == 2 * 2
+    plain = make_stage(chunks[0], 0, 2, torch.device("cpu"), (example, example), recorder=None)
+    assert type(plain).__name__ == "PipelineStage"
