@@ -9,11 +9,15 @@ idle above theory" before any side task runs.
 
     python benchmarks/bench_emulated_idle.py --device cuda --schedules 1F1B,InterleavedZeroBubble \\
         --out benchmarks/results/emulated-idle-h200-DATE.json
+
+``--wire-d-model 256,16`` and ``--loss-on device,host`` run each schedule once per width and
+per place of the last stage's loss, one after the other in the same call (side by side).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import sys
@@ -40,12 +44,16 @@ def one_schedule(
     skip: int,
     root: Path,
     wire_d_model: int | None = None,
+    loss_on: str | None = None,
 ) -> dict[str, Any]:
     profile = bench_profile("quick", device).replace(schedule=schedule, chunks=None)
     if wire_d_model is not None:
         profile = profile.replace(wire_d_model=wire_d_model)
+    if loss_on is not None:
+        profile = profile.replace(loss_on=loss_on)
     plan = profile.runs[0]
-    run_dir = root / f"{schedule}-w{profile.wire_d_model}-{int(time.time())}"
+    name = f"{schedule}-w{profile.wire_d_model}-loss-{profile.loss_on}-{int(time.time())}"
+    run_dir = root / name
     config = run_config(profile, plan, run_dir).replace(steps=steps)
     session = Session.launch(config, grace_s=20.0)
     try:
@@ -68,6 +76,7 @@ def one_schedule(
     return {
         "schedule": schedule,
         "wire_d_model": profile.wire_d_model,
+        "loss_on": profile.loss_on,
         "state": str(state),
         "stages": config.stages,
         "microbatches": config.microbatches,
@@ -97,8 +106,17 @@ def _widths(text: str) -> list[int]:
     return widths
 
 
+def _places(text: str) -> list[str]:
+    """``--loss-on``: ``device`` and/or ``host``, comma separated."""
+    places = [p.strip() for p in text.split(",") if p.strip()]
+    if not places or not set(places) <= {"device", "host"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: give device, host or device,host")
+    return places
+
+
 def _print(r: dict[str, Any]) -> None:
-    print(f"{r['schedule']} wire {r['wire_d_model']}: theory {r['theory_frac']:.3f}", flush=True)
+    head = f"{r['schedule']} wire {r['wire_d_model']} loss on {r.get('loss_on', 'host')}"
+    print(f"{head}: theory {r['theory_frac']:.3f}", flush=True)
     for row in r["per_rank"]:
         print("  ", row, flush=True)
     costs = ", ".join(f"r{a['rank']} {a['action']} {a['median_ms']}" for a in r["action_ms"])
@@ -115,16 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-root", type=Path, default=None)
     ap.add_argument("--wire-d-model", type=_widths, default=[],
                     help="comma list of wire widths (default: the profile's)")  # fmt: skip
+    ap.add_argument("--loss-on", type=_places, default=[],
+                    help="comma list of where the last stage's loss runs: device, host "
+                         "(default: the profile's)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     root = args.run_root or Path(tempfile.mkdtemp(prefix="emulated-idle-"))
     results = []
     wires: list[int | None] = [*args.wire_d_model] or [None]
+    places: list[str | None] = [*args.loss_on] or [None]
     for schedule in args.schedules.split(","):
-        for wire in wires:
+        for wire, place in itertools.product(wires, places):
             r = one_schedule(schedule, device=args.device, real_rank=args.real_rank,
                              steps=args.steps, skip=args.skip, root=root,
-                             wire_d_model=wire)  # fmt: skip
+                             wire_d_model=wire, loss_on=place)  # fmt: skip
             results.append(r)
             _print(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,7 @@ class BenchProfile:
     microbatch_size: int = 3  # FreeRide's micro-batch (paper notes §12)
     wire_d_model: int = 256
     dtype: str = "bfloat16"
+    loss_on: str = "device"  # where a real last stage's loss runs (``EmulateOptions``)
     task_preset: str = "gpu"
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     governor_target_frac: float = 0.005
@@ -218,6 +219,7 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
         d_model=p.d_model,
         heads=p.heads,
         dtype=p.dtype,
+        loss_on=p.loss_on,
     )
     return RunConfig(
         schedule=p.schedule, stages=p.stages, microbatches=plan.microbatches, chunks=p.chunks,

@@ -58,6 +58,10 @@ class EmulateOptions:
             of ``RunConfig.d_model``.
         dtype: "bfloat16" or "float32" for the real chunks.
         calibrate_warmup, calibrate_iters: untimed and timed micro-batches per chunk.
+        loss_on: where a real last stage computes its loss. "device" (the default): its
+            logits stay on the device and the loss runs there, as in a GPU pipeline. "host":
+            its logits come back to the host and the loss runs on the CPU, which makes the
+            last stage host-bound (kept to measure what the device loss changes).
     """
 
     device: str = "cuda"
@@ -66,6 +70,7 @@ class EmulateOptions:
     dtype: str = "bfloat16"
     calibrate_warmup: int = 2
     calibrate_iters: int = 5
+    loss_on: str = "device"
 
     def __post_init__(self) -> None:
         device = self.device
@@ -83,6 +88,8 @@ class EmulateOptions:
             )
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"emulate dtype={self.dtype!r}; valid: bfloat16, float32")
+        if self.loss_on not in ("device", "host"):
+            raise ValueError(f"emulate loss_on={self.loss_on!r}; valid: device, host")
         if self.d_model % self.heads:
             raise ValueError(
                 f"emulate d_model={self.d_model} must be divisible by heads={self.heads}"

@@ -36,6 +36,11 @@ How it is built:
   gradient) and then W (the weights'), each closed by a synchronise. In the run, a real rank's
   W is closed the same way (``Emulation.settle``, [Note: settled W] in ``pipeline.timed_stage``):
   torch's W only launches its kernels, and would otherwise end on the host before they did.
+- **Loss.** A real last stage keeps its logits on the device and computes its loss there,
+  inside its F as torch does, closed by a synchronise (``Emulation.loss``); a sleeping one
+  sleeps a calibrated F that holds the loss and computes only a stand-in (the mean of its
+  logits). ``loss_on="host"`` brings the logits back and computes the loss on the CPU instead,
+  which makes the last stage host-bound.
 - **Sleeping.** A rank that is not real runs the same chunk as a sleep (``time.sleep`` of its
   own calibrated F in forward, I and W in the backward's two halves, on tensors of the right
   shapes, gradients flowing), and before the next step it sleeps its calibrated optimizer time
@@ -102,7 +107,7 @@ from freeride_lab.io.rundir import RunDir, create_file
 from freeride_lab.pipeline.emulate_chunks import VOCAB, ChunkCosts, EmulatedChunk
 from freeride_lab.pipeline.emulate_control import Control, ControlFile, EdgeGate, Gate
 from freeride_lab.pipeline.models import StageChunk
-from freeride_lab.pipeline.stage_build import gpt_chunks
+from freeride_lab.pipeline.stage_build import gpt_chunks, text_loss
 
 if TYPE_CHECKING:
     from freeride_lab.pipeline.stop import StopControl
@@ -234,6 +239,7 @@ class Emulation:
                     wire_d_model=config.d_model,
                     device=device,
                     dtype=_torch_dtype(spec),
+                    logits_on_device=spec.loss_on == "device",
                 )
             )
         return cls(spec, config, rank, chunks, run_dir)
@@ -282,11 +288,15 @@ class Emulation:
                     x = torch.randint(0, VOCAB, (B, T), generator=gen)  # (B, T)
                 else:
                     x = torch.randn(B, T, W, generator=gen).requires_grad_()  # (B, T, W)
+                targets = torch.randint(0, VOCAB, (B, T), generator=gen)  # (B, T)
                 self._sync()
                 t0 = time.perf_counter()
                 y = chunk.forward_real(x)
+                if chunk.last:  # F holds the loss, as in the run ([Note: loss in the forward])
+                    y = text_loss(y, targets)
+                    self._sync()
                 t1 = time.perf_counter()
-                g = torch.randn(y.shape, generator=gen)
+                g = None if chunk.last else torch.randn(y.shape, generator=gen)
                 t2 = time.perf_counter()
                 t3 = t2
                 if split:  # I, then W, as a zero-bubble stage runs them
@@ -333,6 +343,22 @@ class Emulation:
         (``timed_stage.SettledStage``, [Note: settled W]); a sleeping rank has nothing queued."""
         if self.is_real:
             self._sync()
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss: the schedule's ``loss_fn`` in emulate mode.
+
+        A real rank computes the mean next-byte cross-entropy where its logits are (on the
+        device unless ``loss_on="host"``) and waits for the device: torch computes the loss
+        inside the last stage's F ([Note: loss in the forward] in ``pipeline.timed_stage``),
+        so F ends when the loss's kernels do. A sleeping rank takes the mean of its stand-in
+        logits, the cheapest loss with a backward: its calibrated F already holds the loss's
+        time (``_calibrate_own``), and the sleep lasts it.
+        """
+        if not self.is_real:
+            return logits.mean()
+        loss = text_loss(logits, targets)
+        self._sync()
+        return loss
 
     # -- per step --
 

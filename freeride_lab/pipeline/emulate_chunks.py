@@ -139,7 +139,9 @@ class EmulatedChunk(nn.Module):
     """One stage chunk: computes on ``device`` while ``is_real``, else sleeps its ``costs``.
 
     Pipeline tensors are CPU float32: (B, T) int64 tokens into the first stage, (B, T, W) wire
-    activations between stages (W = ``wire_d_model``), (B, T, 256) logits out of the last.
+    activations between stages (W = ``wire_d_model``), (B, T, 256) logits out of the last
+    (float32 on the device instead when a real last chunk has ``logits_on_device``: they go
+    to the loss only, never on the wire).
 
     [Note: fixed placement]
     The real chunk lives on the emulation device in its dtype for the whole run, while the rank
@@ -167,6 +169,7 @@ class EmulatedChunk(nn.Module):
         wire_d_model: int,
         device: torch.device,
         dtype: torch.dtype,
+        logits_on_device: bool = False,
     ) -> None:
         super().__init__()
         if d_model % wire_d_model:
@@ -177,6 +180,8 @@ class EmulatedChunk(nn.Module):
         self.wire_d_model = wire_d_model
         self.first = chunk.embedding is not None
         self.last = chunk.head is not None
+        # a real last chunk hands back its logits on the device, where the loss then runs
+        self.logits_on_device = logits_on_device and self.last
         self.costs: ChunkCosts | None = None
         self.is_real = True
         # the weight a sleeping chunk's W acts on (see _forward_sleep); a CPU float32 (W,)
@@ -191,7 +196,12 @@ class EmulatedChunk(nn.Module):
         return self._forward_sleep(x)
 
     def forward_real(self, x: torch.Tensor) -> torch.Tensor:
-        """The chunk on the device: (B, T) tokens or (B, T, W) → (B, T, W) or (B, T, 256)."""
+        """The chunk on the device: (B, T) tokens or (B, T, W) → (B, T, W) or (B, T, 256).
+
+        Its output is a CPU tensor (the copy back waits for the device), except a last chunk's
+        logits with ``logits_on_device``: they stay on the device for the loss, which then
+        closes the forward (``Emulation.loss``).
+        """
         c = self.chunk
         if c.embedding is not None:
             h = c.embedding(x.to(self.device))  # (B, T) → (B, T, D)
@@ -206,6 +216,8 @@ class EmulatedChunk(nn.Module):
         else:
             B, T, D = h.shape
             out = h.view(B, T, D // self.wire_d_model, self.wire_d_model).mean(2)  # (B, T, W)
+        if self.logits_on_device:  # the loss runs on the device (Emulation.loss)
+            return out.float()
         result: torch.Tensor = out.to("cpu", torch.float32)  # synchronises with the device
         return result
 

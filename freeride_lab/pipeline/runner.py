@@ -94,7 +94,8 @@ class RankRunner:
         self.recorder: ActionRecorder | None = None
         self.step_clock: StepClock | None = None  # stamps of timed and untimed steps alike
         self.stop_agreement: StopAgreement | None = None
-        self._losses: dict[int, Any] = {}  # step -> its mean loss (a host tensor on CUDA)
+        # step -> its mean loss: a host tensor, and on CUDA the event its copy ends with
+        self._losses: dict[int, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
         self.optimizer: torch.optim.Optimizer | None = None
         self.edges: BubbleEdges | None = None
         self.emulation: Emulation | None = None  # emulate mode only (pipeline/emulate.py)
@@ -164,7 +165,9 @@ class RankRunner:
             m.to(device=self.device, dtype=self.dtype)  # casts floating tensors only
         params = [p for m in modules for p in m.parameters()]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-        plain_loss = stage_build.loss_function(cfg)
+        plain_loss = (  # emulate mode: real ranks' loss on the device, sleeping ones' stand-in
+            self.emulation.loss if self.emulation is not None else stage_build.loss_function(cfg)
+        )
         modes = {"alternate": (True, False), True: (True,), False: (False,)}[self.timed]
         # emulate mode: a real rank's W ends when its kernels do ([Note: settled W])
         settle = self.emulation.settle if self.emulation is not None else None
@@ -320,24 +323,33 @@ class RankRunner:
             self.optimizer.zero_grad(set_to_none=True)
 
     def _keep_loss(self, step: int, losses: list[torch.Tensor]) -> None:
-        """The step's mean loss, copied to the host without waiting (read when the step's
-        times are: by then the copy is done)."""
+        """The step's mean loss, copied to the host without waiting. It is read when the
+        step's times are, usually a step later and long after the copy; an emulated rank's
+        times are ready at once, so the read waits for the copy's event."""
         if not losses:
             return
         mean = torch.stack([x.detach().float() for x in losses]).mean().reshape(1)
         if mean.device.type == "cuda":
             host = torch.empty(1, dtype=mean.dtype, pin_memory=True)
             host.copy_(mean, non_blocking=True)
-            self._losses[step] = host
+            copied = torch.cuda.Event()
+            copied.record()
+            self._losses[step] = (host, copied)
         else:
-            self._losses[step] = mean
+            self._losses[step] = (mean, None)
 
     def _emit_steps(self, records: list[StepRecord]) -> list[StepRecord]:
         cfg = self.config
         tokens = cfg.microbatches * cfg.microbatch_size * cfg.seq_len
         for record in records:
-            loss = self._losses.pop(record.step, None)
-            self._emit_step(record, None if loss is None else float(loss), tokens=tokens)
+            kept = self._losses.pop(record.step, None)
+            loss = None
+            if kept is not None:
+                host, copied = kept
+                if copied is not None:
+                    copied.synchronize()  # done long ago unless the times came at once
+                loss = float(host)
+            self._emit_step(record, loss, tokens=tokens)
         return records
 
     def _emit_step(self, record: StepRecord, loss: float | None, *, tokens: int) -> None:

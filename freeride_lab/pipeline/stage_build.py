@@ -46,6 +46,7 @@ __all__ = [
     "make_predictor",
     "make_schedule",
     "make_stage",
+    "text_loss",
 ]
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -224,11 +225,13 @@ def make_predictor() -> SlotPredictorLike | None:
 
 def loss_function(config: RunConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The last stage's loss for the run's workload."""
-    return _text_loss if config.workload == "text" else _synthetic_loss
+    return text_loss if config.workload == "text" else _synthetic_loss
 
 
-def _text_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-byte cross-entropy: logits (B, T, V), targets (B, T) int64."""
+def text_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-byte cross-entropy: logits (B, T, V), targets (B, T) int64 (moved to the
+    logits' device)."""
+    targets = targets.to(logits.device)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

@@ -20,7 +20,7 @@ from freeride_lab.core.config import EmulateOptions, RunConfig
 from freeride_lab.core.torch_compat import backward_input, backward_weight
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.lab.session import Session
-from freeride_lab.pipeline import emulate_chunks
+from freeride_lab.pipeline import emulate, emulate_chunks
 from freeride_lab.pipeline.emulate import (
     ChunkCosts,
     Control,
@@ -32,6 +32,7 @@ from freeride_lab.pipeline.emulate import (
 )
 from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
+from freeride_lab.pipeline.stage_build import text_loss
 
 B, T, W, D = 2, 8, 4, 16
 
@@ -281,6 +282,49 @@ def test_a_real_rank_settles_its_w_on_the_device_and_a_sleeping_one_does_not(
     assert waited == [torch.device("cuda:0")] * syncs
 
 
+def test_a_real_rank_computes_the_cross_entropy_and_a_sleeping_one_a_stand_in(
+    tmp_path: Path,
+) -> None:
+    emulation = Emulation(_config().runtime.emulate, _config(), 1, [], RunDir(tmp_path))
+    logits = torch.randn(B, T, 256, requires_grad=True)  # (B, T, V)
+    targets = torch.randint(0, 256, (B, T))
+    emulation.control = Control(seq=1, real_rank=1)
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
+    assert emulation.loss(logits, targets).item() == pytest.approx(want.item())
+    emulation.control = Control(seq=2, real_rank=0)
+    stand_in = emulation.loss(logits, targets)
+    stand_in.backward()  # a sleeping last chunk's backward still runs from it
+    assert stand_in.item() == pytest.approx(logits.mean().item()) and logits.grad is not None
+
+
+def test_calibration_counts_the_loss_in_the_last_stages_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run computes the loss inside the last stage's F, so its sleeping peer must sleep it
+    clock = _VirtualTime()
+    monkeypatch.setattr(emulate, "time", clock)
+
+    def slow_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        clock.sleep(0.25)
+        return text_loss(logits, targets)
+
+    monkeypatch.setattr(emulate, "text_loss", slow_loss)
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 2}}
+    config = RunConfig(
+        stages=2, microbatches=4, workload="text", d_model=16, heads=4, seq_len=T,
+        microbatch_size=B, layers=4, runtime=runtime,
+    )  # fmt: skip
+    emulation = Emulation.build(config, 1, [1], 2, RunDir(tmp_path))
+    emulation._calibrate_own()
+    (last,) = emulation.chunks
+    assert last.costs is not None and last.costs.forward_s == pytest.approx(0.25)
+
+
+def test_emulate_loss_on_names_its_valid_values() -> None:
+    with pytest.raises(ValueError, match="loss_on='gpu'; valid: device, host"):
+        EmulateOptions(device="cpu", loss_on="gpu")
+
+
 @pytest.mark.parametrize("real", [True, False], ids=["real", "sleeping"])
 def test_emulated_chunks_map_pipeline_tensors_of_the_right_shapes(real: bool) -> None:
     first, middle, last = _chunks()
@@ -333,6 +377,23 @@ def test_emulated_chunk_computes_on_cuda_and_hands_back_cpu_tensors() -> None:
     logits.float().sum().backward()
     assert logits.device.type == "cpu" and x.grad is not None
     assert next(middle.chunk.parameters()).device.type == "cuda"
+
+
+@pytest.mark.gpu
+def test_a_real_last_chunk_keeps_its_logits_on_cuda_for_the_loss(tmp_path: Path) -> None:
+    built = build_stage_chunks(GPTConfig(seq_len=T, layers=2, d_model=D, heads=2), 2)
+    last = EmulatedChunk(
+        built[1], d_model=D, wire_d_model=W, device=torch.device("cuda"), dtype=torch.bfloat16,
+        logits_on_device=True,
+    )  # fmt: skip
+    x = torch.randn(B, T, W, requires_grad=True)  # (B, T, W) from the wire, on the CPU
+    logits = last(x)
+    assert logits.device.type == "cuda" and logits.dtype == torch.float32
+    emulation = Emulation(EmulateOptions(device="cuda", d_model=D, heads=2), _config(), 0,
+                          [last], RunDir(tmp_path))  # fmt: skip
+    loss = emulation.loss(logits, torch.randint(0, 256, (B, T)))  # CPU targets
+    loss.backward()
+    assert loss.device.type == "cuda" and x.grad is not None and x.grad.device.type == "cpu"
 
 
 @pytest.mark.slow
