@@ -140,14 +140,13 @@ def make_stage(
     ``settle``: called at the end of every W (``SettledStage``, [Note: settled W]).
     """
     inp, out = example
+    args = (module, stage, n_stages, device)
     io = {"input_args": (inp,), "output_args": (out,)}
     if recorder is not None:
-        return TimedPipelineStage(
-            module, stage, n_stages, device, **io, recorder=recorder, settle=settle
-        )
+        return TimedPipelineStage(*args, **io, recorder=recorder, settle=settle)
     if settle is not None:
-        return SettledStage(module, stage, n_stages, device, **io, settle=settle)
-    return PipelineStage(module, stage, n_stages, device, **io)
+        return SettledStage(*args, **io, settle=settle)
+    return PipelineStage(*args, input_args=io["input_args"], output_args=io["output_args"])
 
 
 def make_schedule(
