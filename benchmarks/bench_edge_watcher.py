@@ -22,8 +22,6 @@ synchronisation, so a step's time is its kernels' time plus whatever the host ad
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +29,7 @@ from statistics import mean
 from typing import Any
 
 import torch
-from bench_output import write_results
+from bench_output import command_line, write_results
 
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.core.schedule import ActionKind
@@ -120,7 +118,7 @@ def main() -> None:
         rec.close()
     result: dict[str, Any] = {
         "benchmark": "edge_watcher",
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": command_line(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__},
         "config": vars(args) | {"out": str(args.out) if args.out else None},

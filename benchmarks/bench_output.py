@@ -7,6 +7,8 @@ its ``sys.path`` and ``from bench_output import write_results`` finds this modul
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +30,9 @@ def cpu_model() -> str:
     except OSError:
         pass
     return ""
+
+
+def command_line() -> str:
+    """This benchmark's command as a reader would type it: ``python`` and the arguments as
+    given, without the interpreter's path on this machine."""
+    return shlex.join(["python", *sys.argv])

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import socket
 import subprocess
 import sys
@@ -49,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_output import write_results
+from bench_output import command_line, write_results
 
 from freeride_lab.core.config import RunConfig, RuntimeOptions
 from freeride_lab.core.intervals import Interval, mean_interval
@@ -261,7 +260,7 @@ def main() -> None:
     started = datetime.now(UTC)
     results = {
         "benchmark": "timing_overhead",
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": command_line(),
         "date": started.isoformat(timespec="seconds"),
         "machine": machine(),
         "recorder_ns_per_action": {

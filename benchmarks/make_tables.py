@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import cpu_tables
+
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
     fmt_frac_interval,
@@ -72,6 +74,12 @@ TIMING_OVERHEAD_C = tuple(
 #: The launch-bound row again, in a later call, after stamp events are recycled with live
 #: edges on (a different machine allocation: compare within a call only).
 TIMING_OVERHEAD_D = "timing-overhead-h200-2026-12-04d-launch-reuse.json"
+#: What timing every action costs a CPU rank, today's instrument (bench_timing_overhead.py):
+#: both cases in one call, then the synthetic case alone with more block pairs.
+TIMING_OVERHEAD_CPU = (
+    "timing-overhead-cpu-2026-12-04.json",
+    "timing-overhead-cpu-2026-12-04-synthetic.json",
+)
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 #: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
@@ -853,6 +861,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "freeride-comparison": freeride_comparison,
     "cpu-2026-12-02": cpu_2026_12_02,
     "cpu-dry-run": cpu_dry_run,
+    "timing-overhead-cpu": lambda: cpu_tables.timing_overhead(
+        [(name.removesuffix(".json"), raw(name)) for name in TIMING_OVERHEAD_CPU]
+    ),
 }
 
 
