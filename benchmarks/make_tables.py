@@ -29,8 +29,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import cpu_tables
-
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
     fmt_frac_interval,
@@ -613,26 +611,46 @@ def timing_overhead_quiet() -> list[str]:
         data = raw(name)
         case, rc = data["cases"][0], data["recorder_ns_per_action"]
         cfg = case["config"]
-        o, u = case["overhead_frac"], case["overhead_us_per_action"]
         options = cfg.get("runtime") or cfg.get("extra") or {}  # run.json before/after options
         announce = options.get("announce_min_ms", 1.0)
         rows.append(
             [f"d_model {cfg['d_model']}, seq {cfg['seq_len']}",
              ("every gap" if announce == 0 else f"≥ {announce:g} ms predicted")
              + (" (later call, events recycled)" if name == TIMING_OVERHEAD_D else ""),
-             f"{case['median_step_ms']['timed']:.1f} / {case['median_step_ms']['plain']:.1f}",
-             fmt_interval(o["value"], o["lo"], o["hi"], 2, signed=True),
-             fmt_interval(u["value"], u["lo"], u["hi"], 1, pct=False),
-             str(case["block_pairs"]),
-             " / ".join(f"{rc[k]['median'] / 1e3:.1f}"
-                        for k in ("no_edges", "edges_and_predictor", "edges_quiet_slots"))]
+             *_timing_cells(case, rc)]
         )  # fmt: skip
     return md_table(
-        ["model (one stage, 8 micro-batches)", "bubbles announced", "step ms timed / plain",
-         "overhead [95%]", "µs per action [95%]", "block pairs",
-         "recorder µs: no edges / edges / quiet"],
-        rows,
-    )  # fmt: skip
+        ["model (one stage, 8 micro-batches)", "bubbles announced", *_TIMING_HEADER], rows
+    )
+
+
+_TIMING_HEADER = ("step ms timed / plain", "overhead [95%]", "µs per action [95%]",
+                  "block pairs", "recorder µs: no edges / edges / quiet")  # fmt: skip
+
+
+def _timing_cells(case: dict[str, Any], recorder: dict[str, Any]) -> list[str]:
+    """A paired-block timing case's cells under ``_TIMING_HEADER``."""
+    o, u = case["overhead_frac"], case["overhead_us_per_action"]
+    return [
+        f"{case['median_step_ms']['timed']:.1f} / {case['median_step_ms']['plain']:.1f}",
+        fmt_interval(o["value"], o["lo"], o["hi"], 2, signed=True),
+        fmt_interval(u["value"], u["lo"], u["hi"], 1, pct=False),
+        str(case["block_pairs"]),
+        " / ".join(
+            f"{recorder[k]['median'] / 1e3:.1f}"
+            for k in ("no_edges", "edges_and_predictor", "edges_quiet_slots")
+        ),
+    ]
+
+
+def timing_overhead_cpu() -> list[str]:
+    rows = []
+    for name in TIMING_OVERHEAD_CPU:
+        data = raw(name)
+        for case in data["cases"]:
+            cells = _timing_cells(case, data["recorder_ns_per_action"])
+            rows.append([name.removesuffix(".json"), case["case"], *cells])
+    return md_table(["result (CPU)", "case", *_TIMING_HEADER], rows)
 
 
 def edge_watcher() -> list[str]:
@@ -861,9 +879,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "freeride-comparison": freeride_comparison,
     "cpu-2026-12-02": cpu_2026_12_02,
     "cpu-dry-run": cpu_dry_run,
-    "timing-overhead-cpu": lambda: cpu_tables.timing_overhead(
-        [(name.removesuffix(".json"), raw(name)) for name in TIMING_OVERHEAD_CPU]
-    ),
+    "timing-overhead-cpu": timing_overhead_cpu,
 }
 
 
