@@ -78,6 +78,9 @@ TIMING_OVERHEAD_CPU = (
     "timing-overhead-cpu-2026-12-04.json",
     "timing-overhead-cpu-2026-12-04-synthetic.json",
 )
+#: How far above theory real synthetic pipelines sit by action length, and why (CPU,
+#: bench_fidelity.py: one shape per schedule, 2, 10 and 50 ms actions).
+FIDELITY_CPU = "fidelity-cpu-2026-12-04.json"
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 #: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
@@ -653,6 +656,28 @@ def timing_overhead_cpu() -> list[str]:
     return md_table(["result (CPU)", "case", *_TIMING_HEADER], rows)
 
 
+def fidelity_cpu() -> list[str]:
+    rows = []
+    for r in raw(FIDELITY_CPU)["results"]:
+        ranks = r["per_rank"]
+        per_action = [x["overhead_ms_per_action"] for x in ranks]
+        rows.append(
+            [f"{r['schedule']} {r['stages']}-{r['microbatches']}-{r['chunks']}",
+             f"{r['action_ms']:g}", fmt_pct(r["theory_frac"], 1),
+             " / ".join(fmt_pct(x["measured_frac"], 1) for x in ranks),
+             f"{max(x['points_above_theory'] for x in ranks):+.1f}",
+             " / ".join(f"{x['schedule_ms_per_step']:.0f}" for x in ranks),
+             " / ".join(f"{x['peer_ms_per_step'] + x['host_ms_per_step']:.0f}" for x in ranks),
+             f"{min(per_action):.2f} to {max(per_action):.2f}"]
+        )  # fmt: skip
+    return md_table(
+        ["schedule S-M-V (CPU)", "action ms", "theory", "measured idle per rank",
+         "worst rank: points above theory", "schedule idle ms/step per rank",
+         "peer + host ms/step per rank", "peer + host ms per action"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -880,6 +905,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "cpu-2026-12-02": cpu_2026_12_02,
     "cpu-dry-run": cpu_dry_run,
     "timing-overhead-cpu": timing_overhead_cpu,
+    "fidelity-cpu": fidelity_cpu,
 }
 
 
