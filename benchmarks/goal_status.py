@@ -11,7 +11,8 @@ The rule for the two figures of a row, stated once under the table (``SELECTION_
 - **best**: the candidate whose deciding bound (the upper bound under a maximum, the lower bound
   over a minimum) is closest to meeting the goal; a figure without an interval ranks last;
 - **latest**: the same choice among the candidates of the newest result (its recorded
-  ``date``); a result merged from several calls carries the date of its last call.
+  ``date``) that has the figure; a result merged from several calls carries the date of its
+  last call.
 
 A goal is **met** only when the whole interval clears it (``bench.results.goal_checks``'s rule).
 A goal that is about every stage is judged on a result's deciding stage (the one whose interval
@@ -22,6 +23,7 @@ measured every stage.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +38,10 @@ PEER_FIX_NOTE = "(before the peer fix)"
 NOT_RECORDED = "not recorded"
 SELECTION_RULE = (
     "Best is the figure whose deciding bound (the upper bound of a maximum, the lower bound of a "
-    "minimum) is closest to meeting the goal; latest is the same choice within the newest "
-    "result by its recorded date; a goal about every stage is judged on a result's deciding "
-    "stage, and a goal about the whole pipeline only on results that measured every stage."
+    "minimum) is closest to meeting the goal; latest is the same choice within the newest result, "
+    "by its recorded date, that has the figure; a goal about every stage is judged on a result's "
+    "deciding stage, and a goal about every stage or the whole pipeline only on results that "
+    "measured every stage."
 )
 
 
@@ -187,7 +190,11 @@ def _deciding_stage(
             side = "hi" if kind == "max" else "lo"
             sign = 1 if kind == "max" else -1
             worst = max(rows, key=lambda r: sign * _bound(r, f"{figure}_{side}_frac"))
-            where = "" if len(covered) == stages else f", stages {', '.join(map(str, covered))}"
+            where = (
+                ""
+                if len(covered) == stages
+                else f", stage{'s' if len(covered) > 1 else ''} {', '.join(map(str, covered))}"
+            )
             out.append(
                 Candidate(s, f"{_label(run)}, {mode}{where}; deciding stage {worst['stage']} · "
                           f"{worst['task']}", _num(worst[f"{figure}_frac"]),
@@ -398,5 +405,5 @@ def goal_table(sources: Sequence[Source], *, peer_fix_date: str | None = None) -
             rows,
         ),
         "",
-        SELECTION_RULE,
+        *textwrap.wrap(SELECTION_RULE, 100),
     ]
