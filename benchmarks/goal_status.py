@@ -16,7 +16,7 @@ The rule for the two figures of a row, stated once under the table (``SELECTION_
 
 A goal is **met** only when the whole interval clears it (``bench.results.goal_checks``'s rule).
 A goal that is about every stage is judged on a result's deciding stage (the one whose interval
-is furthest from the goal), and the goals about the whole pipeline read only results that
+is furthest from the goal); it and the goals about the whole pipeline read only results that
 measured every stage.
 """
 
@@ -32,8 +32,8 @@ from freeride_lab.bench.markdown import fmt_interval, fmt_pct, md_table
 from freeride_lab.bench.profiles import GOALS as RECORDED_GOALS
 from freeride_lab.bench.stats import GATED_MODES, overhead_interval
 
-#: The first result measured with emulated peers that last what they stand for (sleeping to a
-#: deadline); an emulated-peer result recorded before it has peer overrun in its measured idle.
+#: The mark of a figure from an emulated-peer result recorded before the peers lasted what they
+#: stand for: its measured idle includes the peers' overrun.
 PEER_FIX_NOTE = "(before the peer fix)"
 NOT_RECORDED = "not recorded"
 SELECTION_RULE = (
@@ -86,7 +86,6 @@ class GoalStatus:
     goal: Goal
     best: Candidate | None
     latest: Candidate | None
-    note: str = ""
 
     @property
     def met(self) -> bool:
@@ -187,9 +186,8 @@ def _deciding_stage(
                 continue
             if m is not None and _microbatches(run) != m:
                 continue
-            side = "hi" if kind == "max" else "lo"
-            sign = 1 if kind == "max" else -1
-            worst = max(rows, key=lambda r: sign * _bound(r, f"{figure}_{side}_frac"))
+            side, sign = ("hi", 1.0) if kind == "max" else ("lo", -1.0)
+            worst = max(rows, key=lambda r: _distance(sign, r.get(f"{figure}_{side}_frac")))
             where = (
                 ""
                 if len(covered) == stages
@@ -206,9 +204,11 @@ def _deciding_stage(
     return figures
 
 
-def _bound(r: Mapping[str, Any], key: str) -> float:
-    v = _num(r.get(key))
-    return v if math.isfinite(v) else math.inf  # no interval: the furthest from any goal
+def _distance(sign: float, bound: Any) -> float:
+    """How far a deciding bound lies on the failing side (``sign`` +1 for a maximum, -1 for a
+    minimum); a figure without an interval is the furthest from any goal."""
+    v = _num(bound)
+    return sign * v if math.isfinite(v) else math.inf
 
 
 def _clock_loss(s: Source) -> list[Candidate]:
@@ -287,7 +287,7 @@ _EDGES = (
 )
 
 #: One row per goal. The four thresholds each bench result records (``bench.profiles.GOALS``)
-#: are read from there; the rest are the project's goals as stated in this document.
+#: are read from there; the rest are the goals BENCHMARKS.md states beside its results.
 GOALS: tuple[Goal, ...] = (
     *(
         Goal(f"harvest of the measured idle, every stage, M = {m}", "min",

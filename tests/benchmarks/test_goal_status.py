@@ -87,6 +87,11 @@ def test_a_goal_about_every_stage_is_judged_on_its_deciding_stage() -> None:
     assert not row.met
     assert row.best.lo == threshold - 0.01
     assert status(goal_status.goal_rows([both_over]), HARVEST_M4).met
+    # a stage without an interval decides: nothing is known to clear the goal there
+    no_interval = bench("2026-01-03T00:00:00", mean=(0, -1, 1),
+                        harvest_lo=(threshold + 0.01, float("nan")))  # fmt: skip
+    row = status(goal_status.goal_rows([no_interval]), HARVEST_M4)
+    assert not row.met and row.best.what.endswith("deciding stage 1 · t")
 
 
 def test_best_is_closest_to_the_goal_latest_is_the_newest_and_old_runs_are_marked() -> None:
