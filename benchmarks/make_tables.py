@@ -29,6 +29,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from goal_status import Source, goal_table
+
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
     fmt_frac_interval,
@@ -147,6 +149,9 @@ EMULATED_IDLE = (
     ("emulated-idle-h200-2026-12-04-b-deadline.json", "sleep to a deadline"),
     ("emulated-idle-h200-2026-12-04-c-wires.json", "sleep to a deadline"),
 )
+#: The first result whose emulated peers last what they stand for (every sleep to a deadline):
+#: an emulated-peer result recorded before it has the peers' overrun in its measured idle.
+PEER_FIX = H200_ZB_EMULATION[-1][0]
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
@@ -862,7 +867,35 @@ def emulated_idle() -> list[str]:
     )  # fmt: skip
 
 
+def goal_sources() -> list[Source]:
+    """Every H200 result the tables above report, for "Where each goal stands": the bench
+    results (a run measured over several calls read as one, dated by its last call) and the
+    timing benchmarks."""
+    runs: list[tuple[str, ...]] = [(H200_M4,), (H200_M8,), H200_SPLIT, (H200_INSTRUMENT,),
+                                   (H200_MERGED,), *((n,) for n in H200_ANNOUNCE),
+                                   tuple(n for n, _ in H200_IDLE_SPLIT)]  # fmt: skip
+    for files in (H200_LEVERS, H200_TRICKLE, H200_INFERENCE, H200_INFERENCE_TOKENS, H200_GRAPHS,
+                  H200_MPS_GRAPHS, H200_SCHEDULES, H200_ZB_EMULATION):  # fmt: skip
+        runs += [(n,) for n, _ in files if (n,) not in runs]
+    out = [
+        Source(" + ".join(n.removesuffix(".json") for n in names),
+               max(raw(n)["date"] for n in names),
+               result(names[0]) if len(names) == 1 else merged(names))
+        for names in runs
+    ]  # fmt: skip
+    out += [
+        Source(n.removesuffix(".json"), raw(n)["date"], raw(n))
+        for n in (*TIMING_OVERHEAD, *TIMING_OVERHEAD_C, TIMING_OVERHEAD_D)
+    ]
+    return out
+
+
+def goals_now() -> list[str]:
+    return goal_table(goal_sources(), peer_fix_date=raw(PEER_FIX)["date"])
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h200-goals-now": goals_now,
     "h200-12-04g-emulated-idle": emulated_idle,
     "h200-12-04g-zb-emulation": lambda: schedules(H200_ZB_EMULATION),
     "h200-12-04f-schedules": schedules,
