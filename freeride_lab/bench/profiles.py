@@ -42,8 +42,9 @@ _SHORT = ("vanilla", "managed", "naive")  # the later runs of --quick: no govern
 
 #: The benchmark's goals, with FreeRide's published numbers (paper notes §14) beside them.
 GOALS: dict[str, Any] = {
-    "overhead_mean_frac_max": 0.003,
+    "overhead_mean_frac_max": 0.003,  # one stage harvesting at a time, mean over stages
     "overhead_worst_frac_max": 0.006,
+    "overhead_all_stages_frac_max": 0.01,  # the estimate with every stage harvesting
     "harvest_of_limit_frac_min": 0.9,
     "saving_corrected_frac_min": 0.10,
     "freeride_published": {
