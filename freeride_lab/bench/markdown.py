@@ -187,6 +187,12 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"{result.get('machine', {}).get('cpu_count')} CPUs; elapsed {result.get('elapsed_s')} s",
         "",
     ]
+    if v.get("freeride_lab_source"):  # results from before it was recorded have none
+        lines[-1:-1] = [
+            f"freeride_lab sources {v['freeride_lab_source']}, commit "
+            f"{v.get('freeride_lab_commit') or 'not a git checkout'}",
+            "",
+        ]
     if device == "cpu":
         lines += ["**CPU figures** (the real stage computed on the CPU): a check of the "
                   "harness, not GPU results.", ""]  # fmt: skip

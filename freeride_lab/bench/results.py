@@ -18,11 +18,13 @@ goal_checks (``goal_checks``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import platform
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +49,7 @@ __all__ = [
     "jsonable",
     "machine",
     "segment_speeds",
+    "source_digest",
     "versions",
     "write_results",
 ]
@@ -362,14 +365,46 @@ def versions() -> dict[str, Any]:
         handle = nvml.query("nvmlDeviceGetHandleByIndex", 0, default=None)
         name = None if handle is None else nvml.query("nvmlDeviceGetName", handle, default=None)
         gpu = name.decode() if isinstance(name, bytes) else name
+    package = Path(__file__).resolve().parents[1]
     return {
         **software_versions(),
+        # which code measured: a digest of the package's sources (the same for the same
+        # tree wherever it runs) and the commit where the tree is a git checkout
+        "freeride_lab_source": source_digest(package),
+        "freeride_lab_commit": _git_commit(package),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "driver": nvml.driver_version(),
         "gpu": gpu,
         "nvml": nvml.unavailable_reason() or "ok",
     }
+
+
+def source_digest(package: Path) -> str:
+    """The first 16 hex digits of a SHA-256 over the package's ``.py`` files (paths and bytes,
+    in path order): two trees with the same sources give the same digest."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _git_commit(package: Path) -> str | None:
+    """HEAD of the git checkout holding ``package`` (with "+changes" if the tree differs from
+    it); None where there is no checkout or no git."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(package), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(package), "status", "--porcelain", "--untracked-files=no", "."],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+changes" if dirty else head
 
 
 def machine() -> dict[str, Any]:

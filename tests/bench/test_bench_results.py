@@ -350,3 +350,18 @@ def test_results_recorded_before_the_idle_split_still_summarize() -> None:
     summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
     assert summary["idle_tail_frac"].isna().all()
     assert "idle time went" not in bench_markdown.markdown({"summary": summary.to_dict("records")})
+
+
+def test_a_results_source_digest_tells_apart_the_code_that_measured(tmp_path: Path) -> None:
+    def tree(name: str, body: str) -> Path:
+        root = tmp_path / name
+        (root / "core").mkdir(parents=True)
+        (root / "core" / "a.py").write_text(body)
+        (root / "notes.txt").write_text(name)  # not source: not in the digest
+        return root
+
+    same = bench_results.source_digest(tree("one", "x = 1\n"))
+    assert bench_results.source_digest(tree("two", "x = 1\n")) == same
+    assert bench_results.source_digest(tree("three", "x = 2\n")) != same
+    recorded = bench_results.versions()
+    assert len(recorded["freeride_lab_source"]) == 16 and "freeride_lab_commit" in recorded
