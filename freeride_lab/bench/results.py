@@ -408,11 +408,15 @@ def _git_commit(package: Path) -> str | None:
 
 
 def machine() -> dict[str, Any]:
+    from freeride_lab.gpu import nvml
+
     return {
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         "host": platform.node(),
+        # the board's power cap, which the board power of each block is judged against
+        "power_limit_w": nvml.power_limit_w(),
     }
 
 

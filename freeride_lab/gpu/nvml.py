@@ -180,6 +180,18 @@ def device_name(index: int = 0) -> str:
     return _text(query("nvmlDeviceGetName", handle, default=""))
 
 
+def power_limit_w(index: int = 0) -> float | None:
+    """The board's enforced power cap of NVML device ``index`` in W (``nvidia-smi``'s
+    power.limit); None where NVML cannot tell."""
+    if not is_available():
+        return None
+    handle = query("nvmlDeviceGetHandleByIndex", index, default=None)
+    if handle is None:
+        return None
+    milliwatts = query("nvmlDeviceGetEnforcedPowerLimit", handle, default=None)
+    return None if milliwatts is None else float(milliwatts) / 1000.0  # NVML reports mW
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -58,6 +58,17 @@ def test_query_returns_the_default_without_nvml():
 
 
 @needs_no_nvml
+def test_the_power_cap_is_read_in_watts_and_none_without_nvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(nvml, "is_available", lambda: False)
+    assert nvml.power_limit_w() is None
+    answers = {"nvmlDeviceGetHandleByIndex": "gpu0", "nvmlDeviceGetEnforcedPowerLimit": 700_000}
+    monkeypatch.setattr(nvml, "is_available", lambda: True)
+    monkeypatch.setattr(nvml, "query", lambda name, *args, default=None: answers[name])
+    assert nvml.power_limit_w() == 700.0
+
+
 def test_sampler_without_nvml_starts_no_thread():
     sampler = NvmlSampler().start()
     assert not sampler.running
