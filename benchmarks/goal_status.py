@@ -312,6 +312,8 @@ GOALS: tuple[Goal, ...] = (
          _pipeline("latency_p50_ms", every_stage=False), _EDGES),
     Goal("bubble edge → side-task step, p99 (end to end)", "max", 0.200, "ms",
          _pipeline("latency_p99_ms", every_stage=False), _EDGES),
+    Goal("bubble end → no new side-task step, p99", "max", 0.200, "ms",
+         _pipeline("pause_p99_ms", every_stage=False), _EDGES),
     Goal("FreeRide-formula saving, overhead-corrected", "min",
          RECORDED_GOALS["saving_corrected_frac_min"], "frac",
          _pipeline("saving_corrected_frac", every_stage=True),

@@ -301,6 +301,7 @@ def block_row(
         s = s[s["task_id"] == b["task_id"]]
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
+    pause: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
@@ -313,7 +314,10 @@ def block_row(
             elif key in open_:
                 pairs.append((open_.pop(key), int(e["t_ns"])))
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
-        latency = bs.signal_latency_ms([p[0] for p in pairs], [p[1] for p in pairs], step_ns)
+        starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
+        latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
+        if b["mode"] != "trickle":  # trickle steps run between bubbles by design
+            pause = bs.pause_latency_ms(starts_ns, ends_ns, step_ns)
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
@@ -345,6 +349,7 @@ def block_row(
         "overruns": overruns.overruns,
         "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,
+        "pause_ms": pause,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),
         "step_ms": [round(x, 4) for x in periods],

@@ -60,6 +60,7 @@ __all__ = [
     "overhead_interval",
     "overlap_ms",
     "paired_ratios",
+    "pause_latency_ms",
     "percentile",
     "pipeline_cost",
     "signal_latency_ms",
@@ -109,6 +110,9 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     "overruns",  # side-task steps that ran past their bubble's end
     "overrun_ms_total",
     "latency_ms",  # tuple: bubble start edge → first side-task step start, per bubble used
+    # tuple: bubble end edge → the last side-task step that still started after it (0 when
+    # none did), per bubble used; empty in trickle blocks, whose steps run between bubbles
+    "pause_ms",
     "sm_clock_mhz",  # median NVML SM clock in the block (NaN without NVML)
     "power_w",  # median NVML board power in the block (NaN without NVML)
 )
@@ -289,6 +293,35 @@ def signal_latency_ms(
         i = int(np.searchsorted(steps, s, side="left"))
         if i < steps.size and steps[i] < e:
             out.append(float(steps[i] - s) / 1e6)
+    return out
+
+
+def pause_latency_ms(
+    edge_start_ns: Sequence[int], edge_end_ns: Sequence[int], step_start_ns: Sequence[int]
+) -> list[float]:
+    """Bubble end → the last side-task step that still started after it, for every bubble a
+    step started in: how long the task went on launching new work once training had resumed
+    (0 where no step started late). A step starting at or after a bubble's end edge and before
+    the next bubble's start edge is late for that bubble.
+
+    Args:
+        edge_start_ns, edge_end_ns: the bubbles' start and end edges (pairs, same length).
+        step_start_ns: side-task step starts.
+    """
+    if len(edge_start_ns) != len(edge_end_ns):
+        raise ValueError(
+            f"{len(edge_start_ns)} start edges but {len(edge_end_ns)} end edges; pass pairs"
+        )
+    steps = np.sort(np.asarray(step_start_ns, dtype=np.int64))
+    pairs = sorted(zip(edge_start_ns, edge_end_ns, strict=True))
+    out: list[float] = []
+    for k, (s, e) in enumerate(pairs):
+        first = int(np.searchsorted(steps, s, side="left"))
+        if first >= steps.size or steps[first] >= e:
+            continue  # no step started in this bubble: the task did not use it
+        until = pairs[k + 1][0] if k + 1 < len(pairs) else np.iinfo(np.int64).max
+        late = steps[(steps >= e) & (steps < until)]
+        out.append(float(late[-1] - e) / 1e6 if late.size else 0.0)
     return out
 
 

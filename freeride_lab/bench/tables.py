@@ -93,6 +93,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "side_steps",
     "latency_p50_ms",
     "latency_p99_ms",
+    "pause_p99_ms",  # bubble end → the last side-task step started after it (pooled)
     # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
     # bootstrap interval): the tail a training job feels, which a mean hides
     *_with_interval("step_p99_inflation", "frac"),
@@ -130,7 +131,20 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
     *_with_interval("saving_corrected", "frac"),
     *_with_interval("latency_p50", "ms"),  # pooled over blocks; block bootstrap interval
     *_with_interval("latency_p99", "ms"),
+    *_with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
 )
+
+
+#: Block columns that results recorded before them lack (``with_later_columns`` fills them).
+_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms")
+
+
+def with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
+    """``blocks`` with what older results did not record read as not measured: NaN for the
+    idle split, no pauses (an empty tuple) where a block has no list of them."""
+    blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
+    pauses = blocks["pause_ms"] if "pause_ms" in blocks.columns else [None] * len(blocks)
+    return blocks.assign(pause_ms=[tuple(x) if isinstance(x, list | tuple) else () for x in pauses])
 
 
 def summarize_blocks(
@@ -161,11 +175,10 @@ def summarize_blocks(
         share of the segment's vanilla blocks (the measured limit; intervals by the delta
         method, the two come from different blocks).
     """
-    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns and c not in IDLE_SPLIT_COLUMNS]
+    missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns and c not in _LATER_COLUMNS]
     if missing:
         raise ValueError(f"blocks lack column(s) {missing}; expected {', '.join(BLOCK_COLUMNS)}")
-    # blocks recorded before the idle time was split read as NaN there
-    blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
+    blocks = with_later_columns(blocks)
     rows: list[dict[str, object]] = []
     keys = ["run", "case", "stage", "task"]
     for key, seg in blocks.groupby(keys, sort=False):
@@ -246,6 +259,7 @@ def summarize_blocks(
                     "side_steps": int(b["side_steps"].sum()),
                     "latency_p50_ms": percentile(latencies, 50),
                     "latency_p99_ms": percentile(latencies, 99),
+                    "pause_p99_ms": percentile((x for t in b["pause_ms"] for x in t), 99),
                     **_interval_columns(
                         "step_p99_inflation",
                         "frac",
@@ -321,6 +335,7 @@ def pipeline_summary(
         published, corrected, x = _cost_intervals(g, all_stages, reference_keys, model)
         b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
         groups = [list(t) for t in b["latency_ms"]]
+        pauses = [list(t) for t in with_later_columns(b)["pause_ms"] if t]
         rows.append(
             {
                 "run": run,
@@ -346,6 +361,7 @@ def pipeline_summary(
                 **_interval_columns("saving_corrected", "frac", corrected),
                 **_interval_columns("latency_p50", "ms", bootstrap_percentile_interval(groups, 50)),
                 **_interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
+                **_interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
             }
         )
     return pd.DataFrame(rows, columns=list(PIPELINE_COLUMNS))

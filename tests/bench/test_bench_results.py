@@ -352,6 +352,32 @@ def test_results_recorded_before_the_idle_split_still_summarize() -> None:
     assert "idle time went" not in bench_markdown.markdown({"summary": summary.to_dict("records")})
 
 
+@pytest.mark.parametrize(("mode", "pauses"), [("managed", [4.0]), ("trickle", [])])
+def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_ended(
+    mode: str, pauses: list[float]
+) -> None:
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    side = pd.DataFrame(
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0]
+         for start in (2.0, 12.0)],  # one step in the bubble [1, 8) ms, one 4 ms after its end
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )  # fmt: skip
+    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    edges = [
+        {"rank": 0, "step": 0, "slot": 1, "edge": edge, "t_ns": t * 10**6}
+        for edge, t in (("start", 1), ("end", 8))
+    ]
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": mode, "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 0}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
+                                  edges, [], 0)  # fmt: skip
+    assert row is not None and row["pause_ms"] == pauses
+    assert row["latency_ms"] == [1.0]  # the bubble opened at 1 ms, its first step at 2 ms
+
+
 def test_a_results_source_digest_tells_apart_the_code_that_measured(tmp_path: Path) -> None:
     def tree(name: str, body: str) -> Path:
         root = tmp_path / name

@@ -115,6 +115,20 @@ def test_signal_latency_leaves_out_bubbles_no_step_started_in() -> None:
     assert bs.signal_latency_ms([0, 100 * ms], [50 * ms, 150 * ms], [60 * ms]) == []
 
 
+def test_pause_latency_is_bubble_end_to_the_last_step_that_still_started_after_it() -> None:
+    ms = 1_000_000
+    bubbles = ([0, 100 * ms, 200 * ms], [50 * ms, 150 * ms, 250 * ms])
+    # bubble 1: steps at 2 and 10, then two late starts at 51 and 53 (before bubble 2 opens);
+    # bubble 2: one step inside, none late; bubble 3: no step at all (not used)
+    steps = [2 * ms, 10 * ms, 51 * ms, 53 * ms, 101 * ms]
+    assert bs.pause_latency_ms(*bubbles, steps) == [3.0, 0.0]
+
+
+def test_a_step_in_the_next_bubble_is_not_late_for_the_one_before() -> None:
+    ms = 1_000_000
+    assert bs.pause_latency_ms([0, 100 * ms], [50 * ms, 150 * ms], [1 * ms, 100 * ms]) == [0.0, 0.0]
+
+
 def test_dedicated_throughput_skips_the_warm_up_steps() -> None:
     speed = bs.dedicated_throughput_per_s([64, 64, 64, 64], [500.0, 200.0, 16.0, 16.0], skip=2)
     assert speed == pytest.approx(128 / 0.032)
