@@ -256,3 +256,16 @@ def test_a_schedule_and_its_chunks_reach_every_runs_config(tmp_path: Path) -> No
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}
+
+
+@slow
+def test_tiny_bench_times_how_long_side_tasks_start_steps_after_their_bubbles_end(
+    tiny_result: dict[str, object],
+) -> None:
+    rows = {r["mode"]: r for r in tiny_result["pipeline"]}  # type: ignore[union-attr]
+    for mode in ("managed", "governed"):
+        pause = rows[mode]["pause_p99_ms"]
+        assert pause is not None and pause >= 0.0, rows[mode]
+    assert rows["naive"]["pause_p99_ms"] is None  # naive co-location runs through everything
+    blocks = [b for b in tiny_result["blocks"] if b["mode"] == "managed"]  # type: ignore[union-attr]
+    assert any(b["pause_ms"] for b in blocks)
