@@ -34,8 +34,9 @@ How it is built:
   step of its parameters; medians of ``calibrate_iters`` after ``calibrate_warmup``. Under a
   zero-bubble schedule B is timed as its two halves, the way a stage runs them: I (the input's
   gradient) and then W (the weights'), each closed by a synchronise. In the run, a real rank's
-  W is closed the same way (``Emulation.settle``, [Note: settled W] in ``pipeline.timed_stage``):
-  torch's W only launches its kernels, and would otherwise end on the host before they did.
+  W and optimizer step are closed the same way (``Emulation.settle``, [Note: settled W] in
+  ``pipeline.timed_stage``): both only launch their kernels, and would otherwise end on the host
+  before the kernels did.
 - **Loss.** A real last stage keeps its logits on the device and computes its loss there,
   inside its F as torch does, closed by a synchronise (``Emulation.loss``); a sleeping one
   sleeps a calibrated F that holds the loss and computes only a stand-in (the mean of its
@@ -339,7 +340,8 @@ class Emulation:
             torch.cuda.synchronize(self.device)
 
     def settle(self) -> None:
-        """The end of a W: wait for the device on a rank that computes for real this step
+        """The end of a W or of the optimizer step: wait for the device on a rank that
+        computes for real this step, so the host clock sees the action end when its kernels do
         (``timed_stage.SettledStage``, [Note: settled W]); a sleeping rank has nothing queued."""
         if self.is_real:
             self._sync()

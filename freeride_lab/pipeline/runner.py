@@ -321,6 +321,8 @@ class RankRunner:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.emulation is not None:  # a real rank's step ends when its kernels do
+                self.emulation.settle()
 
     def _keep_loss(self, step: int, losses: list[torch.Tensor]) -> None:
         """The step's mean loss, copied to the host without waiting. It is read when the

@@ -32,6 +32,7 @@ from freeride_lab.pipeline.emulate import (
 )
 from freeride_lab.pipeline.launcher import RunState
 from freeride_lab.pipeline.models import GPTConfig, StageChunk, build_stage_chunks
+from freeride_lab.pipeline.runner import RankRunner
 from freeride_lab.pipeline.stage_build import text_loss
 
 B, T, W, D = 2, 8, 4, 16
@@ -279,6 +280,25 @@ def test_a_real_rank_settles_its_w_on_the_device_and_a_sleeping_one_does_not(
     emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
     emulation.control = Control(seq=1, real_rank=real_rank)
     emulation.settle()
+    assert waited == [torch.device("cuda:0")] * syncs
+
+
+@pytest.mark.parametrize(("real_rank", "syncs"), [(1, 1), (0, 0)], ids=["real", "sleeping"])
+def test_a_real_ranks_optimizer_step_ends_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_rank: int, syncs: int
+) -> None:
+    # run_step stamps the optimizer's end right after _optimizer_step returns
+    waited: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+    runner = object.__new__(RankRunner)  # the two attributes the optimizer step uses
+    weight = torch.nn.Parameter(torch.ones(2))
+    weight.grad = torch.ones(2)
+    runner.optimizer = torch.optim.SGD([weight], lr=0.5)
+    runner.emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
+    runner.emulation.control = Control(seq=1, real_rank=real_rank)
+    runner._optimizer_step()
+    assert weight.tolist() == [0.5, 0.5] and weight.grad is None
     assert waited == [torch.device("cuda:0")] * syncs
 
 
