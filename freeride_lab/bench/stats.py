@@ -283,17 +283,8 @@ def signal_latency_ms(
         edge_start_ns, edge_end_ns: the bubbles' start and end edges (pairs, same length).
         step_start_ns: side-task step starts.
     """
-    if len(edge_start_ns) != len(edge_end_ns):
-        raise ValueError(
-            f"{len(edge_start_ns)} start edges but {len(edge_end_ns)} end edges; pass pairs"
-        )
-    steps = np.sort(np.asarray(step_start_ns, dtype=np.int64))
-    out: list[float] = []
-    for s, e in sorted(zip(edge_start_ns, edge_end_ns, strict=True)):
-        i = int(np.searchsorted(steps, s, side="left"))
-        if i < steps.size and steps[i] < e:
-            out.append(float(steps[i] - s) / 1e6)
-    return out
+    _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
+    return [float(first - start) / 1e6 for start, _, _, first in used]
 
 
 def pause_latency_ms(
@@ -304,25 +295,35 @@ def pause_latency_ms(
     (0 where no step started late). A step starting at or after a bubble's end edge and before
     the next bubble's start edge is late for that bubble.
 
-    Args:
-        edge_start_ns, edge_end_ns: the bubbles' start and end edges (pairs, same length).
-        step_start_ns: side-task step starts.
+    Args: as ``signal_latency_ms``.
     """
+    steps, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
+    out: list[float] = []
+    for _, end, until, _ in used:
+        late = steps[(steps >= end) & (steps < until)]
+        out.append(float(late[-1] - end) / 1e6 if late.size else 0.0)
+    return out
+
+
+def _used_bubbles(
+    edge_start_ns: Sequence[int], edge_end_ns: Sequence[int], step_start_ns: Sequence[int]
+) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """The sorted step starts, and (start, end, next bubble's start, first step start) of
+    every bubble, in time order, that a step started in."""
     if len(edge_start_ns) != len(edge_end_ns):
         raise ValueError(
             f"{len(edge_start_ns)} start edges but {len(edge_end_ns)} end edges; pass pairs"
         )
     steps = np.sort(np.asarray(step_start_ns, dtype=np.int64))
     pairs = sorted(zip(edge_start_ns, edge_end_ns, strict=True))
-    out: list[float] = []
-    for k, (s, e) in enumerate(pairs):
-        first = int(np.searchsorted(steps, s, side="left"))
-        if first >= steps.size or steps[first] >= e:
-            continue  # no step started in this bubble: the task did not use it
-        until = pairs[k + 1][0] if k + 1 < len(pairs) else np.iinfo(np.int64).max
-        late = steps[(steps >= e) & (steps < until)]
-        out.append(float(late[-1] - e) / 1e6 if late.size else 0.0)
-    return out
+    never = int(np.iinfo(np.int64).max)
+    used = []
+    for k, (start, end) in enumerate(pairs):
+        i = int(np.searchsorted(steps, start, side="left"))
+        if i < steps.size and steps[i] < end:
+            until = pairs[k + 1][0] if k + 1 < len(pairs) else never
+            used.append((int(start), int(end), int(until), int(steps[i])))
+    return steps, used
 
 
 # -- side-task speed, harvest, cost ---------------------------------------------------------

@@ -269,37 +269,47 @@ def test_calibration_times_w_apart_under_a_zero_bubble_schedule_except_on_the_fi
         assert costs[1] is not None and 0.0 < costs[1].weight_s < costs[1].backward_s
 
 
-@pytest.mark.parametrize(("real_rank", "syncs"), [(1, 1), (0, 0)], ids=["real", "sleeping"])
+class _CudaWaits:
+    """Rank 1's emulation on "cuda:0", real or sleeping this step, and the device waits it
+    asks for (``torch.cuda.synchronize`` recorded instead of run)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_rank: int) -> None:
+        self.waited: list[torch.device] = []
+        monkeypatch.setattr(torch.cuda, "synchronize", self.waited.append)
+        spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+        self.emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
+        self.emulation.control = Control(seq=1, real_rank=real_rank)
+
+
+REAL_OR_SLEEPING = pytest.mark.parametrize(
+    ("real_rank", "syncs"), [(1, 1), (0, 0)], ids=["real", "sleeping"]
+)
+
+
+@REAL_OR_SLEEPING
 def test_a_real_rank_settles_its_w_on_the_device_and_a_sleeping_one_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_rank: int, syncs: int
 ) -> None:
     # the stage calls settle() at the end of every W ([Note: settled W])
-    waited: list[torch.device] = []
-    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
-    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
-    emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
-    emulation.control = Control(seq=1, real_rank=real_rank)
-    emulation.settle()
-    assert waited == [torch.device("cuda:0")] * syncs
+    cuda = _CudaWaits(tmp_path, monkeypatch, real_rank)
+    cuda.emulation.settle()
+    assert cuda.waited == [torch.device("cuda:0")] * syncs
 
 
-@pytest.mark.parametrize(("real_rank", "syncs"), [(1, 1), (0, 0)], ids=["real", "sleeping"])
+@REAL_OR_SLEEPING
 def test_a_real_ranks_optimizer_step_ends_on_the_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_rank: int, syncs: int
 ) -> None:
     # run_step stamps the optimizer's end right after _optimizer_step returns
-    waited: list[torch.device] = []
-    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
-    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+    cuda = _CudaWaits(tmp_path, monkeypatch, real_rank)
     runner = object.__new__(RankRunner)  # the two attributes the optimizer step uses
     weight = torch.nn.Parameter(torch.ones(2))
     weight.grad = torch.ones(2)
     runner.optimizer = torch.optim.SGD([weight], lr=0.5)
-    runner.emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
-    runner.emulation.control = Control(seq=1, real_rank=real_rank)
+    runner.emulation = cuda.emulation
     runner._optimizer_step()
     assert weight.tolist() == [0.5, 0.5] and weight.grad is None
-    assert waited == [torch.device("cuda:0")] * syncs
+    assert cuda.waited == [torch.device("cuda:0")] * syncs
 
 
 def test_a_real_rank_computes_the_cross_entropy_and_a_sleeping_one_a_stand_in(
