@@ -135,11 +135,11 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
 )
 
 
-#: Block columns that results recorded before them lack (``with_later_columns`` fills them).
+#: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
 _LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms")
 
 
-def with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
+def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
     """``blocks`` with what older results did not record read as not measured: NaN for the
     idle split, no pauses (an empty tuple) where a block has no list of them."""
     blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
@@ -178,7 +178,7 @@ def summarize_blocks(
     missing = [c for c in BLOCK_COLUMNS if c not in blocks.columns and c not in _LATER_COLUMNS]
     if missing:
         raise ValueError(f"blocks lack column(s) {missing}; expected {', '.join(BLOCK_COLUMNS)}")
-    blocks = with_later_columns(blocks)
+    blocks = _with_later_columns(blocks)
     rows: list[dict[str, object]] = []
     keys = ["run", "case", "stage", "task"]
     for key, seg in blocks.groupby(keys, sort=False):
@@ -335,7 +335,7 @@ def pipeline_summary(
         published, corrected, x = _cost_intervals(g, all_stages, reference_keys, model)
         b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
         groups = [list(t) for t in b["latency_ms"]]
-        pauses = [list(t) for t in with_later_columns(b)["pause_ms"] if t]
+        pauses = [list(t) for t in _with_later_columns(b)["pause_ms"] if t]
         rows.append(
             {
                 "run": run,
