@@ -317,7 +317,10 @@ def block_row(
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
-            pause = bs.pause_latency_ms(starts_ns, ends_ns, step_ns)
+            # a bubble still open when the block's window closes bounds the one before it
+            pause = bs.pause_latency_ms(
+                starts_ns, ends_ns, step_ns, open_start_ns=list(open_.values())
+            )
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)

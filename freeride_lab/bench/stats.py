@@ -288,16 +288,22 @@ def signal_latency_ms(
 
 
 def pause_latency_ms(
-    edge_start_ns: Sequence[int], edge_end_ns: Sequence[int], step_start_ns: Sequence[int]
+    edge_start_ns: Sequence[int],
+    edge_end_ns: Sequence[int],
+    step_start_ns: Sequence[int],
+    *,
+    open_start_ns: Sequence[int] = (),
 ) -> list[float]:
     """Bubble end → the last side-task step that still started after it, for every bubble a
     step started in: how long the task went on launching new work once training had resumed
     (0 where no step started late). A step starting at or after a bubble's end edge and before
     the next bubble's start edge is late for that bubble.
 
-    Args: as ``signal_latency_ms``.
+    Args: as ``signal_latency_ms``, and ``open_start_ns``: starts of bubbles whose end is not
+    among the edges (a block's window closed first). They are not timed, but a step in one is
+    not late for the bubble before it.
     """
-    steps, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
+    steps, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns, open_start_ns)
     out: list[float] = []
     for _, end, until, _ in used:
         late = steps[(steps >= end) & (steps < until)]
@@ -306,23 +312,27 @@ def pause_latency_ms(
 
 
 def _used_bubbles(
-    edge_start_ns: Sequence[int], edge_end_ns: Sequence[int], step_start_ns: Sequence[int]
+    edge_start_ns: Sequence[int],
+    edge_end_ns: Sequence[int],
+    step_start_ns: Sequence[int],
+    open_start_ns: Sequence[int] = (),
 ) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
     """The sorted step starts, and (start, end, next bubble's start, first step start) of
-    every bubble, in time order, that a step started in."""
+    every bubble, in time order, that a step started in; the next start may be an open one."""
     if len(edge_start_ns) != len(edge_end_ns):
         raise ValueError(
             f"{len(edge_start_ns)} start edges but {len(edge_end_ns)} end edges; pass pairs"
         )
     steps = np.sort(np.asarray(step_start_ns, dtype=np.int64))
-    pairs = sorted(zip(edge_start_ns, edge_end_ns, strict=True))
+    starts = np.sort(np.asarray([*edge_start_ns, *open_start_ns], dtype=np.int64))
     never = int(np.iinfo(np.int64).max)
     used = []
-    for k, (start, end) in enumerate(pairs):
+    for start, end in sorted(zip(edge_start_ns, edge_end_ns, strict=True)):
         i = int(np.searchsorted(steps, start, side="left"))
         if i < steps.size and steps[i] < end:
-            until = pairs[k + 1][0] if k + 1 < len(pairs) else never
-            used.append((int(start), int(end), int(until), int(steps[i])))
+            k = int(np.searchsorted(starts, start, side="right"))
+            until = int(starts[k]) if k < starts.size else never
+            used.append((int(start), int(end), until, int(steps[i])))
     return steps, used
 
 

@@ -378,6 +378,28 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     assert row["latency_ms"] == [1.0]  # the bubble opened at 1 ms, its first step at 2 ms
 
 
+def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None:
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    side = pd.DataFrame(
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0]
+         for start in (2.0, 15.0)],  # one step in [1, 8), one in the bubble opened at 14 ms
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )  # fmt: skip
+    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    edges = [
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
+        for slot, edge, t in ((1, "start", 1), (1, "end", 8), (2, "start", 14))
+    ]  # the second bubble ends after the block's window (20 ms)
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "governed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 0}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
+                                  edges, [], 0)  # fmt: skip
+    assert row is not None and row["pause_ms"] == [0.0]
+
+
 def test_a_results_source_digest_tells_apart_the_code_that_measured(tmp_path: Path) -> None:
     def tree(name: str, body: str) -> Path:
         root = tmp_path / name
