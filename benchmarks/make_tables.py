@@ -156,6 +156,8 @@ PEER_FIX = H200_ZB_EMULATION[-1][0]
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
 CPU_DRY_RUN = "cpu-2026-12-04-dry-run.json"
+#: The first result with pause latency: the same CPU profile, managed and governed only.
+CPU_PAUSE = "cpu-2026-12-04-pause.json"
 
 #: FreeRide's published per-task results (paper notes §14; corrected = published - overhead).
 FREERIDE_TASKS: tuple[tuple[str, str, float, float | None, float], ...] = (
@@ -513,6 +515,27 @@ def cpu_dry_run() -> list[str]:
             rows,
         ),
     ]  # fmt: skip
+
+
+def cpu_pause() -> list[str]:
+    data = result(CPU_PAUSE)
+    rows = []
+    for r in data["pipeline"]:
+        blocks = [b for b in data["blocks"] if b["mode"] == r["mode"]]
+        used = [x for b in blocks for x in b["pause_ms"]]
+        rows.append(
+            [r["mode"], str(r["stages_covered"]), str(len(blocks)),
+             f"{sum(x > 0 for x in used)} of {len(used)}",
+             fmt_interval(r["pause_p99_ms"], r["pause_p99_lo_ms"], r["pause_p99_hi_ms"], 2,
+                          pct=False),
+             fmt_interval(r["latency_p99_ms"], r["latency_p99_lo_ms"], r["latency_p99_hi_ms"], 2,
+                          pct=False)]
+        )  # fmt: skip
+    return md_table(
+        ["mode (CPU)", "stages", "blocks", "bubbles used with a step started after their end",
+         "end → last late step p99 ms [95%]", "edge → step p99 ms [95%]"],
+        rows,
+    )  # fmt: skip
 
 
 def _idle_split_rows() -> list[tuple[str, dict[str, Any]]]:
@@ -937,6 +960,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "freeride-comparison": freeride_comparison,
     "cpu-2026-12-02": cpu_2026_12_02,
     "cpu-dry-run": cpu_dry_run,
+    "cpu-pause": cpu_pause,
     "timing-overhead-cpu": timing_overhead_cpu,
     "fidelity-cpu": fidelity_cpu,
 }
