@@ -519,23 +519,20 @@ def cpu_dry_run() -> list[str]:
 
 def cpu_pause() -> list[str]:
     data = result(CPU_PAUSE)
+
+    def ms(r: Mapping[str, Any], name: str) -> str:
+        return fmt_interval(r[f"{name}_ms"], r[f"{name}_lo_ms"], r[f"{name}_hi_ms"], 2, pct=False)
+
+    header = ["mode (CPU)", "stages", "blocks", "bubbles used with a step started after their end",
+              "end → last late step p99 ms [95%]", "edge → step p99 ms [95%]"]  # fmt: skip
     rows = []
     for r in data["pipeline"]:
-        blocks = [b for b in data["blocks"] if b["mode"] == r["mode"]]
-        used = [x for b in blocks for x in b["pause_ms"]]
-        rows.append(
-            [r["mode"], str(r["stages_covered"]), str(len(blocks)),
-             f"{sum(x > 0 for x in used)} of {len(used)}",
-             fmt_interval(r["pause_p99_ms"], r["pause_p99_lo_ms"], r["pause_p99_hi_ms"], 2,
-                          pct=False),
-             fmt_interval(r["latency_p99_ms"], r["latency_p99_lo_ms"], r["latency_p99_hi_ms"], 2,
-                          pct=False)]
-        )  # fmt: skip
-    return md_table(
-        ["mode (CPU)", "stages", "blocks", "bubbles used with a step started after their end",
-         "end → last late step p99 ms [95%]", "edge → step p99 ms [95%]"],
-        rows,
-    )  # fmt: skip
+        mine = [b for b in data["blocks"] if b["mode"] == r["mode"]]
+        used = [x for b in mine for x in b["pause_ms"]]
+        late = f"{sum(x > 0 for x in used)} of {len(used)}"
+        cells = [r["mode"], str(r["stages_covered"]), str(len(mine)), late]
+        rows.append([*cells, ms(r, "pause_p99"), ms(r, "latency_p99")])
+    return md_table(header, rows)
 
 
 def _idle_split_rows() -> list[tuple[str, dict[str, Any]]]:

@@ -263,9 +263,12 @@ def test_tiny_bench_times_how_long_side_tasks_start_steps_after_their_bubbles_en
     tiny_result: dict[str, object],
 ) -> None:
     rows = {r["mode"]: r for r in tiny_result["pipeline"]}  # type: ignore[union-attr]
-    for mode in ("managed", "governed"):
+    blocks: list[dict[str, object]] = tiny_result["blocks"]  # type: ignore[assignment]
+    timed = 0
+    for mode in ("managed", "governed"):  # a mode whose task used no bubble has no figure
+        used = [x for b in blocks if b["mode"] == mode for x in b["pause_ms"]]  # type: ignore[attr-defined]
         pause = rows[mode]["pause_p99_ms"]
-        assert pause is not None and pause >= 0.0, rows[mode]
+        assert (pause is not None and pause >= 0.0) if used else pause is None, rows[mode]
+        timed += len(used)
+    assert timed > 0  # the task used bubbles in at least one gated mode
     assert rows["naive"]["pause_p99_ms"] is None  # naive co-location runs through everything
-    blocks = [b for b in tiny_result["blocks"] if b["mode"] == "managed"]  # type: ignore[union-attr]
-    assert any(b["pause_ms"] for b in blocks)
