@@ -14,7 +14,7 @@ The rule for the two figures of a row, stated once under the table (``SELECTION_
   ``date``) that has the figure; a result merged from several calls carries the date of its
   last call.
 
-A goal is **met** only when the whole interval clears it (``bench.results.goal_checks``'s rule).
+A goal is **met** only when the whole interval clears it (``bench.results.clears_goal``).
 A goal that is about every stage is judged on a result's deciding stage (the one whose interval
 is furthest from the goal); it and the goals about the whole pipeline read only results that
 measured every stage.
@@ -30,6 +30,7 @@ from typing import Any
 
 from freeride_lab.bench.markdown import fmt_interval, fmt_pct, md_table
 from freeride_lab.bench.profiles import GOALS as RECORDED_GOALS
+from freeride_lab.bench.results import clears_goal
 from freeride_lab.bench.stats import GATED_MODES, overhead_interval
 
 #: The mark of a figure from an emulated-peer result recorded before the peers lasted what they
@@ -98,10 +99,7 @@ def _num(v: Any) -> float:
 
 def clears(goal: Goal, c: Candidate) -> bool:
     """Whether ``c``'s whole interval clears ``goal`` (False without an interval)."""
-    bound = c.hi if goal.kind == "max" else c.lo
-    if not math.isfinite(bound):
-        return False
-    return bound < goal.threshold if goal.kind == "max" else bound > goal.threshold
+    return bool(clears_goal(goal.kind, goal.threshold, c.lo, c.hi))
 
 
 def _rank(goal: Goal, c: Candidate) -> tuple[int, float]:

@@ -42,6 +42,7 @@ from freeride_lab.core.idle_use import idle_use
 __all__ = [
     "DEDICATED_COLUMNS",
     "block_row",
+    "clears_goal",
     "cost_model_dict",
     "default_out",
     "fill_tables",
@@ -221,6 +222,15 @@ GOAL_FIGURES: tuple[tuple[str, str, str, str], ...] = (
 )  # fmt: skip
 
 
+def clears_goal(kind: str, threshold: float, lo: float | None, hi: float | None) -> bool | None:
+    """Whether a 95% interval clears a goal: its upper bound under a maximum (``kind``
+    "max"), its lower bound over a minimum ("min"); None without that bound (None or NaN)."""
+    bound = hi if kind == "max" else lo
+    if bound is None or math.isnan(bound):
+        return None
+    return bound < threshold if kind == "max" else bound > threshold
+
+
 def goal_checks(
     pipeline: Sequence[Mapping[str, Any]],
     summary: Sequence[Mapping[str, Any]],
@@ -252,12 +262,7 @@ def goal_checks(
                 his = [s["overhead_hi_frac"] for s in stages]
                 hi = None if not his or any(h is None for h in his) else max(his)
                 lo = None
-            bound = hi if kind == "max" else lo
-            met = (
-                None
-                if bound is None
-                else (bound < threshold if kind == "max" else bound > threshold)
-            )
+            met = clears_goal(kind, threshold, lo, hi)
             out.append(
                 {
                     "run": row["run"],
