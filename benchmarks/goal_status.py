@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from freeride_lab.bench.markdown import fmt_interval, fmt_pct, md_table
+from freeride_lab.bench.markdown import fmt_interval, fmt_pct, md_table, run_label
 from freeride_lab.bench.profiles import GOALS as RECORDED_GOALS
 from freeride_lab.bench.results import clears_goal
 from freeride_lab.bench.stats import GATED_MODES, overhead_interval
@@ -111,11 +111,6 @@ def _rank(goal: Goal, c: Candidate) -> tuple[int, float]:
     return 0, bound - goal.threshold if goal.kind == "max" else goal.threshold - bound
 
 
-def _label(run: str) -> str:
-    m, _, how = run.partition("-")
-    return f"M = {m[1:]}, {'MPS' if how == 'mps' else 'time-sliced'}" if m[1:].isdigit() else run
-
-
 def _microbatches(run: str) -> int | None:
     m = run.partition("-")[0]
     return int(m[1:]) if m[1:].isdigit() else None
@@ -153,7 +148,7 @@ def _pipeline(
             n = int(s.data["config"]["stages"])
             stages = "" if every_stage else f", {r.get('stages_covered', '?')} of {n} stages"
             out.append(
-                Candidate(s, f"{_label(r['run'])}, {r['mode']}{stages}", _num(r[figure]),
+                Candidate(s, f"{run_label(r['run'])}, {r['mode']}{stages}", _num(r[figure]),
                           _num(r.get(f"{base}_lo{unit}")), _num(r.get(f"{base}_hi{unit}")))
             )  # fmt: skip
         return out
@@ -192,7 +187,7 @@ def _deciding_stage(
                 else f", stage{'s' if len(covered) > 1 else ''} {', '.join(map(str, covered))}"
             )
             out.append(
-                Candidate(s, f"{_label(run)}, {mode}{where}; deciding stage {worst['stage']} · "
+                Candidate(s, f"{run_label(run)}, {mode}{where}; deciding stage {worst['stage']} · "
                           f"{worst['task']}", _num(worst[f"{figure}_frac"]),
                           _num(worst.get(f"{figure}_lo_frac")),
                           _num(worst.get(f"{figure}_hi_frac")))
@@ -233,7 +228,7 @@ def _clock_loss(s: Source) -> list[Candidate]:
     stages = int(s.data["config"]["stages"])
     covered = {run: {st for r, st in segments if r == run} for run, _ in segments}
     return [
-        Candidate(s, f"{_label(run)}, {mode}; deciding stage {st}", v, lo, hi)
+        Candidate(s, f"{run_label(run)}, {mode}; deciding stage {st}", v, lo, hi)
         for (run, mode), (v, lo, hi, st) in worst.items()
         if len(covered[run]) >= stages
     ]
@@ -251,7 +246,7 @@ def _board_power_cap(s: Source) -> list[Candidate]:
         return []
     rows = [r for r in s.data.get("summary", []) if r["mode"] in GATED_MODES and r.get("power_w")]
     return [
-        Candidate(s, f"{_label(r['run'])}, {r['mode']}, stage {r['stage']}",
+        Candidate(s, f"{run_label(r['run'])}, {r['mode']}, stage {r['stage']}",
                   float(r["power_w"]) / cap - 1.0, math.nan, math.nan)
         for r in rows
     ]  # fmt: skip

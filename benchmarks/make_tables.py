@@ -35,11 +35,13 @@ from freeride_lab.bench.markdown import (
     NOT_MEASURED,
     fmt_frac_interval,
     fmt_interval,
+    fmt_ms_interval,
     fmt_num,
     fmt_pct,
     fmt_rate,
     markdown,
     md_table,
+    run_label,
 )
 from freeride_lab.bench.results import fill_tables
 from freeride_lab.bench.stats import GATED_MODES
@@ -217,14 +219,6 @@ def bench_results() -> list[str]:
         if isinstance(data, dict) and data.get("benchmark") == "bench":
             names.append(path.name)
     return names
-
-
-def run_label(run: str) -> str:
-    """ "m4-timeslice" → "M = 4, time-sliced"."""
-    found = re.fullmatch(r"m(\d+)-(timeslice|mps)", run)
-    if not found:
-        return run
-    return f"M = {found[1]}, {'time-sliced' if found[2] == 'timeslice' else 'MPS'}"
 
 
 def h200_rows() -> list[tuple[str, dict[str, Any]]]:
@@ -519,10 +513,6 @@ def cpu_dry_run() -> list[str]:
 
 def cpu_pause() -> list[str]:
     data = result(CPU_PAUSE)
-
-    def ms(r: Mapping[str, Any], name: str) -> str:
-        return fmt_interval(r[f"{name}_ms"], r[f"{name}_lo_ms"], r[f"{name}_hi_ms"], 2, pct=False)
-
     header = ["mode (CPU)", "stages", "blocks", "bubbles used with a step started after their end",
               "end → last late step p99 ms [95%]", "edge → step p99 ms [95%]"]  # fmt: skip
     rows = []
@@ -531,7 +521,7 @@ def cpu_pause() -> list[str]:
         used = [x for b in mine for x in b["pause_ms"]]
         late = f"{sum(x > 0 for x in used)} of {len(used)}"
         cells = [r["mode"], str(r["stages_covered"]), str(len(mine)), late]
-        rows.append([*cells, ms(r, "pause_p99"), ms(r, "latency_p99")])
+        rows.append([*cells, fmt_ms_interval(r, "pause_p99"), fmt_ms_interval(r, "latency_p99")])
     return md_table(header, rows)
 
 

@@ -7,6 +7,7 @@ formats BENCHMARKS.md's generator shares (``benchmarks/make_tables.py``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,11 +17,13 @@ __all__ = [
     "NOT_MEASURED",
     "fmt_frac_interval",
     "fmt_interval",
+    "fmt_ms_interval",
     "fmt_num",
     "fmt_pct",
     "fmt_rate",
     "markdown",
     "md_table",
+    "run_label",
 ]
 
 #: What a table says for a figure an older result did not record.
@@ -97,7 +100,8 @@ def fmt_calibration(records: Iterable[Mapping[str, Any]]) -> str:
     return "; ".join(map(one, records)) or "(none)"
 
 
-def _ms_iv(r: Mapping[str, Any], name: str) -> str:
+def fmt_ms_interval(r: Mapping[str, Any], name: str) -> str:
+    """Row ``r``'s ``{name}_ms`` with its ``_lo_ms`` / ``_hi_ms`` bounds, two decimals."""
     return fmt_interval(
         r.get(f"{name}_ms"), r.get(f"{name}_lo_ms"), r.get(f"{name}_hi_ms"), 2, pct=False
     )
@@ -145,6 +149,14 @@ def _dedicated_cells(d: Mapping[str, Any]) -> list[str]:
         if d["task_steps_total"] is not None
         else NOT_MEASURED,
     ]  # fmt: skip
+
+
+def run_label(run: str) -> str:
+    """A bench run's name in words: "m4-timeslice" → "M = 4, time-sliced" (others as given)."""
+    found = re.fullmatch(r"m(\d+)-(timeslice|mps)", run)
+    if not found:
+        return run
+    return f"M = {found[1]}, {'time-sliced' if found[2] == 'timeslice' else 'MPS'}"
 
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
@@ -227,7 +239,7 @@ def markdown(result: Mapping[str, Any]) -> str:
              fmt_pct(r["idle_frac"], 1), fmt_frac_interval(r, "harvest_of_measured_idle", 0),
              fmt_frac_interval(r, "saving_published", 1),
              fmt_frac_interval(r, "saving_corrected", 1),
-             _ms_iv(r, "latency_p50"), _ms_iv(r, "latency_p99"), _ms_iv(r, "pause_p99")]
+             *(fmt_ms_interval(r, f) for f in ("latency_p50", "latency_p99", "pause_p99"))]
             for r in result.get("pipeline", [])
         ],
     )  # fmt: skip
