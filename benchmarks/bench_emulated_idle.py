@@ -20,11 +20,12 @@ import argparse
 import itertools
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_output import command_line
 
 from freeride_lab.bench.profiles import bench_profile, run_config
 from freeride_lab.core.theory import theory_bubble_fraction
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             _print(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
-    record = {"benchmark": "emulated_idle", "command": " ".join(sys.argv),
+    record = {"benchmark": "emulated_idle", "command": command_line(),
               "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
               "results": results}  # fmt: skip
     args.out.write_text(json.dumps(record, indent=1, default=str))
