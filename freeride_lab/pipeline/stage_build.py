@@ -141,12 +141,14 @@ def make_stage(
     """
     inp, out = example
     args = (module, stage, n_stages, device)
-    io = {"input_args": (inp,), "output_args": (out,)}
+    inputs, outputs = (inp,), (out,)
     if recorder is not None:
-        return TimedPipelineStage(*args, **io, recorder=recorder, settle=settle)
+        return TimedPipelineStage(
+            *args, input_args=inputs, output_args=outputs, recorder=recorder, settle=settle
+        )
     if settle is not None:
-        return SettledStage(*args, **io, settle=settle)
-    return PipelineStage(*args, input_args=io["input_args"], output_args=io["output_args"])
+        return SettledStage(*args, input_args=inputs, output_args=outputs, settle=settle)
+    return PipelineStage(*args, input_args=inputs, output_args=outputs)
 
 
 def make_schedule(
