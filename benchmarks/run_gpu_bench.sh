@@ -20,7 +20,9 @@
 # quick profile's runs, e.g. "m4-mps,m8-timeslice" for a second, shorter call), FRL_CASES (the
 # bench's --cases), FRL_BENCH_ARGS (more bench options, e.g. "--repeats 3 --real-stage all"),
 # FRL_SKIP_TESTS=1 (no pytest), FRL_SKIP_MPS_LIMITS=1, FRL_SKIP_BENCH=1, FRL_RUN_ROOT (where run
-# directories go), FRL_TAG (appended to the result's name), OUT, PYTHON.
+# directories go), FRL_TAG (appended to the result's name), FRL_RESUME (a result an earlier call
+# cut short: this call measures what it lacks, into that file, and the run knobs above do not
+# apply), OUT, PYTHON.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -110,8 +112,13 @@ if [ -n "${FRL_BENCH_ARGS:-}" ]; then
     RUN_ARGS+=("${more[@]}")
 fi
 if [ -n "${FRL_TAG:-}" ]; then RESULT="${RESULT%.json}-${FRL_TAG}.json"; fi
-timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
-    --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"
+if [ -n "${FRL_RESUME:-}" ]; then
+    timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --emulate-peers \
+        --resume "$FRL_RESUME" --time-budget-s "$BUDGET" --run-root "$RUNS"
+else
+    timeout -s INT $(( BUDGET + 45 )) "$PY" -m freeride_lab.cli bench --quick --emulate-peers \
+        --device cuda --time-budget-s "$BUDGET" --out "$RESULT" --run-root "$RUNS" "${RUN_ARGS[@]}"
+fi
 code=$?
 kill "$DMON" 2>/dev/null
 stamp "bench exit code $code"

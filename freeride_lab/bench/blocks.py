@@ -16,7 +16,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,14 @@ from typing import Any
 from freeride_lab.bench import stats as bs
 from freeride_lab.bench.devices import nvml_sampler, private_mps_daemon
 from freeride_lab.bench.markdown import fmt_calibration
-from freeride_lab.bench.profiles import MIX, BenchProfile, RunPlan, run_config
+from freeride_lab.bench.profiles import (
+    BenchProfile,
+    RunPlan,
+    Segment,
+    instrumentation_stage,
+    run_config,
+    run_segments,
+)
 from freeride_lab.bench.readout import collect_blocks, read_calibration, task_steps
 from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
@@ -51,14 +57,6 @@ _POLL_S = 0.05
 Progress = Callable[[str], None]
 
 
-@dataclass
-class _Segment:
-    case: str
-    stage: int
-    task: str
-    task_id: str = ""
-
-
 class RunDriver:
     """Launches one run, drives its segments through the control file, collects its blocks."""
 
@@ -69,9 +67,11 @@ class RunDriver:
         run_root: Path,
         deadline: float,
         say: Progress,
+        done: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         self.profile = profile
         self.plan = plan
+        self.done = done  # (case, stage) measured by an earlier call (``bench.resume``)
         self.modes = plan.modes or profile.modes
         self.deadline = deadline
         self.say = say
@@ -106,14 +106,13 @@ class RunDriver:
     def config(self) -> RunConfig:
         return run_config(self.profile, self.plan, self.run_dir)
 
-    def segments(self) -> list[_Segment]:
-        stages = self.plan.real_stages or tuple(range(self.profile.stages))
-        out = []
-        for case in self.plan.cases:
-            for s in stages:
-                task = MIX[s % len(MIX)] if case == "mix" else case
-                out.append(_Segment(case=case, stage=s, task=task))
-        return out
+    def segments(self) -> list[Segment]:
+        return run_segments(self.profile, self.plan, self.done)
+
+    def pending(self) -> bool:
+        """Whether anything is left to measure in this run."""
+        stage = instrumentation_stage(self.profile, self.plan, self.done)
+        return bool(self.segments()) or stage is not None
 
     # -- lifetime --
 
@@ -172,9 +171,10 @@ class RunDriver:
         self.say(f"  training up after {self.record['startup_s']} s; "
                  f"calibration {fmt_calibration(self.record['calibration'])}")  # fmt: skip
         self._attach(segments)
-        if self.plan.instrumentation:
+        stage = instrumentation_stage(self.profile, self.plan, self.done)
+        if stage is not None:
             self._wait_ready(segments)  # their set-up and first copy to the device are noise
-            self._instrumentation(segments[0].stage if segments else 0)
+            self._instrumentation(stage)
         for seg in segments:
             need = self._segment_estimate_s()
             left = self.deadline - time.monotonic()
@@ -189,7 +189,7 @@ class RunDriver:
 
     # -- side tasks --
 
-    def _attach(self, segments: list[_Segment]) -> None:
+    def _attach(self, segments: list[Segment]) -> None:
         gating = "trickle" if "trickle" in self.modes else "bubbles"  # duty 0 = "bubbles"
         # the blocks set every duty; a governor started by the attach would raise it at once
         self.session.govern_trickle_tasks = False
@@ -204,7 +204,7 @@ class RunDriver:
         self.say(f"  attached {len(segments)} side task(s): "
                  + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip
 
-    def _wait_ready(self, segments: list[_Segment]) -> None:
+    def _wait_ready(self, segments: list[Segment]) -> None:
         """Wait (up to ``attach_timeout_s``) until every attached task is on the device or
         has ended; a task that is late is only noted."""
         ids = {s.task_id for s in segments if s.task_id}
@@ -236,13 +236,13 @@ class RunDriver:
     def _instrumentation(self, stage: int) -> None:
         p = self.profile
         self.say(f"  instrumentation: timed vs plain, real stage {stage}")
-        seg = _Segment(case="instrumentation", stage=stage, task="")
+        seg = Segment(case="instrumentation", stage=stage, task="")
         order = bs.interleave(("vanilla", "plain"), p.instrumentation_repeats, closed=True)
         for repeat, mode in order:
             self._block(seg, repeat, mode)
         self.record["segments"].append({"case": seg.case, "stage": stage, "task": ""})
 
-    def _segment(self, seg: _Segment) -> None:
+    def _segment(self, seg: Segment) -> None:
         p = self.profile
         t0 = time.monotonic()
         rec: dict[str, Any] = {"case": seg.case, "stage": seg.stage, "task": seg.task,
@@ -320,7 +320,7 @@ class RunDriver:
             f"{_g(rec['dedicated_after_per_s'])} {unit} after{flag}"
         )
 
-    def _solo(self, seg: _Segment) -> dict[str, Any]:
+    def _solo(self, seg: Segment) -> dict[str, Any]:
         """Hold training, let the task run alone, release: its dedicated speed and budget.
 
         The phase lasts at least ``solo_min_s`` and ``solo_steps`` measured steps (a
@@ -365,7 +365,7 @@ class RunDriver:
 
     def _block(
         self,
-        seg: _Segment,
+        seg: Segment,
         repeat: int,
         mode: str,
         *,
@@ -412,7 +412,7 @@ class RunDriver:
         need = self._settled_at
         self._wait(lambda: self.session.steps_done >= need, 120.0, "the last block to close")
 
-    def _baseline_s(self, seg: _Segment) -> float | None:
+    def _baseline_s(self, seg: Segment) -> float | None:
         """Median step time of this segment's vanilla blocks so far, as the governor measures
         it (``lab.governor.step_times_s``); None before any."""
         times = step_times_s(self.session.steps)

@@ -23,7 +23,8 @@ The benchmark owns the MPS daemon of a run with ``mps=True`` (private pipe and l
 in the environment of everything the run starts; stopped after the run). Every number comes
 from the run's event files after the run; ``bench.stats`` turns them into tables. Results
 go to ``out`` (JSON, rewritten after every run, so a cut-short benchmark still leaves data) and
-``out.with_suffix(".md")``.
+``out.with_suffix(".md")``. A result cut short is continued by a later call (``resume=``, the
+CLI's ``--resume``): it measures only the segments the result lacks (``bench.resume``).
 
 This module never initialises CUDA itself (MPS must start before any CUDA process) and imports
 nothing from ``freeride_lab.ui``.
@@ -36,7 +37,7 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from freeride_lab.bench.results import (
     versions,
     write_results,
 )
+from freeride_lab.bench.resume import check_same_setup, completed, without_partial
 from freeride_lab.core.accounting import CostModel
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,7 @@ def run_bench(
     run_root: Path | None = None,
     progress: Progress | None = None,
     command: Sequence[str] | None = None,
+    resume: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every run of ``profile`` in turn; write and return the results (see module doc).
 
@@ -73,32 +76,49 @@ def run_bench(
         run_root: where run directories go (default: a ``runs`` folder beside ``out``).
         progress: called with one line per milestone (the CLI prints them with a time stamp).
         command: the command line to record (default ``sys.argv``).
+        resume: a result of ``profile`` cut short, to continue (``bench.resume``): its finished
+            segments are kept and not measured again; this call is listed in its ``resumed``.
+
+    Raises:
+        bench.resume.OtherSetup: ``resume`` was measured by other code or hardware
+            (``bench.resume.check_same_setup``).
     """
     say = progress or (lambda line: log.info("%s", line))
     started = time.monotonic()
     deadline = started + profile.time_budget_s
     run_root = run_root or out.parent / "runs"
-    result: dict[str, Any] = {
-        "benchmark": "bench",
-        "profile": profile.name,
-        "command": shlex.join(command if command is not None else [sys.executable, *sys.argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "versions": versions(),
-        "machine": machine(),
-        "config": jsonable(dataclasses.asdict(profile)),
-        "cost_model": cost_model_dict(CostModel()),
-        "goals": GOALS,
-        "runs": [],
-        "blocks": [],
-    }
+    line = shlex.join(command if command is not None else [sys.executable, *sys.argv])
+    now = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": line}
+    if resume is not None:
+        check_same_setup(resume, versions(), machine())
+        result = without_partial(resume)
+        result.setdefault("resumed", []).append(now)
+    else:
+        result = {
+            "benchmark": "bench",
+            "profile": profile.name,
+            **now,
+            "versions": versions(),
+            "machine": machine(),
+            "config": jsonable(dataclasses.asdict(profile)),
+            "cost_model": cost_model_dict(CostModel()),
+            "goals": GOALS,
+            "runs": [],
+            "blocks": [],
+        }
+    done = completed(result)
     for plan in profile.runs:
+        driver = RunDriver(profile, plan, run_root, deadline, say, done.get(plan.name, frozenset()))
+        if not driver.pending():
+            say(f"run {plan.name}: every segment measured by an earlier call")
+            continue
         left = deadline - time.monotonic()
         if left < profile.startup_estimate_s + 20:
             say(f"skip run {plan.name}: {left:.0f} s of the time budget left")
             result["runs"].append({"name": plan.name, "skipped": f"time budget ({left:.0f} s)"})
             continue
-        say(f"run {plan.name}: M={plan.microbatches}, mps={plan.mps}, cases={list(plan.cases)}")
-        driver = RunDriver(profile, plan, run_root, deadline, say)
+        todo = ", ".join(f"{s.case}@{s.stage}" for s in driver.segments())
+        say(f"run {plan.name}: M={plan.microbatches}, mps={plan.mps}, segments: {todo or '-'}")
         record = driver.execute()
         result["runs"].append(record)
         result["blocks"].extend(record.pop("blocks_rows", []))
@@ -111,7 +131,11 @@ def run_bench(
         if record.get("interrupted"):
             result["interrupted"] = True
             break
-    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    elapsed = round(time.monotonic() - started, 1)
+    if resume is not None:
+        now["elapsed_s"] = elapsed
+    else:
+        result["elapsed_s"] = elapsed
     fill_tables(result, stages=profile.stages)
     write_results(result, out)
     return result

@@ -17,7 +17,18 @@ from freeride_lab.bench import stats as bs
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.runtime_options import EmulateOptions, RuntimeOptions
 
-__all__ = ["GOALS", "MIX", "PROFILES", "BenchProfile", "RunPlan", "bench_profile", "run_config"]
+__all__ = [
+    "GOALS",
+    "MIX",
+    "PROFILES",
+    "BenchProfile",
+    "RunPlan",
+    "Segment",
+    "bench_profile",
+    "instrumentation_stage",
+    "run_config",
+    "run_segments",
+]
 
 #: FreeRide's mix (paper notes §12): one task per stage, in stage order.
 MIX: tuple[str, ...] = ("pagerank", "resnet18", "image", "vgg19")
@@ -210,6 +221,40 @@ def bench_profile(name: str, device: str) -> BenchProfile:
         task_options=_CPU_TASK_OPTIONS,
         time_budget_s=base.time_budget_s * 3,
     )  # fmt: skip
+
+
+@dataclass
+class Segment:
+    """One segment of a run: a side task on a real stage (``task_id`` once attached)."""
+
+    case: str
+    stage: int
+    task: str
+    task_id: str = ""
+
+
+def run_segments(
+    p: BenchProfile, plan: RunPlan, done: frozenset[tuple[str, int]] = frozenset()
+) -> list[Segment]:
+    """The run's segments, case by case and stage by stage, less the (case, stage) pairs in
+    ``done`` (measured by an earlier call: ``bench.resume``)."""
+    out = []
+    for case in plan.cases:
+        for s in plan.real_stages or range(p.stages):
+            if (case, s) not in done:
+                out.append(
+                    Segment(case=case, stage=s, task=MIX[s % len(MIX)] if case == "mix" else case)
+                )
+    return out
+
+
+def instrumentation_stage(
+    p: BenchProfile, plan: RunPlan, done: frozenset[tuple[str, int]] = frozenset()
+) -> int | None:
+    """The stage of the run's timed-vs-plain blocks (its first real stage), or None when the
+    plan has none or ``done`` holds them."""
+    stage = (plan.real_stages or (0,))[0]
+    return stage if plan.instrumentation and ("instrumentation", stage) not in done else None
 
 
 def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:

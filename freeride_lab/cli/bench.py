@@ -3,6 +3,7 @@ side tasks side by side on one GPU, with emulated peers (``freeride_lab.bench``;
 
     freeride-lab bench --emulate-peers --quick
     freeride-lab bench --emulate-peers --profile tiny --device cpu --out /tmp/bench.json
+    freeride-lab bench --emulate-peers --resume benchmarks/results/h200-2026-12-05.json
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from typing import Any
 
 from freeride_lab.cli.app import EXIT_FAILED, EXIT_OK, PROG, UsageError
 
-__all__ = ["add_bench", "bench_profile_of", "cmd_bench"]
+__all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
+
+#: Options that narrow or change a profile: a resumed result keeps the one it was started with.
+_PROFILE_OPTIONS: tuple[str, ...] = (
+    "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
+    "announce_min_ms", "step_group_ms", "schedule", "chunks", "task_options",
+)  # fmt: skip
 
 
 def add_bench(subparsers: Any) -> argparse.ArgumentParser:
@@ -43,6 +50,10 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="results JSON (default benchmarks/results/<h200|cpu>-<date>.json); "
                    "the markdown table goes beside it")  # fmt: skip
     p.add_argument("--run-root", type=Path, default=None, help="where run directories go")
+    p.add_argument("--resume", type=Path, default=None, metavar="RESULT",
+                   help="continue this result, cut short by its time budget or an interrupt: "
+                   "measure only the segments it lacks, with the profile it was started "
+                   "with, into the same file (or --out)")  # fmt: skip
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="skip what would not finish within this many seconds")  # fmt: skip
     p.add_argument("--runs", default=None, help="only these runs of the profile (comma list)")
@@ -146,6 +157,29 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
     return profile
 
 
+def resumed_profile_of(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The profile and result that ``--resume`` continues (``bench.resume``); only
+    ``--time-budget-s`` changes the profile (ValueError or UsageError if anything is off)."""
+    from freeride_lab.bench import resume
+
+    given = [f"--{n.replace('_', '-')}" for n in _PROFILE_OPTIONS if getattr(args, n, None)]
+    if given:
+        raise UsageError(
+            f"--resume continues the profile its result was started with; drop {', '.join(given)}"
+            " (only --time-budget-s, --out and --run-root apply to the call that continues it)"
+        )
+    result = resume.load_result(args.resume)
+    profile = resume.profile_of(result)
+    if args.device is not None and args.device != profile.device:
+        raise UsageError(
+            f"--device {args.device}: {args.resume} was measured on {profile.device}; "
+            "continue it there or start a new result"
+        )
+    if args.time_budget_s is not None:
+        profile = profile.replace(time_budget_s=args.time_budget_s)
+    return profile, result
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark, print progress with time stamps, then the markdown tables."""
     import time
@@ -153,18 +187,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from freeride_lab.bench import driver as bench
     from freeride_lab.bench import markdown as bench_markdown
     from freeride_lab.bench import results as bench_results
+    from freeride_lab.bench.resume import OtherSetup
 
     if not args.emulate_peers:
         raise UsageError(
             "bench needs --emulate-peers: the single-GPU harness (one real stage, emulated "
             "peers) is the only one so far; a real multi-GPU run is a separate issue"
         )
-    device = args.device or ("cuda" if _cuda_present() else "cpu")
+    resumed = None
     try:
-        profile = bench_profile_of(args, device)
+        if args.resume is not None:
+            profile, resumed = resumed_profile_of(args)
+            device = profile.device
+        else:
+            device = args.device or ("cuda" if _cuda_present() else "cpu")
+            profile = bench_profile_of(args, device)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.out is None and device == "cuda":
+    if args.out is None and args.resume is not None:
+        out = args.resume
+    elif args.out is None and device == "cuda":
         from freeride_lab.gpu import nvml
 
         out = bench_results.default_out(device, nvml.device_name(0))
@@ -176,7 +218,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         stamp = time.strftime("%H:%M:%S")
         print(f"[{stamp} +{time.monotonic() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
 
-    progress(f"bench {profile.name} on {device}: {len(profile.runs)} run(s), "
+    what = f"continuing {args.resume}" if resumed is not None else f"{len(profile.runs)} run(s)"
+    progress(f"bench {profile.name} on {device}: {what}, "
              f"time budget {profile.time_budget_s:.0f} s, results -> {out}")  # fmt: skip
     # Ctrl-C, and SIGTERM (e.g. from `timeout`), end the current run cleanly and keep what was
     # measured; SIGINT may arrive ignored from a non-interactive parent shell, so restore it.
@@ -184,12 +227,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = bench.run_bench(profile, out=out, run_root=args.run_root, progress=progress,
-                                 command=[PROG, *getattr(args, "argv", sys.argv[1:])])  # fmt: skip
+                                 command=[PROG, *getattr(args, "argv", sys.argv[1:])],
+                                 resume=resumed)  # fmt: skip
+    except OtherSetup as e:  # the result cannot be continued here (bench.resume)
+        raise UsageError(str(e)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
     print(bench_markdown.markdown(result))
-    progress(f"done in {result.get('elapsed_s')} s; wrote {out} and {out.with_suffix('.md')}")
+    progress(f"done in {time.monotonic() - t0:.0f} s; wrote {out} and {out.with_suffix('.md')}")
     return EXIT_OK if result.get("blocks") else EXIT_FAILED
 
 
