@@ -190,8 +190,9 @@ def test_a_bench_cut_after_its_first_segment_is_finished_by_a_second_call(
     its time budget would); ``--resume`` measures stage 0 only, into the same file."""
     out = tmp_path / "tiny.json"
     runs = tmp_path / "runs"
-    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu", "--modes",
-            "vanilla,managed", "--real-stage", "1", "--out", str(out), "--run-root", str(runs)]  # fmt: skip
+    argv = ["bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--modes", "vanilla,managed", "--real-stage", "1",
+            "--out", str(out), "--run-root", str(runs)]  # fmt: skip
     assert main(argv) == 0
     first = json.loads(out.read_text())
     cut = copy.deepcopy(first)
