@@ -24,8 +24,10 @@ best), so the governor spends the overhead ceiling on work between bubbles only 
 bubbles costs nothing.
 
 Optional device signals add pressure: an SM clock more than ``clock_drop_frac`` below the
-highest clock seen, or power above ``power_limit_w``, counts as "too much" even when step
-time has not moved yet. The governor is pure: no clock, no device access.
+highest clock seen, or board power above ``power_cap_frac`` of the board's power cap (or above
+``power_limit_w``, where given), counts as "too much" even when step time has not moved yet:
+a board at its cap lowers its clocks, and the next training phase pays for it. The governor
+is pure: no clock, no device access.
 
     >>> g = OverheadGovernor(target_frac=0.01, window=2, settle_steps=0)
     >>> g.add_task("t1")
@@ -57,6 +59,7 @@ class StepObservation:
             so the step is a baseline sample; None means unknown: every governed task counts
             as active and the step is not a baseline sample.
         power_w: GPU board power, if known.
+        power_cap_w: that board's power cap (the limit it throttles at), if known.
         sm_clock_mhz: SM clock, if known.
     """
 
@@ -64,6 +67,7 @@ class StepObservation:
     baseline_step_s: float | None = None
     active_task_ids: tuple[str, ...] | None = None
     power_w: float | None = None
+    power_cap_w: float | None = None
     sm_clock_mhz: float | None = None
 
 
@@ -100,7 +104,10 @@ class OverheadGovernor:
         budget_growth, budget_scale_max: how the step-budget scale grows at the minimum share,
             and its ceiling.
         clock_drop_frac: SM clock drop (vs. the highest seen) that counts as overload.
-        power_limit_w: board power that counts as overload; None = ignore power.
+        power_cap_frac: board power above this share of the observation's ``power_cap_w``
+            counts as overload.
+        power_limit_w: board power that counts as overload, in place of the cap's share; None
+            = the cap's share (power is ignored where neither is known).
         trickle_min, trickle_step, trickle_max: a trickle task's duty: cut below
             ``trickle_min`` means 0; raised by ``trickle_step`` at a time up to ``trickle_max``.
     """
@@ -116,6 +123,7 @@ class OverheadGovernor:
     budget_growth: float = 1.25
     budget_scale_max: float = 4.0
     clock_drop_frac: float = 0.1
+    power_cap_frac: float = 0.95
     power_limit_w: float | None = None
     trickle_min: float = 0.02
     trickle_step: float = 0.05
@@ -150,6 +158,11 @@ class OverheadGovernor:
             raise ValueError(
                 f"need 0 < trickle_min={self.trickle_min} <= trickle_max={self.trickle_max} <= 1 "
                 f"and 0 < trickle_step={self.trickle_step} <= 1"
+            )
+        if not 0 < self.power_cap_frac <= 1:
+            raise ValueError(
+                f"power_cap_frac={self.power_cap_frac} must be in (0, 1]; e.g. 0.95 = 95% of "
+                "the board's power cap"
             )
         if self.budget_growth <= 1 or self.budget_scale_max < 1:
             raise ValueError(
@@ -259,12 +272,12 @@ class OverheadGovernor:
                 f"SM clock {obs.sm_clock_mhz:.0f} MHz < {1 - self.clock_drop_frac:.0%} of "
                 f"{self._max_clock_mhz:.0f} MHz"
             )
-        if (
-            self.power_limit_w is not None
-            and obs.power_w is not None
-            and obs.power_w > self.power_limit_w
-        ):
-            return f"power {obs.power_w:.0f} W > {self.power_limit_w:.0f} W"
+        limit, of = self.power_limit_w, ""
+        if limit is None and obs.power_cap_w is not None and obs.power_cap_w > 0:
+            limit = self.power_cap_frac * obs.power_cap_w
+            of = f" ({self.power_cap_frac:.0%} of the {obs.power_cap_w:.0f} W cap)"
+        if limit is not None and obs.power_w is not None and obs.power_w > limit:
+            return f"power {obs.power_w:.0f} W > {limit:.0f} W{of}"
         return ""
 
     def _decide(self, ewma: float) -> list[GovernorDecision]:

@@ -7,7 +7,8 @@
 Each tick the loop reads the training steps that every rank has finished (one step behind the
 newest, so the side-task steps of a step have arrived), turns each into a
 ``StepObservation`` (the step's window across ranks; the side tasks that stepped in its
-bubbles; on CUDA the GPUs' power and SM clock from ``gpu.nvml``) and applies the
+bubbles; on CUDA, from ``gpu.nvml``, the power and power cap of the GPU nearest its cap and
+the lowest SM clock) and applies the
 governor's decisions through ``SideTaskManager.tune``: an SM share (only where an MPS daemon
 serves the run; elsewhere the governor is pinned at 100% and works on budgets alone) and a
 step budget = the task's base budget (set by the user, else profiled) x the decision's scale;
@@ -39,7 +40,13 @@ from freeride_lab.lab.manager import SideTaskManager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GOVERNOR_LOG_COLUMNS", "GovernorLoop", "governor_log_frame", "step_times_s"]
+__all__ = [
+    "GOVERNOR_LOG_COLUMNS",
+    "GovernorLoop",
+    "governor_log_frame",
+    "nearest_cap",
+    "step_times_s",
+]
 
 #: Columns of ``governor_log_frame``, in order: t_ns (run clock of this host), step (training
 #: step the decision followed), task_id, sm_pct, budget_scale, budget_ms (the budget applied;
@@ -183,7 +190,7 @@ class GovernorLoop:
         active_by_step: dict[int, set[str]] = {}
         for step, task_id in zip(side["step"], side["task_id"], strict=True):
             active_by_step.setdefault(int(step), set()).add(str(task_id))
-        power_w, clock_mhz = self._gpu_reading()
+        power_w, cap_w, clock_mhz = self._gpu_reading()
         times = step_times_s(steps)
         records: list[dict[str, Any]] = []
         for step in ready:
@@ -197,6 +204,7 @@ class GovernorLoop:
                 baseline_step_s=self.baseline_step_s,
                 active_task_ids=active,
                 power_w=power_w,
+                power_cap_w=cap_w,
                 sm_clock_mhz=clock_mhz,
             )
             overhead = self.governor.overhead_ewma_frac
@@ -230,16 +238,17 @@ class GovernorLoop:
             )
             self._governed.add(task_id)
 
-    def _gpu_reading(self) -> tuple[float | None, float | None]:
-        """Mean board power (W) and lowest SM clock (MHz) of this run's GPUs, if NVML has them."""
+    def _gpu_reading(self) -> tuple[float | None, float | None, float | None]:
+        """Board power and power cap (W) of the run's GPU nearest its cap, and the lowest SM
+        clock (MHz) among them, where NVML has them (``nearest_cap``)."""
         if not self.gpu_ordinals:
-            return None, None
+            return None, None, None
         from freeride_lab.gpu import nvml
 
         samples = [s for s in nvml.read_samples() if s.cuda_ordinal in self.gpu_ordinals]
-        power = [s.power_w for s in samples if math.isfinite(s.power_w)]
+        power_w, cap_w = nearest_cap([(s.power_w, nvml.power_limit_w(s.index)) for s in samples])
         clock = [s.sm_clock_mhz for s in samples if math.isfinite(s.sm_clock_mhz)]
-        return (sum(power) / len(power) if power else None, min(clock) if clock else None)
+        return power_w, cap_w, (min(clock) if clock else None)
 
     def _apply(
         self, step: int, decision: GovernorDecision, overhead: float | None
@@ -298,6 +307,25 @@ class GovernorLoop:
                 f.write(line + "\n")
         except OSError as exc:
             log.warning("governor: could not append to %s: %s", self.log_path, exc)
+
+
+def nearest_cap(
+    readings: Collection[tuple[float, float | None]],
+) -> tuple[float | None, float | None]:
+    """Of (board power, power cap) per GPU, the one nearest its cap (the highest power/cap):
+    one board at its cap slows its stage, and so the whole pipeline. Boards without a cap are
+    read by power alone, and only where no board has one; unreadable powers are skipped.
+
+        >>> nearest_cap([(400.0, 700.0), (300.0, 350.0), (float("nan"), 700.0)])
+        (300.0, 350.0)
+        >>> nearest_cap([(400.0, None), (500.0, None)])
+        (500.0, None)
+    """
+    finite = [(p, c) for p, c in readings if math.isfinite(p)]
+    capped = [(p, c) for p, c in finite if c is not None and c > 0]
+    if capped:
+        return max(capped, key=lambda pc: pc[0] / pc[1])
+    return (max(p for p, _ in finite), None) if finite else (None, None)
 
 
 def step_times_s(steps: pd.DataFrame) -> dict[int, float]:

@@ -140,6 +140,28 @@ def test_power_over_the_limit_counts_as_overload() -> None:
     assert "power 650 W > 600 W" in gov.observe(obs)[0].reason
 
 
+def test_a_board_near_its_power_cap_counts_as_overload_before_training_slows() -> None:
+    gov, tasks = _governor(window=1, settle_steps=0)  # default: 95% of the cap
+    even = dict(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=tasks, power_cap_w=700.0)
+    assert gov.observe(StepObservation(power_w=600.0, **even)) == []  # type: ignore[arg-type]
+    decisions = gov.observe(StepObservation(power_w=680.0, **even))  # type: ignore[arg-type]
+    assert [d.sm_pct for d in decisions] == [50, 50]
+    assert "power 680 W > 665 W (95% of the 700 W cap)" in decisions[0].reason
+
+
+def test_a_power_cap_without_side_tasks_running_cuts_nobody() -> None:
+    gov, _ = _governor(window=1, settle_steps=0)
+    obs = StepObservation(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=(),
+                          power_w=690.0, power_cap_w=700.0)  # fmt: skip
+    assert gov.observe(obs) == []  # training alone at the cap is not the side tasks' doing
+
+
+@pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])
+def test_a_power_cap_share_outside_0_1_is_refused(frac: float) -> None:
+    with pytest.raises(ValueError, match="power_cap_frac"):
+        OverheadGovernor(power_cap_frac=frac)
+
+
 def test_decision_reason_states_the_measured_overhead_and_the_change() -> None:
     gov, tasks = _governor(window=1, settle_steps=0)
     obs = StepObservation(step_s=BASE_S * 1.03, baseline_step_s=BASE_S, active_task_ids=tasks)

@@ -540,6 +540,31 @@ def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) ->
     assert math.isclose(frame["budget_ms"].iloc[0], 25.0)
 
 
+def test_the_governor_backs_off_when_one_of_the_runs_gpus_nears_its_power_cap(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training keeps its pace, but GPU 1 draws 680 W of its 700 W cap: the governor widens
+    the task's budget anyway, and says why."""
+    from freeride_lab.gpu import nvml
+
+    def sample(index: int, power_w: float) -> nvml.GpuSample:
+        return nvml.GpuSample(index=index, t_ns=0, utilization_pct=90.0, memory_used_bytes=0.0,
+                              memory_total_bytes=1.0, power_w=power_w, sm_clock_mhz=1980.0,
+                              cuda_ordinal=index)  # fmt: skip
+
+    monkeypatch.setattr(nvml, "read_samples", lambda: [sample(0, 420.0), sample(1, 680.0)])
+    monkeypatch.setattr(nvml, "power_limit_w", lambda index=0: 700.0)
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    steps = _steps([1.0] * 8, ranks=4)
+    side = _side_steps(list(range(8))).assign(task_id=tid)
+    loop = _governor_loop(run, steps, side, baseline_step_s=0.8, gpu_ordinals=(0, 1))
+    records = loop.tick()
+    assert records, "no decision at the power cap"
+    assert records[0]["budget_scale"] == 1.25
+    assert "power 680 W > 665 W (95% of the 700 W cap)" in records[0]["reason"]
+
+
 def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(run: Run) -> None:
     """What the benchmark's governed blocks rely on: only the named task is governed, its
     budget scales the base given, and steps before ``skip_to`` are not observed."""
