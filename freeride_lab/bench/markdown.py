@@ -231,7 +231,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         "Pipeline: harvest, cost, latency",
         ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
          "of measured idle", "saving published", "corrected", "edge → step p50 ms", "p99 ms",
-         "end → last late step p99 ms"],
+         "of which edge → host p50 ms", "p99 ms", "end → last late step p99 ms"],
         [
             [r["run"], r["case"], r["mode"], fmt_frac_interval(r, "harvest", 1),
              f"{fmt_frac_interval(r, 'harvest_of_theory_limit', 0)} "
@@ -239,7 +239,8 @@ def markdown(result: Mapping[str, Any]) -> str:
              fmt_pct(r["idle_frac"], 1), fmt_frac_interval(r, "harvest_of_measured_idle", 0),
              fmt_frac_interval(r, "saving_published", 1),
              fmt_frac_interval(r, "saving_corrected", 1),
-             *(fmt_ms_interval(r, f) for f in ("latency_p50", "latency_p99", "pause_p99"))]
+             *(fmt_ms_interval(r, f)
+               for f in ("latency_p50", "latency_p99", "wake_p50", "wake_p99", "pause_p99"))]
             for r in result.get("pipeline", [])
         ],
     )  # fmt: skip

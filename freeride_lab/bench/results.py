@@ -306,6 +306,7 @@ def block_row(
         s = s[s["task_id"] == b["task_id"]]
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
+    wake: list[float] = []
     pause: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
@@ -321,6 +322,8 @@ def block_row(
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
+        seen_ns = [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s["seen_ms"]]
+        wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, seen_ns)
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
@@ -357,6 +360,7 @@ def block_row(
         "overruns": overruns.overruns,
         "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,
+        "wake_ms": wake,
         "pause_ms": pause,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),

@@ -65,6 +65,7 @@ __all__ = [
     "pipeline_cost",
     "signal_latency_ms",
     "step_periods_ms",
+    "wake_latency_ms",
 ]
 
 MODES: tuple[str, ...] = ("vanilla", "plain", "managed", "governed", "trickle", "naive")
@@ -110,6 +111,9 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     "overruns",  # side-task steps that ran past their bubble's end
     "overrun_ms_total",
     "latency_ms",  # tuple: bubble start edge → first side-task step start, per bubble used
+    # tuple: its first hop, bubble start edge → the side task's host saw it, per bubble used
+    # whose first step recorded when (``SideTaskStep.seen_ns``); the rest is the host's path
+    "wake_ms",
     # tuple: bubble end edge → the last side-task step that still started after it (0 when
     # none did), per bubble used; empty in trickle blocks, whose steps run between bubbles
     "pause_ms",
@@ -285,6 +289,33 @@ def signal_latency_ms(
     """
     _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
     return [float(first - start) / 1e6 for start, _, _, first in used]
+
+
+def wake_latency_ms(
+    edge_start_ns: Sequence[int],
+    edge_end_ns: Sequence[int],
+    step_start_ns: Sequence[int],
+    step_seen_ns: Sequence[float],
+) -> list[float]:
+    """Bubble start → when the side task's host saw that edge: the first hop of
+    ``signal_latency_ms``, for every bubble whose first step recorded it.
+
+    Args: as ``signal_latency_ms``, and ``step_seen_ns``: per step start, when its host saw the
+    edge it answered (NaN or 0 where not recorded: steps after a bubble's first). A time
+    outside [the bubble's start, its first step's start] belongs to another edge and is
+    skipped.
+
+        >>> wake_latency_ms([0], [10_000_000], [2_000_000, 5_000_000], [500_000, 0])
+        [0.5]
+    """
+    seen = dict(zip((int(x) for x in step_start_ns), step_seen_ns, strict=True))
+    _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
+    out = []
+    for start, _, _, first in used:
+        t = seen.get(first, math.nan)
+        if math.isfinite(t) and start <= t <= first:
+            out.append(float(t - start) / 1e6)
+    return out
 
 
 def pause_latency_ms(

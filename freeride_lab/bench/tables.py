@@ -93,6 +93,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "side_steps",
     "latency_p50_ms",
     "latency_p99_ms",
+    "wake_p50_ms",  # latency's first hop: bubble start edge → the task's host saw it (pooled)
     "pause_p99_ms",  # bubble end → the last side-task step started after it (pooled)
     # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
     # bootstrap interval): the tail a training job feels, which a mean hides
@@ -131,20 +132,27 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
     *_with_interval("saving_corrected", "frac"),
     *_with_interval("latency_p50", "ms"),  # pooled over blocks; block bootstrap interval
     *_with_interval("latency_p99", "ms"),
+    # latency's first hop (bubble start → the task's host saw it); the rest is the host's path
+    # to its step. As latency; NaN in results that did not record when hosts saw edges
+    *_with_interval("wake_p50", "ms"),
+    *_with_interval("wake_p99", "ms"),
     *_with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
 )
 
 
 #: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
-_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms")
+_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms", "wake_ms")
 
 
 def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
     """``blocks`` with what older results did not record read as not measured: NaN for the
-    idle split, no pauses (an empty tuple) where a block has no list of them."""
+    idle split, no pauses or wake-ups (an empty tuple) where a block has no list of them."""
     blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
-    pauses = blocks["pause_ms"] if "pause_ms" in blocks.columns else [None] * len(blocks)
-    return blocks.assign(pause_ms=[tuple(x) if isinstance(x, list | tuple) else () for x in pauses])
+    lists = {}
+    for name in ("pause_ms", "wake_ms"):
+        given = blocks[name] if name in blocks.columns else [None] * len(blocks)
+        lists[name] = [tuple(x) if isinstance(x, list | tuple) else () for x in given]
+    return blocks.assign(**lists)
 
 
 def summarize_blocks(
@@ -259,6 +267,7 @@ def summarize_blocks(
                     "side_steps": int(b["side_steps"].sum()),
                     "latency_p50_ms": percentile(latencies, 50),
                     "latency_p99_ms": percentile(latencies, 99),
+                    "wake_p50_ms": percentile((x for t in b["wake_ms"] for x in t), 50),
                     "pause_p99_ms": percentile((x for t in b["pause_ms"] for x in t), 99),
                     **_interval_columns(
                         "step_p99_inflation",
@@ -335,7 +344,9 @@ def pipeline_summary(
         published, corrected, x = _cost_intervals(g, all_stages, reference_keys, model)
         b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
         groups = [list(t) for t in b["latency_ms"]]
-        pauses = [list(t) for t in _with_later_columns(b)["pause_ms"] if t]
+        later = _with_later_columns(b)
+        pauses = [list(t) for t in later["pause_ms"] if t]
+        wakes = [list(t) for t in later["wake_ms"] if t]
         rows.append(
             {
                 "run": run,
@@ -361,6 +372,8 @@ def pipeline_summary(
                 **_interval_columns("saving_corrected", "frac", corrected),
                 **_interval_columns("latency_p50", "ms", bootstrap_percentile_interval(groups, 50)),
                 **_interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
+                **_interval_columns("wake_p50", "ms", bootstrap_percentile_interval(wakes, 50)),
+                **_interval_columns("wake_p99", "ms", bootstrap_percentile_interval(wakes, 99)),
                 **_interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
             }
         )

@@ -176,6 +176,9 @@ class SideTaskStep(Event):
     progress: float  # in the task's unit, this step only
     unit: str
     overrun_ns: int = 0
+    # when the host saw the bubble edge this step answered (run clock): on the first step
+    # after an edge only, else 0; edge → seen → start_ns are the hops of its signal latency
+    seen_ns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

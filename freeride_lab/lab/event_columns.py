@@ -51,6 +51,7 @@ SIDE_TASK_STEP_RAW: dict[str, str] = {
     "progress": "f",
     "unit": "s",
     "overrun_ns": "z",
+    "seen_ns": "z",
 }
 
 #: The raw columns of each table, by the ``kind`` of the events it is built from.

@@ -80,6 +80,7 @@ _SIDE_TASK_STEP_SCHEMA: dict[str, str] = {
     "progress": "float64",
     "unit": _STR,
     "overrun_ms": "float64",
+    "seen_ms": "float64",
 }
 ACTION_COLUMNS: tuple[str, ...] = tuple(_ACTION_SCHEMA)
 STEP_COLUMNS: tuple[str, ...] = tuple(_STEP_SCHEMA)
@@ -153,14 +154,18 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
 
     Columns, in order: task_id, name (str); stage, rank, step (int64); start_ms, end_ms,
     duration_ms, progress (in ``unit``, this step only) (float64); unit (str); overrun_ms
-    (float64, how far the step ran past its bubble). Sorted by start_ms.
+    (float64, how far the step ran past its bubble); seen_ms (float64: when its host saw the
+    bubble edge the step answered, on the first step after an edge; NaN on the others).
+    Sorted by start_ms.
     """
     return _frame_of_events(events, "side_task_step", t0_ns)
 
 
 def _side_task_steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
-    _span_ms(f, t0_ns)
+    t0 = _span_ms(f, t0_ns)
     f["overrun_ms"] = f["overrun_ns"].fillna(0) / _NS
+    seen = f["seen_ns"].fillna(0)
+    f["seen_ms"] = ((seen - t0) / _NS).where(seen > 0)
     return _typed(f.sort_values("start_ms", kind="stable"), _SIDE_TASK_STEP_SCHEMA)
 
 
@@ -188,8 +193,10 @@ def events_frame(events: Iterable[Event], t0_ns: int | None = None) -> pd.DataFr
 
 def _frame_of_events(events: Iterable[Event], kind: str, t0_ns: int | None) -> pd.DataFrame:
     """The table of ``kind`` built from the events of that kind among ``events``."""
-    rows = [e for e in events if e.get("kind") == kind]
-    raw = pd.DataFrame.from_records(rows, columns=list(RAW_BY_KIND[kind])) if rows else None
+    raw_columns = RAW_BY_KIND[kind]
+    zeros = {c: 0 for c, code in raw_columns.items() if code == "z"}  # 0 when missing, exactly
+    rows = [{**zeros, **e} for e in events if e.get("kind") == kind]
+    raw = pd.DataFrame.from_records(rows, columns=list(raw_columns)) if rows else None
     return frame_of(kind, raw, t0_ns)
 
 

@@ -272,3 +272,6 @@ def test_tiny_bench_times_how_long_side_tasks_start_steps_after_their_bubbles_en
         timed += len(used)
     assert timed > 0  # the task used bubbles in at least one gated mode
     assert rows["naive"]["pause_p99_ms"] is None  # naive co-location runs through everything
+    for mode in ("managed", "governed"):  # the first hop of the signal latency, where timed
+        wake, whole = rows[mode]["wake_p50_ms"], rows[mode]["latency_p50_ms"]
+        assert wake is None or 0.0 <= wake <= whole, rows[mode]

@@ -194,7 +194,7 @@ def test_block_overruns_count_any_step_that_ended_after_its_bubble() -> None:
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms]
+        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, float("nan")]
          for ms in (0.0, 1e-6, 3.0, float("nan"))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -307,7 +307,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
 
     side = pd.DataFrame(
         [
-            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0]
+            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, float("nan")]
             for a, b in ((1.0, 4.0), (4.5, 8.0))
         ],
         columns=list(SIDE_TASK_STEP_COLUMNS),
@@ -361,7 +361,7 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, float("nan")]
          for start in (2.0, 12.0)],  # one step in the bubble [1, 8) ms, one 4 ms after its end
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -378,13 +378,54 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     assert row["latency_ms"] == [1.0]  # the bubble opened at 1 ms, its first step at 2 ms
 
 
+def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge() -> None:
+    """Bubble [1, 8) ms: its host saw the edge at 1.25 ms and started a step at 2 ms, then
+    another (no edge of its own); bubble [10, 18): a first step that did not record when."""
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    nan = float("nan")
+    side = pd.DataFrame(
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen]
+         for start, seen in ((2.0, 1.25), (3.5, nan), (11.0, nan))],
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )  # fmt: skip
+    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    edges = [
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
+        for slot, edge, t in ((1, "start", 1), (1, "end", 8), (2, "start", 10), (2, "end", 18))
+    ]
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 0}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
+                                  edges, [], 0)  # fmt: skip
+    assert row is not None and row["latency_ms"] == [1.0, 1.0]
+    assert row["wake_ms"] == [pytest.approx(0.25)]  # of the first 1.0 ms; the rest the host's
+
+
+def test_results_from_before_hosts_said_when_they_saw_edges_read_not_measured() -> None:
+    import math
+
+    import pandas as pd
+
+    from freeride_lab.bench import tables as bt
+
+    blocks = pd.DataFrame([_block("m4", 0, "vanilla"), _block("m4", 1, "managed")])
+    assert "wake_ms" not in blocks.columns
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    pipeline = bt.pipeline_summary(summary, blocks, stages=4, reference_keys={})
+    assert not pipeline.empty
+    assert all(math.isnan(r["wake_p50_ms"]) for _, r in pipeline.iterrows())
+
+
 def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None:
     import pandas as pd
 
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, float("nan")]
          for start in (2.0, 15.0)],  # one step in [1, 8), one in the bubble opened at 14 ms
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip

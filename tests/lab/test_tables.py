@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -271,6 +272,17 @@ def side_task_step_event(i: int) -> dict[str, object]:
     return {"kind": "side_task_step", "task_id": "counting-1a2b", "name": "Counting",
             "stage": 0, "rank": 0, "step": i // 10, "start_ns": t, "end_ns": t + 500_000,
             "progress": 1.0, "unit": "steps", "overrun_ns": 0}  # fmt: skip
+
+
+def test_a_side_task_step_says_when_its_host_saw_the_edge_only_where_it_did() -> None:
+    first = {**side_task_step_event(0), "seen_ns": 10**18 - 250_000}  # 0.25 ms before its start
+    later = side_task_step_event(1)  # files written before hosts said so lack the field
+    tables = EventTables()
+    tables.add([first, later])
+    frame = tables.side_task_steps()
+    assert frame["seen_ms"].iloc[0] == pytest.approx(frame["start_ms"].iloc[0] - 0.25)
+    assert math.isnan(frame["seen_ms"].iloc[1])
+    pd.testing.assert_frame_equal(frame, side_task_steps_frame([first, later], tables.t0()))
 
 
 @pytest.mark.slow  # a million rows written and read back

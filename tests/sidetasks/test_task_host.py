@@ -128,6 +128,27 @@ def test_iterative_steps_lie_inside_bubbles_except_counted_overruns(
             assert step.overrun_ns == step.end_ns - end_ns
 
 
+def test_the_first_step_in_a_bubble_says_when_its_host_saw_the_bubble_start(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    """The hops of the signal latency: bubble start → the host saw it (``seen_ns``) → the
+    step's start. Only a bubble's first step answered an edge; the others carry 0."""
+    proc = start_active(
+        run_dir, hosts, ref("Counting"), options={"step_s": 0.003}, limits={"budget_s": 0.005}
+    )
+    bubbles = drive_bubbles(edges, 6)
+    assert stop(proc) == 0
+    steps = steps_of(task_events(run_dir, "t1"))
+    firsts = {}
+    for step in steps:
+        firsts.setdefault(bubble_of(step, bubbles), step)
+    assert len(firsts) >= 2, "the task stepped in too few bubbles to tell"
+    for bubble, first in firsts.items():
+        assert bubble[0] <= first.seen_ns <= first.start_ns, (bubble, first)
+    later = [s for s in steps if s not in firsts.values()]
+    assert later and all(s.seen_ns == 0 for s in later)
+
+
 def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:

@@ -57,6 +57,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
                     16.0,
                     "samples",
                     0.5 if step == 1 else 0.0,
+                    float("nan"),  # seen_ms
                 )
             )
             step_rows.append((step, rank, t, t + 20, 20.0 + step, 1.0, 2.5, 512))

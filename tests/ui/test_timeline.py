@@ -58,6 +58,7 @@ def fake_tables(
                                 32.0,
                                 "samples",
                                 1.5 if step == steps - 1 else 0.0,
+                                float("nan"),  # seen_ms
                             )
                         )
                     t += 10.0

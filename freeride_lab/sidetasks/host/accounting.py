@@ -192,8 +192,10 @@ class StepAccounting(Checkpointing):
                 progress=progress,
                 unit=task.unit,
                 overrun_ns=overrun_ns,
+                seen_ns=self._seen_ns,
             )
         )
+        self._seen_ns = 0  # only the first step after an edge answered it
 
     def _apply_overrun_policy(self) -> None:
         stats = OverrunStats.of(self._window, budget_ns=self._budget_ns())

@@ -92,6 +92,7 @@ class HostBase:
         # (step, slot) -> observed end (ns) of recent bubbles; the first value found sticks
         self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._bubble: Edge | None = None
+        self._seen_ns = 0  # when the newest bubble-start edge was seen; 0 once a step reported it
         self._last_checkpoint_s = time.monotonic()
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only

@@ -172,19 +172,20 @@ class TaskHost(IterativeSteps):
         reader = self.reader
         limit_s = min(limit_s, _WAIT_S)
         predicted_ns = self._clock.next_start_ns() if self._spin_lead_s > 0 else None
+        self._seen_ns = 0
         if predicted_ns is None:
-            with self._waiting():
-                edge = reader.wait(timeout_s=limit_s)
+            edge, seen_ns = self._wait(timeout_s=limit_s)
         else:
             sleep_s = (predicted_ns - reader.now_ns()) / 1e9 - self._spin_lead_s
-            with self._waiting():
-                edge = reader.wait(timeout_s=min(sleep_s, limit_s)) if sleep_s > 0 else None
+            edge, seen_ns = (
+                self._wait(timeout_s=min(sleep_s, limit_s)) if sleep_s > 0 else (None, 0)
+            )
             if edge is None and sleep_s <= limit_s:
-                with self._waiting():
-                    edge = reader.wait(timeout_s=limit_s, spin_s=2 * self._spin_lead_s)
+                edge, seen_ns = self._wait(timeout_s=limit_s, spin_s=2 * self._spin_lead_s)
         if edge is None:
             return None
         if edge.in_bubble:
+            self._seen_ns = seen_ns  # the first step after it reports it (signal latency hops)
             self._clock.bubble_started(
                 start_ns=edge.start_ns,
                 previous_slot=edge.previous_slot,
@@ -193,6 +194,12 @@ class TaskHost(IterativeSteps):
         elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
             self._clock.bubble_ended(slot=edge.slot, end_ns=edge.observed_end_ns)
         return edge
+
+    def _wait(self, **how: float) -> tuple[Edge | None, int]:
+        """``reader.wait(**how)``, marked as a wait in the beacon, and when it returned."""
+        with self._waiting():
+            edge = self.reader.wait(**how)
+            return edge, self.reader.now_ns()
 
     def _wait_command(self, timeout_s: float) -> None:
         """Sleep until a command arrives (then carry it out) or ``timeout_s`` passes."""
