@@ -149,6 +149,59 @@ def test_the_first_step_in_a_bubble_says_when_its_host_saw_the_bubble_start(
     assert later and all(s.seen_ns == 0 for s in later)
 
 
+def test_a_bubbles_first_step_is_launched_before_its_start_is_announced(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """[Note: launch, then tell]: between the edge and the first ``step()`` the host sends
+    the worker nothing; RUNNING follows the launch, keeps its time and still comes first in
+    the task's events, before the step's record and the PAUSE."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.core.sidetask_state import SideTaskEvent
+    from freeride_lab.io.sink import EventSink
+    from freeride_lab.sidetasks.host.task_host import TaskHost
+    from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
+
+    order: list[str] = []
+
+    class Recording(Counting):
+        def step(self) -> float:
+            order.append("step")
+            return super().step()
+
+    spec = TaskSpec.from_dict(
+        {"task": ref("Counting"), "task_id": "t1", "limits": {"budget_s": 0.002}}
+    )
+    sink = EventSink(tmp_path / "task.jsonl")
+    host = TaskHost(HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
+                    conn=None, sink=sink)  # fmt: skip
+    host._send = lambda message: order.append(f"send {message.get('state')}")  # type: ignore[method-assign]
+    host.task = Recording(step_s=0.001, limit=None)
+    for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
+        assert host._apply(event)
+    order.clear()
+    assert host._open_reader()
+    now = time.time_ns()
+    edges.bubble_start(0, 0, now, now + 50_000_000)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None and edge.in_bubble
+    host._run_bubble(edge)
+    sink.close()
+    assert order[:2] == ["step", "send RUNNING"], order
+    assert order[-1] == "send PAUSED"
+    events = task_events_at(tmp_path / "task.jsonl")[2:]  # after CREATED and PAUSED
+    kinds = [(type(e).__name__, getattr(e, "state", "")) for e in events]
+    assert kinds[0] == ("SideTaskStateChanged", "RUNNING")
+    assert kinds[-1] == ("SideTaskStateChanged", "PAUSED")
+    running, first = events[0], steps_of(events)[0]
+    assert isinstance(running, ev.SideTaskStateChanged)
+    assert first.seen_ns <= running.t_ns <= first.start_ns  # stamped when it happened
+
+
+def task_events_at(path: Path) -> list[ev.Event]:
+    return [ev.from_json(line) for line in path.read_text().splitlines() if line]
+
+
 def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:

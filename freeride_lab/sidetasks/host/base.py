@@ -93,6 +93,9 @@ class HostBase:
         self._ends: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._bubble: Edge | None = None
         self._seen_ns = 0  # when the newest bubble-start edge was seen; 0 once a step reported it
+        # a state change applied but not yet announced: (event, state, reason, t_ns); see
+        # [Note: launch, then tell]
+        self._held: tuple[str, str, str, int] | None = None
         self._last_checkpoint_s = time.monotonic()
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
@@ -141,14 +144,28 @@ class HostBase:
             pass  # the worker is gone; the control thread turns that into a stop
 
     def _emit_state(self, event: str, accepted: bool, reason: str = "", tb: str = "") -> None:
-        state = str(self.machine.state)
+        self._announce_held()  # an earlier change goes first
+        self._announce(event, str(self.machine.state), accepted, reason, tb, self._now_ns())
+
+    def _announce_held(self) -> None:
+        """Announce the state change ``_apply(..., hold=True)`` kept back, if any."""
+        held, self._held = self._held, None
+        if held is not None:
+            event, state, reason, t_ns = held
+            self._announce(event, state, True, reason, "", t_ns)
+
+    def _announce(
+        self, event: str, state: str, accepted: bool, reason: str, tb: str, t_ns: int
+    ) -> None:
+        """The state change's event (stamped ``t_ns``, when it was applied) and the worker's
+        message."""
         self.sink.emit(
             ev.SideTaskStateChanged(
                 task_id=self.spec.task.task_id,
                 name=self.spec.task.display_name,
                 stage=self.spec.stage,
                 state=state,
-                t_ns=self._now_ns(),
+                t_ns=t_ns,
                 event=event,
                 accepted=accepted,
                 reason=reason,
@@ -183,7 +200,13 @@ class HostBase:
 
     # -- state machine --
 
-    def _apply(self, event: SideTaskEvent, reason: str | Callable[[], str] = "") -> bool:
+    def _apply(
+        self, event: SideTaskEvent, reason: str | Callable[[], str] = "", *, hold: bool = False
+    ) -> bool:
+        """Apply ``event`` (running its hooks) and announce it: an event and a message to the
+        worker; with ``hold``, the announcement waits for ``_announce_held`` (the next one, at
+        the latest). False if the state machine refused it (announced at once)."""
+        self._announce_held()
         outcome = transition(self.machine.state, event)
         if isinstance(outcome, Rejected):
             self.machine.apply(event, t_ns=self._now_ns())
@@ -193,8 +216,12 @@ class HostBase:
         for hook in outcome.hooks:
             self._hook(hook)
         text = reason() if callable(reason) else reason
-        self.machine.apply(event, t_ns=self._now_ns())
-        self._emit_state(str(event), True, text)
+        t_ns = self._now_ns()
+        self.machine.apply(event, t_ns=t_ns)
+        if hold:
+            self._held = (str(event), str(self.machine.state), text, t_ns)
+        else:
+            self._announce(str(event), str(self.machine.state), True, text, "", t_ns)
         return True
 
     def _hook(self, name: str) -> None:

@@ -18,6 +18,16 @@ kept as its guard, so a group ends where a lone step would have been allowed to.
 looks at the edges between the calls and stops launching once the bubble is seen to end. A
 profiling step is always alone, and the profile is taken from single steps.
 
+[Note: launch, then tell]
+A bubble's first step is what the signal latency measures, so nothing that can wait runs
+between the host seeing the bubble's start and calling ``step()``. The START transition (the
+state machine and the task's ``on_start`` hook) is applied at once, but its announcement (a
+``SideTaskStateChanged`` event and a message to the worker, which wakes the worker's reader:
+another process that competes for the host's core) is held back until the step's kernels are
+queued, and sent while the device runs them (on a CPU task, once its step has run). The event
+keeps the time the transition happened, and any later announcement sends a held one first, so
+every reader still sees RUNNING before the step's record and before the PAUSE that ends it.
+
 [Note: trickle]
 Under gating "trickle" a task steps in bubbles exactly as under "bubbles", and between bubbles,
 while the rank computes, it runs groups of steps (about ``_TRICKLE_GROUP_NS`` long, one device
@@ -88,7 +98,7 @@ class IterativeSteps(StepAccounting):
             return  # profile samples come from the largest bubbles only
         if not should_step(self.reader.now_ns(), predicted_end_ns, self._budget_ns(), False):
             return  # too short (or seen too late) for one step: leave it without events
-        if not self._apply(SideTaskEvent.START):
+        if not self._apply(SideTaskEvent.START, hold=True):  # [Note: launch, then tell]
             return
         while self._cmds.empty():
             cur = self.reader.latest()
@@ -221,6 +231,7 @@ class IterativeSteps(StepAccounting):
                     break
                 if bubble is not None and _has_ended(bubble, self.reader.latest()):
                     break  # launch no more
+            self._announce_held()  # the kernels are queued: tell while the device works
             _wait_for_device(task)
         finally:
             if self.beacon is not None:
