@@ -133,6 +133,8 @@ class BenchProfile:
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
     step_group_ms: float = 1.0
+    #: how the real rank predicts bubble lengths (``RuntimeOptions.predictor``)
+    predictor: str = "min"
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -154,7 +156,11 @@ class BenchProfile:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
         # their one check, before any run
-        RuntimeOptions(announce_min_ms=self.announce_min_ms, step_group_ms=self.step_group_ms)
+        RuntimeOptions(
+            announce_min_ms=self.announce_min_ms,
+            step_group_ms=self.step_group_ms,
+            predictor=self.predictor,
+        )
         for plan in self.runs:  # an unknown schedule or chunk count, before any run
             RunConfig(
                 schedule=self.schedule, stages=self.stages, microbatches=plan.microbatches,
@@ -279,5 +285,6 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
             pg_timeout_s=1800,
             announce_min_ms=p.announce_min_ms,
             step_group_ms=p.step_group_ms,
+            predictor=p.predictor,
         ),
     )  # fmt: skip

@@ -21,7 +21,7 @@ __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 #: Options that narrow or change a profile: a resumed result keeps the one it was started with.
 _PROFILE_OPTIONS: tuple[str, ...] = (
     "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
-    "announce_min_ms", "step_group_ms", "schedule", "chunks", "task_options",
+    "announce_min_ms", "step_group_ms", "predictor", "schedule", "chunks", "task_options",
 )  # fmt: skip
 
 
@@ -68,6 +68,9 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     p.add_argument("--step-group-ms", type=float, default=None,
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
+    p.add_argument("--predictor", default=None, choices=["min", "feedback"],
+                   help="how the real rank predicts bubble lengths: the minimum of the last "
+                   "five (default, FreeRide's) or a percentile moved by its misses")  # fmt: skip
     p.add_argument("--schedule", default=None,
                    help="pipeline schedule (default 1F1B); Interleaved1F1B and "
                         "InterleavedZeroBubble run on every torch")  # fmt: skip
@@ -148,7 +151,8 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
         except ValueError as exc:
             given = " ".join(f"--{n} {v}" for n, v in layout.items())
             raise UsageError(f"{given}: {exc}") from exc
-    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms"):
+    for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms",
+                 "predictor"):  # fmt: skip
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.task_options:

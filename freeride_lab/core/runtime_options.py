@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["RUNTIME_KEYS", "EmulateOptions", "RuntimeOptions", "TimedMode"]
+__all__ = ["PREDICTORS", "RUNTIME_KEYS", "EmulateOptions", "RuntimeOptions", "TimedMode"]
 
 TimedMode = bool | Literal["alternate"]
 MAX_SECONDS = 3600.0  # stop_grace_s and pg_timeout_s: beyond an hour a value is a typo
@@ -30,6 +30,8 @@ MAX_ALTERNATE_EVERY = 10**6
 MAX_ANNOUNCE_MIN_MS = 1e6
 #: A step group longer than this would outlast most bubbles it could start in.
 MAX_STEP_GROUP_MS = 100.0
+#: How a rank predicts bubble lengths (``RuntimeOptions.predictor``).
+PREDICTORS: tuple[str, ...] = ("min", "feedback")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -127,6 +129,9 @@ class RuntimeOptions:
         step_group_ms: side-task steps much shorter than this are launched in groups that
             last about this long together, with one device wait and one step record per group
             (``sidetasks.host.iterative`` [Note: step groups]); 0 waits after every step.
+        predictor: how a rank predicts each bubble's length for its live edges: "min", the
+            minimum of the slot's last five (FreeRide's); "feedback", a percentile of its last
+            16 moved by its own misses (``core.bubble_prediction``).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -138,6 +143,7 @@ class RuntimeOptions:
     alternate_every: int = 1
     announce_min_ms: float = 1.0
     step_group_ms: float = 1.0
+    predictor: str = "min"
     emulate: EmulateOptions | None = None
 
     def __post_init__(self) -> None:
@@ -173,6 +179,11 @@ class RuntimeOptions:
             "how long a group of short side-task steps may last (0 waits for the device after "
             "every step)",
         )
+        if self.predictor not in PREDICTORS:
+            raise ValueError(
+                f"runtime predictor={self.predictor!r}; valid: {', '.join(PREDICTORS)} (the "
+                "minimum of the last five bubbles, or a percentile moved by its misses)"
+            )
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):
             raise ValueError(

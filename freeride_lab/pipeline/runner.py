@@ -156,7 +156,9 @@ class RankRunner:
             device=self.device,
             clock_offset_ns=self.clock_offset_ns,
             edges=edges,
-            predictor=stage_build.make_predictor() if edges is not None else None,
+            predictor=(
+                stage_build.make_predictor(cfg.runtime.predictor) if edges is not None else None
+            ),
             clock=self.step_clock,
             announce_min_ns=round(cfg.runtime.announce_min_ms * 1e6),
         )

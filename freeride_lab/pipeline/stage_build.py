@@ -210,18 +210,17 @@ def make_edges(
     return edges
 
 
-def make_predictor() -> SlotPredictorLike | None:
-    """The bubble-end predictor the live edges carry."""
-    try:
-        from freeride_lab.core.bubbles import SlotPredictor
-    except ImportError:
-        log.warning(
-            "freeride_lab.core.bubbles.SlotPredictor unavailable; "
-            "bubble edges carry no predicted end"
-        )
-        return None
-    predictor: SlotPredictorLike = SlotPredictor(k=5, method="min")
-    return predictor
+def make_predictor(kind: str = "min") -> SlotPredictorLike:
+    """The bubble-end predictor the live edges carry (``RuntimeOptions.predictor``): "min",
+    FreeRide's minimum of a slot's last five; "feedback", ``core.bubble_prediction``'s."""
+    from freeride_lab.core.bubble_prediction import FeedbackSlotPredictor
+    from freeride_lab.core.bubbles import SlotPredictor
+
+    if kind == "feedback":
+        return FeedbackSlotPredictor()
+    if kind == "min":
+        return SlotPredictor(k=5, method="min")
+    raise ValueError(f"predictor={kind!r}; valid: min, feedback")
 
 
 def loss_function(config: RunConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -253,6 +253,19 @@ def test_a_schedule_and_its_chunks_reach_every_runs_config(tmp_path: Path) -> No
     assert {(c.schedule, c.chunks) for c in configs} == {("Interleaved1F1B", 2)}
 
 
+@pytest.mark.parametrize(
+    ("words", "predictor"), [((), "min"), (("--predictor", "feedback"), "feedback")]
+)
+def test_the_bubble_predictor_reaches_every_runs_ranks(
+    tmp_path: Path, words: tuple[str, ...], predictor: str
+) -> None:
+    from freeride_lab.bench.profiles import run_config
+
+    profile = bench_options(*words)
+    configs = [run_config(profile, plan, tmp_path) for plan in profile.runs]  # type: ignore[attr-defined]
+    assert {c.runtime.predictor for c in configs} == {predictor}
+
+
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}
