@@ -52,6 +52,7 @@ __all__ = [
     "lever_rows",
     "lever_table",
     "paired_comparison",
+    "pipeline_comparisons",
     "verdict",
 ]
 
@@ -221,6 +222,42 @@ def bench_comparisons(on: Arm, off: Arm | None, shown: str) -> list[Comparison]:
                 _effect(_harvest(row), None if other is None else _harvest(other)),
                 _effect(_overhead(row), None if other is None else _overhead(other)),
                 (on.source,) if off is None else (on.source, off.source),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _bounds_only(row: Mapping[str, Any], name: str) -> Interval:
+    return Interval(_num(row.get(f"{name}_frac")), _num(row.get(f"{name}_lo_frac")),
+                    _num(row.get(f"{name}_hi_frac")), _NAN, _NAN,
+                    int(row.get("blocks_min", 0)))  # fmt: skip
+
+
+def pipeline_comparisons(on: Arm, off: Arm, shown: str) -> list[Comparison]:
+    """One comparison per run and case whose pipeline rows both arms hold over the same
+    stages: the harvest of the measured idle (mean over the stages) and the mean one-stage
+    overhead. The pipeline table keeps their bounds only, so the arms stand side by side."""
+
+    def rows(arm: Arm) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return {(r["run"], r["case"]): r for r in arm.source.data.get("pipeline", [])
+                if r["mode"] == arm.mode}  # fmt: skip
+
+    off_rows = rows(off)
+    out = []
+    for (run, case), row in rows(on).items():
+        other = off_rows.get((run, case))
+        if other is None or other.get("stages_covered") != row.get("stages_covered"):
+            continue
+        mode = "" if off.mode != on.mode else f", {on.mode}"
+        out.append(
+            Comparison(
+                _ab_text(on, off, shown),
+                f"{case}, {row.get('stages_covered')} stages: mean{mode} ({run_label(run)})",
+                Effect(_bounds_only(row, "harvest_of_measured_idle"),
+                       _bounds_only(other, "harvest_of_measured_idle"), None),
+                Effect(_bounds_only(row, "overhead_one_stage_mean"),
+                       _bounds_only(other, "overhead_one_stage_mean"), None),
+                (on.source, off.source),
             )
         )  # fmt: skip
     return out

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from goal_status import Source, goal_table
-from lever_status import Arm, Comparison, bench_comparisons, lever_table, paired_comparison
+from lever_status import (
+    Arm,
+    Comparison,
+    bench_comparisons,
+    lever_table,
+    paired_comparison,
+    pipeline_comparisons,
+)
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
@@ -936,6 +943,17 @@ def _modes(names: tuple[str, ...], on: str, off: str, table: str) -> list[Compar
     return bench_comparisons(Arm(s, on, on), Arm(s, off, off), f"table `{table}`")
 
 
+def _governed() -> list[Comparison]:
+    """Governed against managed blocks over the four stages of one run (``H200_IDLE_SPLIT``):
+    per stage, then the pipeline's mean."""
+    s = source(*(n for n, _ in H200_IDLE_SPLIT))
+    on, off = Arm(s, "governed", "governed"), Arm(s, "managed", "managed")
+    return [
+        *bench_comparisons(on, off, "table `h200-12-04d-idle-split`"),
+        *pipeline_comparisons(on, off, "tables `h200-12-04d-harvest`, `h200-12-04d-overhead`"),
+    ]
+
+
 def _timing_quiet(model: str, label: str) -> Comparison:
     """The instrument's cost with only bubbles predicted ≥ 1 ms announced against every gap
     announced (``TIMING_OVERHEAD_C``), on one model."""
@@ -959,8 +977,7 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
     watcher = raw(EDGE_WATCHER)
     tokens = H200_INFERENCE_TOKENS[0]
     return {
-        "governed": _modes(tuple(n for n, _ in H200_IDLE_SPLIT), "governed", "managed",
-                           "h200-12-04d-idle-split"),
+        "governed": _governed(),
         "micro_batches": _on_off(micro4, micro1, "h200-12-04d-levers"),
         "step_groups": _on_off(group1, group0, "h200-12-04d-levers"),
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "h200-12-04f-graphs"),

@@ -191,6 +191,29 @@ def test_a_harvest_without_its_standard_error_stands_side_by_side() -> None:
     assert lever_status.verdict(c.harvest, c.overhead) == "**helps**: more harvest"
 
 
+def test_pipeline_means_over_the_same_stages_stand_side_by_side() -> None:
+    def row(mode: str, harvest: tuple[float, float, float], stages: int) -> dict[str, Any]:
+        value, lo, hi = harvest
+        return {"run": "m4-timeslice", "case": "mix", "mode": mode, "stages_covered": stages,
+                "blocks_min": 5, "harvest_of_measured_idle_frac": value,
+                "harvest_of_measured_idle_lo_frac": lo, "harvest_of_measured_idle_hi_frac": hi,
+                "overhead_one_stage_mean_frac": 0.0, "overhead_one_stage_mean_lo_frac": -0.01,
+                "overhead_one_stage_mean_hi_frac": 0.01}  # fmt: skip
+
+    source = bench("2026-01-01T00:00:00", [])
+    source.data["pipeline"] = [row("governed", (0.69, 0.64, 0.73), 4),
+                               row("managed", (0.56, 0.50, 0.62), 4),
+                               row("naive", (0.9, 0.8, 1.0), 3)]  # fmt: skip
+    governed, managed = Arm(source, "governed", "governed"), Arm(source, "managed", "managed")
+    (c,) = lever_status.pipeline_comparisons(governed, managed, "table `x`")
+    assert c.where == "mix, 4 stages: mean (M = 4, time-sliced)"
+    assert c.harvest.diff is None and (c.harvest.on.lo, c.harvest.off.hi) == (0.64, 0.62)
+    assert lever_status.verdict(c.harvest, c.overhead) == "**helps**: more harvest"
+    # a mode measured over other stages is not compared
+    naive = Arm(source, "naive", "naive")
+    assert lever_status.pipeline_comparisons(naive, managed, "table `x`") == []
+
+
 def test_comparisons_for_a_lever_that_is_not_listed_are_refused() -> None:
     with pytest.raises(ValueError, match=r"unknown lever\(s\) \['typo'\]; known: governed"):
         lever_status.lever_table({"typo": []}, LEVERS)
