@@ -124,6 +124,18 @@ def _is_bench(s: Source) -> bool:
     return s.data.get("benchmark") == "bench"
 
 
+def before_peer_fix(s: Source, peer_fix_date: str | None) -> bool:
+    """Whether ``s`` is an emulated-peer bench result recorded before ``peer_fix_date`` (the
+    date of the first result whose peers last what they stand for): its measured idle holds
+    the peers' overrun."""
+    return (
+        peer_fix_date is not None
+        and _is_bench(s)
+        and s.date < peer_fix_date
+        and "--emulate-peers" in str(s.data.get("command", ""))
+    )
+
+
 # -- what each goal reads ---------------------------------------------------------------------
 
 
@@ -359,12 +371,7 @@ def _figure(goal: Goal, c: Candidate | None, peer_fix_date: str | None) -> str:
     else:
         figure = fmt_interval(c.value, c.lo, c.hi, 2, signed=goal.kind == "max")
     when = c.source.date[:16].replace("T", " ")
-    fix = (
-        f" {PEER_FIX_NOTE}"
-        if peer_fix_date is not None and _is_bench(c.source) and c.source.date < peer_fix_date
-        and "--emulate-peers" in str(c.source.data.get("command", ""))
-        else ""
-    )  # fmt: skip
+    fix = f" {PEER_FIX_NOTE}" if before_peer_fix(c.source, peer_fix_date) else ""
     return f"{figure}: {c.what}; `{c.source.name}`, {when}{fix}"
 
 

@@ -30,6 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from goal_status import Source, goal_table
+from lever_status import (
+    Arm,
+    Comparison,
+    bench_comparisons,
+    lever_table,
+    paired_comparison,
+    pipeline_comparisons,
+)
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
@@ -154,6 +162,14 @@ EMULATED_IDLE = (
 #: The first result whose emulated peers last what they stand for (every sleep to a deadline):
 #: an emulated-peer result recorded before it has the peers' overrun in its measured idle.
 PEER_FIX = H200_ZB_EMULATION[-1][0]
+#: The GPU task host's spin into a predicted bubble start, off then on: real stage 3 (VGG-19),
+#: M = 4 time-sliced, two invocations back to back (before the step-boundary bubble).
+H200_SPIN = (
+    ("h200-2026-12-02-spin-off.json", "spin off"),
+    ("h200-2026-12-02-spin-on.json", "spin on"),
+)
+#: The modes a lever's A/B compares when both arms ran the product's two.
+_AB_MODES = ("managed", "governed")
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
 GRAPHED_STEPS = "graphed-steps-h200-2026-12-04.json"
 CPU_OLD = "cpu-2026-12-02.json"
@@ -877,6 +893,15 @@ def emulated_idle() -> list[str]:
     )  # fmt: skip
 
 
+@cache
+def source(*names: str) -> Source:
+    """A bench run measured in one call or over several, as one result: named by its files,
+    dated by its last call, its tables by today's arithmetic."""
+    return Source(" + ".join(n.removesuffix(".json") for n in names),
+                  max(raw(n)["date"] for n in names),
+                  result(names[0]) if len(names) == 1 else merged(names))  # fmt: skip
+
+
 def goal_sources() -> list[Source]:
     """Every H200 result the tables above report, for "Where each goal stands": the bench
     results (a run measured over several calls read as one, dated by its last call) and the
@@ -887,12 +912,7 @@ def goal_sources() -> list[Source]:
     for files in (H200_LEVERS, H200_TRICKLE, H200_INFERENCE, H200_INFERENCE_TOKENS, H200_GRAPHS,
                   H200_MPS_GRAPHS, H200_SCHEDULES, H200_ZB_EMULATION):  # fmt: skip
         runs += [(n,) for n, _ in files if (n,) not in runs]
-    out = [
-        Source(" + ".join(n.removesuffix(".json") for n in names),
-               max(raw(n)["date"] for n in names),
-               result(names[0]) if len(names) == 1 else merged(names))
-        for names in runs
-    ]  # fmt: skip
+    out = [source(*names) for names in runs]
     out += [
         Source(n.removesuffix(".json"), raw(n)["date"], raw(n))
         for n in (*TIMING_OVERHEAD, *TIMING_OVERHEAD_C, TIMING_OVERHEAD_D)
@@ -904,8 +924,96 @@ def goals_now() -> list[str]:
     return goal_table(goal_sources(), peer_fix_date=raw(PEER_FIX)["date"])
 
 
+def _on_off(
+    on: tuple[str, str], off: tuple[str, str], table: str, modes: Sequence[str] = _AB_MODES
+) -> list[Comparison]:
+    """A lever on (file, label) against off (file, label), two invocations of one call, in
+    each of ``modes``; ``table`` names where BENCHMARKS.md shows them."""
+    return [
+        c
+        for mode in modes
+        for c in bench_comparisons(Arm(source(on[0]), mode, on[1]),
+                                   Arm(source(off[0]), mode, off[1]), f"table `{table}`")
+    ]  # fmt: skip
+
+
+def _modes(names: tuple[str, ...], on: str, off: str, table: str) -> list[Comparison]:
+    """A lever on (mode ``on``) against off (mode ``off``) within each segment of one result."""
+    s = source(*names)
+    return bench_comparisons(Arm(s, on, on), Arm(s, off, off), f"table `{table}`")
+
+
+def _governed() -> list[Comparison]:
+    """Governed against managed blocks over the four stages of one run (``H200_IDLE_SPLIT``):
+    per stage, then the pipeline's mean."""
+    s = source(*(n for n, _ in H200_IDLE_SPLIT))
+    on, off = Arm(s, "governed", "governed"), Arm(s, "managed", "managed")
+    return [
+        *bench_comparisons(on, off, "table `h200-12-04d-idle-split`"),
+        *pipeline_comparisons(on, off, "tables `h200-12-04d-harvest`, `h200-12-04d-overhead`"),
+    ]
+
+
+def _timing_quiet(model: str, label: str) -> Comparison:
+    """The instrument's cost with only bubbles predicted ≥ 1 ms announced against every gap
+    announced (``TIMING_OVERHEAD_C``), on one model."""
+    on, off = (raw(f"timing-overhead-h200-2026-12-04c-{model}-announce{ms}.json") for ms in (1, 0))
+    return paired_comparison(
+        "`timing-overhead-h200-2026-12-04c-*-announce1` vs `…-announce0` (every gap): the "
+        "instrument's cost; table `timing-overhead-h200-quiet`",
+        f"{label}, no side task: timed vs plain step",
+        on["cases"][0]["overhead_frac"], off["cases"][0]["overhead_frac"], (),
+    )  # fmt: skip
+
+
+def lever_comparisons() -> dict[str, list[Comparison]]:
+    """Each lever's committed A/Bs (``lever_status.LEVERS``), from the files the tables above
+    report: on beside off in one call, per stage · task."""
+    group0, group1, micro1, micro4 = H200_LEVERS
+    resnet_eager, resnet_graphed, vgg_eager, vgg_graphed = H200_GRAPHS
+    interleaved, zero_bubble = H200_SCHEDULES
+    every_gap, quiet = ((n, label) for n, label in zip(H200_ANNOUNCE, ("every gap", "≥ 1 ms"),
+                                                          strict=True))  # fmt: skip
+    watcher = raw(EDGE_WATCHER)
+    tokens = H200_INFERENCE_TOKENS[0]
+    return {
+        "governed": _governed(),
+        "micro_batches": _on_off(micro4, micro1, "h200-12-04d-levers"),
+        "step_groups": _on_off(group1, group0, "h200-12-04d-levers"),
+        "graphs": [*_on_off(resnet_graphed, resnet_eager, "h200-12-04f-graphs"),
+                   *_on_off(vgg_graphed, vgg_eager, "h200-12-04f-graphs")],
+        "trickle": [*(c for name, _ in H200_TRICKLE
+                      for c in _modes((name,), "trickle", "governed", "h200-12-04e-trickle")),
+                    *_modes((tokens[0],), "trickle", "governed", "h200-12-04f-inference")],
+        "edge_waits": [
+            *(c for mode in _AB_MODES
+              for c in bench_comparisons(
+                  Arm(source(H200_SPIN[1][0]), mode, H200_SPIN[1][1]),
+                  Arm(source(H200_SPIN[0][0]), mode, H200_SPIN[0][1]),
+                  "no table; 2026-12-03, \"What changed since the first H200 call\", 5")),
+            paired_comparison(
+                f"`{EDGE_WATCHER.removesuffix('.json')}`: sleeping vs polling watcher, each "
+                "against no watcher; table `edge-watcher-h200`",
+                "launch-bound loop, no side task: step time vs no watcher",
+                watcher["vs_none_frac"]["sleep"], watcher["vs_none_frac"]["poll"],
+                (Source(EDGE_WATCHER.removesuffix(".json"), watcher["date"], watcher),)),
+        ],
+        "announce": [*_on_off(quiet, every_gap, "h200-12-04c-announce"),
+                     _timing_quiet("launch", "one-stage GPT, d_model 1024 (launch-bound)"),
+                     _timing_quiet("compute", "one-stage GPT, d_model 2048 (compute-bound)")],
+        "inference": bench_comparisons(Arm(source(tokens[0]), "governed", tokens[1]), None,
+                                       "table `h200-12-04f-inference`"),
+        "zero_bubble": _on_off(zero_bubble, interleaved, "h200-12-04f-schedules"),
+    }  # fmt: skip
+
+
+def levers_now() -> list[str]:
+    return lever_table(lever_comparisons(), peer_fix_date=raw(PEER_FIX)["date"])
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h200-goals-now": goals_now,
+    "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,
     "h200-12-04g-zb-emulation": lambda: schedules(H200_ZB_EMULATION),
     "h200-12-04f-schedules": schedules,

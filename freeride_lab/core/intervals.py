@@ -256,7 +256,8 @@ def sum_interval(parts: Sequence[Interval], *, confidence: float = CONFIDENCE) -
     var = sum(p.se**2 for p in parts)
     if var == 0:
         return Interval(value, value, value, 0.0, math.inf, n)
-    df = var**2 / sum(p.se**4 / p.df for p in parts if p.se > 0)
+    welch = sum(p.se**4 / p.df for p in parts if p.se > 0)  # 0: every part's df is infinite
+    df = var**2 / welch if welch > 0 else math.inf
     return Interval.of(value, math.sqrt(var), df, n, confidence=confidence)
 
 

@@ -80,6 +80,13 @@ def test_sum_interval_adds_variances_and_takes_welch_degrees_of_freedom() -> Non
     assert s.hi - s.value == pytest.approx(t_quantile(0.975, s.df) * 0.005)
 
 
+def test_a_sum_of_parts_with_infinite_degrees_of_freedom_is_a_normal_interval() -> None:
+    # exact-variance parts (df inf, e.g. a sum of sums) add to a z-interval, not an error
+    s = sum_interval([Interval.of(0.1, 0.03, math.inf, 5), Interval.of(-0.06, 0.04, math.inf, 5)])
+    assert s.df == math.inf and s.se == pytest.approx(0.05)
+    assert (s.lo, s.hi) == pytest.approx((0.04 - 1.959964 * 0.05, 0.04 + 1.959964 * 0.05))
+
+
 def test_sum_with_a_part_without_interval_has_none() -> None:
     s = sum_interval([Interval.of(0.01, 0.003, 2, 3), Interval.point(0.02)])
     assert s.value == pytest.approx(0.03) and not s.has_bounds

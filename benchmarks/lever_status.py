@@ -1,0 +1,421 @@
+"""What each lever bought: every lever against itself switched off, read from the committed JSON.
+
+A *lever* is something built to harvest more of the idle time at less training overhead (the
+governed mode, finer side-task steps, trickle gating, ...). ``lever_table(levers, measured)``
+writes BENCHMARKS.md's "What each lever bought": per lever, each A/B that measured it (the
+lever on beside the lever off in one call: two invocations back to back, or two modes of one
+segment), per stage · task, with the harvest of the measured idle and the training overhead of
+both arms and their difference, and a verdict; a lever without an A/B says what would measure
+it. It takes the A/Bs as an argument, so a test can hand it a small synthetic result;
+``make_tables.py`` hands it the committed files its other tables report.
+
+[Note: the difference of two arms]
+Each arm's figure is the result's own (``bench.results.fill_tables``: the per-stage table).
+Their difference, on − off, takes the two as independent figures: variances add, degrees of
+freedom by Welch-Satterthwaite (``core.intervals.sum_interval`` of on and −off, the arithmetic
+of the all-stage estimate). Two invocations are independent. Two modes of one segment
+(governed vs managed, trickle vs governed) share the vanilla blocks their overheads are paired
+with and their harvest is divided by, which correlates the arms positively; taking them as
+independent then makes the interval of the difference wider than it is, never narrower. A
+benchmark that records a figure's bounds without its standard error (the edge-watcher and
+timing benchmarks) gets no difference: its arms stand side by side.
+
+[Note: verdict]
+An effect is clear when the interval of on − off lies wholly on one side of 0; without a
+difference, when the two arms' intervals do not overlap (a stricter test). A lever **helps**
+where a clear effect is in its favour (more harvest, or less overhead) and none against it,
+*hurts* where the reverse, is a *trade-off* where both; anything else is "no clear effect".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from goal_status import PEER_FIX_NOTE, Source, before_peer_fix
+
+from freeride_lab.bench.markdown import fmt_interval, md_table, run_label
+from freeride_lab.core.intervals import Interval, quotient_interval, sum_interval
+
+__all__ = [
+    "LEVERS",
+    "Arm",
+    "Comparison",
+    "Effect",
+    "Lever",
+    "Source",
+    "bench_comparisons",
+    "clear",
+    "difference",
+    "lever_rows",
+    "lever_table",
+    "paired_comparison",
+    "pipeline_comparisons",
+    "verdict",
+]
+
+NOT_MEASURED = "not measured on the GPU"
+BACKED_OUT = "backed out"
+NO_OFF_ARM = "no A/B: nothing to switch off"
+_NAN = math.nan
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of an A/B: a bench result, the mode whose blocks are read, the side in words."""
+
+    source: Source
+    mode: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One figure of an A/B: each arm's 95% interval, and on − off where it can be computed
+    (None: the arms stand side by side; ``off`` None: there is no off arm)."""
+
+    on: Interval
+    off: Interval | None
+    diff: Interval | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One A/B of a lever at one place: the A/B in words, where (stage · task, mode), the two
+    effects (None: not measured by it) and the results it reads."""
+
+    ab: str
+    where: str
+    harvest: Effect | None
+    overhead: Effect | None
+    sources: tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A lever: its name, what it changes, and, for a lever with no A/B, why and what would
+    measure it (``backed_out``: it was tried and taken out of the product)."""
+
+    key: str
+    name: str
+    changes: str
+    unmeasured: str
+    backed_out: bool = False
+
+
+# -- arithmetic and the rule ------------------------------------------------------------------
+
+
+def difference(on: Interval, off: Interval) -> Interval:
+    """on − off for two independent figures: variances add, df by Welch-Satterthwaite (see
+    [Note: the difference of two arms]); no interval when either figure has none."""
+    return sum_interval([on, off.scaled(-1.0)])
+
+
+def clear(effect: Effect) -> int:
+    """+1 when the lever clearly raised the figure, -1 when it clearly lowered it, 0 when the
+    intervals do not say (see [Note: verdict])."""
+    d = effect.diff
+    if d is not None and d.has_bounds:
+        return 1 if d.lo > 0 else -1 if d.hi < 0 else 0
+    on, off = effect.on, effect.off
+    if off is not None and on.has_bounds and off.has_bounds:
+        return 1 if on.lo > off.hi else -1 if on.hi < off.lo else 0
+    return 0
+
+
+def verdict(harvest: Effect | None, overhead: Effect | None) -> str:
+    """The verdict of one A/B from its harvest and overhead effects (see [Note: verdict])."""
+    effects = [e for e in (harvest, overhead) if e is not None]
+    if not effects:
+        return NOT_MEASURED
+    if all(e.off is None for e in effects):
+        return NO_OFF_ARM
+    h = clear(harvest) if harvest is not None else 0
+    o = clear(overhead) if overhead is not None else 0
+    good = [what for what, yes in (("more harvest", h > 0), ("less overhead", o < 0)) if yes]
+    bad = [what for what, yes in (("less harvest", h < 0), ("more overhead", o > 0)) if yes]
+    if good and bad:
+        return "trade-off: " + ", ".join(good + bad)
+    if good:
+        return "**helps**: " + ", ".join(good)
+    if bad:
+        return "hurts: " + ", ".join(bad)
+    return "no clear effect"
+
+
+# -- reading the A/Bs -------------------------------------------------------------------------
+
+
+def _num(v: Any) -> float:
+    return _NAN if v is None else float(v)
+
+
+def _overhead(row: Mapping[str, Any]) -> Interval:
+    """A per-stage row's overhead with the standard error and df the table kept."""
+    return Interval(_num(row["overhead_frac"]), _num(row.get("overhead_lo_frac")),
+                    _num(row.get("overhead_hi_frac")), _num(row.get("overhead_se_frac")),
+                    _num(row.get("overhead_df")), int(row.get("blocks", 0)))  # fmt: skip
+
+
+def _harvest(row: Mapping[str, Any]) -> Interval:
+    """A per-stage row's harvest of the measured idle. The table keeps its bounds, not its
+    standard error; that comes from the same quotient the table took (harvest ÷ the vanilla
+    blocks' idle, ``bench.tables``), and is used only when it gives the table's own figure."""
+    n = int(row.get("blocks", 0))
+    shown = Interval(_num(row["harvest_of_measured_idle_frac"]),
+                     _num(row.get("harvest_of_measured_idle_lo_frac")),
+                     _num(row.get("harvest_of_measured_idle_hi_frac")), _NAN, _NAN, n)  # fmt: skip
+    harvest = Interval(_num(row.get("harvest_frac")), _num(row.get("harvest_lo_frac")),
+                       _num(row.get("harvest_hi_frac")), _num(row.get("harvest_se_frac")),
+                       _num(row.get("harvest_df")), n)  # fmt: skip
+    idle = Interval.of(_num(row.get("vanilla_idle_frac")), _num(row.get("vanilla_idle_se_frac")),
+                       _num(row.get("vanilla_idle_df")), n)  # fmt: skip
+    again = quotient_interval(harvest, idle)
+    same = all(
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        for a, b in ((again.value, shown.value), (again.lo, shown.lo), (again.hi, shown.hi))
+    )
+    return again if same else shown
+
+
+def _effect(on: Interval, off: Interval | None) -> Effect:
+    return Effect(on, off, None if off is None else difference(on, off))
+
+
+def _stage_rows(arm: Arm) -> dict[tuple[str, str, int, str], Mapping[str, Any]]:
+    """The arm's per-stage rows with a task, by (run, case, stage, task)."""
+    return {
+        (r["run"], r["case"], int(r["stage"]), r["task"]): r
+        for r in arm.source.data.get("summary", [])
+        if r["mode"] == arm.mode and r.get("task")
+    }
+
+
+def _ab_text(on: Arm, off: Arm | None, shown: str) -> str:
+    if off is None:
+        head = f"`{on.source.name}` ({on.label}), alone"
+    elif off.source is on.source:
+        head = f"`{on.source.name}`: {on.label} vs {off.label}"
+    else:
+        head = f"`{on.source.name}` ({on.label}) vs `{off.source.name}` ({off.label})"
+    return f"{head}; {shown}"
+
+
+def bench_comparisons(on: Arm, off: Arm | None, shown: str) -> list[Comparison]:
+    """One comparison per stage · task both arms measured (every one of ``on``'s when ``off``
+    is None), in the result's order, from the results' per-stage tables; ``shown`` says where
+    BENCHMARKS.md shows the two (e.g. "table `h200-12-04d-levers`")."""
+    off_rows = _stage_rows(off) if off is not None else {}
+    out = []
+    for key, row in _stage_rows(on).items():
+        other = off_rows.get(key)
+        if off is not None and other is None:
+            continue
+        run, _, stage, task = key
+        mode = "" if off is not None and off.mode != on.mode else f", {on.mode}"
+        out.append(
+            Comparison(
+                _ab_text(on, off, shown), f"{stage} · {task}{mode} ({run_label(run)})",
+                _effect(_harvest(row), None if other is None else _harvest(other)),
+                _effect(_overhead(row), None if other is None else _overhead(other)),
+                (on.source,) if off is None else (on.source, off.source),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _bounds_only(row: Mapping[str, Any], name: str) -> Interval:
+    return Interval(_num(row.get(f"{name}_frac")), _num(row.get(f"{name}_lo_frac")),
+                    _num(row.get(f"{name}_hi_frac")), _NAN, _NAN,
+                    int(row.get("blocks_min", 0)))  # fmt: skip
+
+
+def pipeline_comparisons(on: Arm, off: Arm, shown: str) -> list[Comparison]:
+    """One comparison per run and case whose pipeline rows both arms hold over the same
+    stages: the harvest of the measured idle (mean over the stages) and the mean one-stage
+    overhead. The pipeline table keeps their bounds only, so the arms stand side by side."""
+
+    def rows(arm: Arm) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return {(r["run"], r["case"]): r for r in arm.source.data.get("pipeline", [])
+                if r["mode"] == arm.mode}  # fmt: skip
+
+    off_rows = rows(off)
+    out = []
+    for (run, case), row in rows(on).items():
+        other = off_rows.get((run, case))
+        if other is None or other.get("stages_covered") != row.get("stages_covered"):
+            continue
+        mode = "" if off.mode != on.mode else f", {on.mode}"
+        out.append(
+            Comparison(
+                _ab_text(on, off, shown),
+                f"{case}, {row.get('stages_covered')} stages: mean{mode} ({run_label(run)})",
+                Effect(_bounds_only(row, "harvest_of_measured_idle"),
+                       _bounds_only(other, "harvest_of_measured_idle"), None),
+                Effect(_bounds_only(row, "overhead_one_stage_mean"),
+                       _bounds_only(other, "overhead_one_stage_mean"), None),
+                (on.source, off.source),
+            )
+        )  # fmt: skip
+    return out
+
+
+def paired_comparison(
+    ab: str, where: str, on: Mapping[str, Any], off: Mapping[str, Any], sources: tuple[Source, ...]
+) -> Comparison:
+    """An A/B a benchmark records as two overhead figures with bounds only (``{"value", "lo",
+    "hi"}``, each against its own baseline blocks): side by side, no difference, no harvest."""
+
+    def iv(f: Mapping[str, Any]) -> Interval:
+        return Interval(float(f["value"]), _num(f.get("lo")), _num(f.get("hi")), _NAN, _NAN,
+                        int(f.get("blocks", 0)))  # fmt: skip
+
+    return Comparison(ab, where, None, Effect(iv(on), iv(off), None), sources)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def _points(d: Interval, digits: int) -> str:
+    return f"{100 * d.value:+.{digits}f} [{100 * d.lo:+.{digits}f}, {100 * d.hi:+.{digits}f}] pts"
+
+
+def _cell(e: Effect | None, digits: int, *, signed: bool) -> str:
+    """The cell "on vs off; on − off Δ" (or side by side, or on alone); "not measured" when
+    the A/B did not measure the figure."""
+    if e is None:
+        return "not measured"
+
+    def one(iv: Interval) -> str:
+        return fmt_interval(iv.value, iv.lo, iv.hi, digits, signed=signed)
+
+    if e.off is None:
+        return one(e.on)
+    cell = f"{one(e.on)} vs {one(e.off)}"
+    if e.diff is not None and e.diff.has_bounds:
+        return f"{cell}; on − off {_points(e.diff, digits)}"
+    return f"{cell} (side by side)"
+
+
+def lever_rows(
+    levers: Sequence[Lever],
+    measured: Mapping[str, Sequence[Comparison]],
+    *,
+    peer_fix_date: str | None = None,
+) -> list[list[str]]:
+    """The table's rows: per lever its comparisons (the lever, what it changes and the A/B
+    written on the first row they hold for), or one row saying why it has none.
+
+    Raises:
+        ValueError: ``measured`` names a lever that is not in ``levers``.
+    """
+    unknown = sorted(set(measured) - {lever.key for lever in levers})
+    if unknown:
+        raise ValueError(
+            f"A/Bs given for unknown lever(s) {unknown}; known: "
+            f"{', '.join(lever.key for lever in levers)}"
+        )
+    rows = []
+    for lever in levers:
+        comparisons = measured.get(lever.key, ())
+        if not comparisons:
+            rows.append([lever.name, lever.changes, lever.unmeasured, "—", "—", "—",
+                         BACKED_OUT if lever.backed_out else NOT_MEASURED])  # fmt: skip
+            continue
+        last_ab = None
+        for i, c in enumerate(comparisons):
+            old = any(before_peer_fix(s, peer_fix_date) for s in c.sources)
+            ab = c.ab + (f" {PEER_FIX_NOTE}" if old else "")
+            rows.append(
+                [lever.name if i == 0 else "", lever.changes if i == 0 else "",
+                 "" if ab == last_ab else ab, c.where,
+                 _cell(c.harvest, 0, signed=False), _cell(c.overhead, 2, signed=True),
+                 (BACKED_OUT + "; " if lever.backed_out else "") + verdict(c.harvest, c.overhead)]
+            )  # fmt: skip
+            last_ab = ab
+    return rows
+
+
+def lever_table(
+    measured: Mapping[str, Sequence[Comparison]],
+    levers: Sequence[Lever] | None = None,
+    *,
+    peer_fix_date: str | None = None,
+) -> list[str]:
+    """BENCHMARKS.md's "What each lever bought" (``levers`` defaults to ``LEVERS``).
+
+    Args:
+        measured: each lever's comparisons by its key; a lever missing here has no A/B.
+        peer_fix_date: the recorded date of the first result with fixed emulated peers; an
+            A/B reading an emulated-peer bench result recorded before it is marked
+            "(before the peer fix)".
+    """
+    rows = lever_rows(LEVERS if levers is None else levers, measured, peer_fix_date=peer_fix_date)
+    return md_table(
+        ["lever", "what it changes", "A/B (on vs off): results, table", "stage · task",
+         "harvest of the measured idle [95%]: on vs off", "training overhead [95%]: on vs off",
+         "verdict"],
+        rows,
+    )  # fmt: skip
+
+
+_BENCH = "freeride-lab bench --quick --emulate-peers --device cuda --runs m4-timeslice"
+
+#: Every lever, in the table's order: the governed mode the others build on, the seven levers,
+#: then the new task and the zero-bubble schedules.
+LEVERS: tuple[Lever, ...] = (
+    Lever("governed", "governed mode (overhead governor)",
+          "a tight step budget (p95 of the solo step × 1.1 + 0.5 ms) that the overhead governor "
+          "widens when training slows; managed is FreeRide's (median rounded up to 10 ms × 1.2)",
+          "every bench result runs governed beside managed blocks"),
+    Lever("predictor", "1. predictor with feedback",
+          "bubble lengths predicted as a low percentile of the slot's recent bubbles, pulled in "
+          "after an overrun; the step time profiled under the task's own limits",
+          "no committed result switches it, and the bench has no switch for the predictor yet; "
+          f"with one, two invocations in one call: `{_BENCH} --real-stage 1 --modes "
+          "vanilla,managed,governed`, the predictor off, then on"),
+    Lever("micro_batches", "2. fit the tails: micro-batches",
+          "a vision task's batch in K slices with gradient accumulation: shorter steps, the same "
+          "optimizer steps", ""),
+    Lever("step_groups", "2. fit the tails: step groups",
+          "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
+          "device wait", ""),
+    Lever("graphs", "2. fit the tails: steps as CUDA graphs",
+          "a batch in slices, each slice's step replayed as a CUDA graph (`cuda_graphs`)", ""),
+    Lever("sm_share", "3. SM share per bubble (MPS, green contexts)",
+          "a task's steps on part of the SMs without a restart",
+          "no committed A/B: stepping ResNet-18 in a 32-SM green context under the bench's MPS "
+          "daemon ended in an illegal memory access that took a training rank down (\"trickle "
+          "gating\" below), so it was taken out",
+          backed_out=True),
+    Lever("power", "4. power-aware governor",
+          "NVML board power and SM clock count as overload to the overhead governor before the "
+          "step time moves",
+          "no committed result runs governed blocks with the device signals off beside on, and "
+          "the bench has no switch for them yet; with one, in one call: "
+          f"`{_BENCH} --real-stage 3 --modes vanilla,governed --repeats 8`, signals off, then on"),
+    Lever("trickle", "5. trickle gating",
+          "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "
+          "training keeps its pace (the off arm: governed blocks)", ""),
+    Lever("placement", "6. harvest-aware placement, priority preemption",
+          "`placement=\"harvest\"` puts a task on the stage whose bubbles its steps fill most; "
+          "a waiting priority-0 task preempts an active priority-1 one",
+          "not exercised by the bench, which pins one task to each stage; measuring it takes a "
+          "run with more tasks than stages attached without `--stage`: `freeride-lab attach RUN "
+          "TASK --placement freeride` against `--placement harvest`, harvest compared per stage"),
+    Lever("edge_waits", "7. faster edges: waiting for an edge",
+          "the GPU task host spins into a predicted bubble start (on) instead of sleeping to it; "
+          "the rank's edge watcher sleeps on a blocking-sync event instead of polling", ""),
+    Lever("announce", "7. faster edges: announce threshold",
+          "a rank announces live only the bubbles predicted ≥ 1 ms (`--announce-min-ms`; off: "
+          "every gap), so fewer edges wake the watcher and the task", ""),
+    Lever("inference", "seventh built-in task: inference",
+          "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
+          "switch)", ""),
+    Lever("zero_bubble", "zero-bubble schedule (residual idle)",
+          "InterleavedZeroBubble against Interleaved1F1B (S = 4, M = 4, V = 2): less idle for "
+          "training, shorter bubbles left for the task", ""),
+)  # fmt: skip
