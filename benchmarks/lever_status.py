@@ -372,11 +372,13 @@ LEVERS: tuple[Lever, ...] = (
           "widens when training slows; managed is FreeRide's (median rounded up to 10 ms × 1.2)",
           "every bench result runs governed beside managed blocks"),
     Lever("predictor", "1. predictor with feedback",
-          "bubble lengths predicted as a low percentile of the slot's recent bubbles, pulled in "
-          "after an overrun; the step time profiled under the task's own limits",
-          "no committed result switches it, and the bench has no switch for the predictor yet; "
-          f"with one, two invocations in one call: `{_BENCH} --real-stage 1 --modes "
-          "vanilla,managed,governed`, the predictor off, then on"),
+          "`--predictor feedback` (`RuntimeOptions.predictor`): a bubble's length predicted as "
+          "a percentile of the slot's last 16, the percentile moved by the predictions' own "
+          "misses towards one in ten (off: FreeRide's minimum of the last five)",
+          "no GPU A/B yet; replayed offline over CPU runs' bubbles (table `predictor-cpu`) it "
+          "plans 5-6 points less of the idle time for half the overshoot. On the GPU, two "
+          f"invocations in one call: `{_BENCH} --real-stage 1 --modes vanilla,managed,governed "
+          "--predictor min`, then `--predictor feedback`"),
     Lever("micro_batches", "2. fit the tails: micro-batches",
           "a vision task's batch in K slices with gradient accumulation: shorter steps, the same "
           "optimizer steps", ""),
@@ -392,10 +394,11 @@ LEVERS: tuple[Lever, ...] = (
           "gating\" below), so it was taken out",
           backed_out=True),
     Lever("power", "4. power-aware governor",
-          "NVML board power and SM clock count as overload to the overhead governor before the "
-          "step time moves",
-          "no committed result runs governed blocks with the device signals off beside on, and "
-          "the bench has no switch for them yet; with one, in one call: "
+          "NVML board power (above 95% of the board's power cap) and SM clock (10% below the "
+          "highest seen) count as overload to the overhead governor before the step time moves",
+          "on in every governed block since the governor reads each GPU's cap; no committed "
+          "result runs governed blocks with the device signals off beside on, and the bench has "
+          "no switch for them yet; with one, in one call: "
           f"`{_BENCH} --real-stage 3 --modes vanilla,governed --repeats 8`, signals off, then on"),
     Lever("trickle", "5. trickle gating",
           "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "

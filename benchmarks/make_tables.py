@@ -93,6 +93,8 @@ TIMING_OVERHEAD_CPU = (
 #: How far above theory real synthetic pipelines sit by action length, and why (CPU,
 #: bench_fidelity.py: one shape per schedule, 2, 10 and 50 ms actions).
 FIDELITY_CPU = "fidelity-cpu-2026-12-04.json"
+#: Bubble predictors replayed over CPU runs' bubbles (benchmarks/bench_predictor.py).
+PREDICTOR_CPU = "predictor-cpu-2026-12-05.json"
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 #: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
@@ -709,6 +711,29 @@ def fidelity_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def predictor_cpu() -> list[str]:
+    data = raw(PREDICTOR_CPU)
+    ref = data["reference"]
+
+    def iv(e: Mapping[str, Any], name: str, *, signed: bool = False) -> str:
+        x = e[name]
+        return fmt_interval(x["value"], x["lo"], x["hi"], 1, signed=signed)
+
+    rows = []
+    for run in data["runs"]:
+        for name, e in run["predictors"].items():
+            vs = [iv(e, f"{f}_vs_{ref}", signed=True) if name != ref else "—"
+                  for f in ("planned_frac", "over_frac", "miss_frac")]  # fmt: skip
+            rows.append([run["run"], f"{run['steps_measured']} / {run['blocks']}", name,
+                         f"{e['bubbles']:,}", iv(e, "planned_frac"), iv(e, "over_frac"),
+                         iv(e, "miss_frac"), *vs])  # fmt: skip
+    return md_table(
+        ["run (CPU)", "steps / blocks", "predictor", "bubbles", "planned", "over", "missed",
+         f"planned vs {ref} (pts)", f"over vs {ref} (pts)", f"missed vs {ref} (pts)"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1058,6 +1083,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "cpu-pause": cpu_pause,
     "timing-overhead-cpu": timing_overhead_cpu,
     "fidelity-cpu": fidelity_cpu,
+    "predictor-cpu": predictor_cpu,
 }
 
 
