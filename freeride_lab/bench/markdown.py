@@ -194,6 +194,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
         f"`{result.get('command')}`",
         "",
+        *(
+            f"continued {c.get('date')} ({c.get('elapsed_s')} s): `{c.get('command')}`\n"
+            for c in result.get("resumed", [])
+        ),
         f"GPU {v.get('gpu')}, driver {v.get('driver')}, torch {v.get('torch')} "
         f"(CUDA {v.get('cuda')}), python {v.get('python')}; "
         f"{result.get('machine', {}).get('cpu_count')} CPUs; elapsed {result.get('elapsed_s')} s",

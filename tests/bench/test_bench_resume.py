@@ -213,3 +213,5 @@ def test_a_bench_cut_after_its_first_segment_is_finished_by_a_second_call(
     (managed,) = [r for r in data["pipeline"] if r["mode"] == "managed"]
     assert managed["stages_covered"] == 2  # both calls' blocks in one table
     assert data["date"] == first["date"] and len(data["resumed"]) == 1
+    md = out.with_suffix(".md").read_text()
+    assert f"continued {data['resumed'][0]['date']}" in md  # the result says it took two calls
