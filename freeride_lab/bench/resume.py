@@ -78,6 +78,13 @@ def load_result(path: Path) -> dict[str, Any]:
     for key, kind in (("config", dict), ("runs", list), ("blocks", list)):
         if not isinstance(data.get(key), kind):
             raise ValueError(f"--resume {path}: its {key!r} is not a {kind.__name__}; damaged?")
+    for key, needs in (("runs", ("name",)), ("blocks", ("run", "case", "stage"))):
+        for i, entry in enumerate(data[key]):
+            if not isinstance(entry, dict) or any(k not in entry for k in needs):
+                raise ValueError(
+                    f"--resume {path}: {key}[{i}] is not an object with {', '.join(needs)}; "
+                    "damaged?"
+                )
     return data
 
 

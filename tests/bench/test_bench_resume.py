@@ -118,7 +118,10 @@ def test_a_result_measured_by_other_code_or_on_another_gpu_is_not_continued() ->
     ("text", "match"),
     [(None, "no such file"), ("{", "cannot read it as JSON"),
      ('{"benchmark": "timing"}', "not a `freeride-lab bench` result"),
-     ('{"benchmark": "bench", "config": {}, "runs": {}, "blocks": []}', "'runs' is not a list")],
+     ('{"benchmark": "bench", "config": {}, "runs": {}, "blocks": []}', "'runs' is not a list"),
+     ('{"benchmark": "bench", "config": {}, "runs": [3], "blocks": []}', r"runs\[0\] is not"),
+     ('{"benchmark": "bench", "config": {}, "runs": [], "blocks": [{"run": "m4"}]}',
+      r"blocks\[0\] is not an object with run, case, stage")],
 )  # fmt: skip
 def test_a_missing_or_damaged_result_is_one_clear_error(
     tmp_path: Path, text: str | None, match: str
