@@ -45,7 +45,16 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["FeedbackSlotPredictor", "Predictor", "ReplayScore", "predictions", "replay", "score"]
+__all__ = [
+    "FeedbackSlotPredictor",
+    "Predictor",
+    "ReplayScore",
+    "check_length",
+    "percentile_of_sorted",
+    "predictions",
+    "replay",
+    "score",
+]
 
 
 class Predictor(Protocol):
@@ -105,11 +114,7 @@ class FeedbackSlotPredictor:
     def observe(self, slot: Hashable, duration_ns: int) -> None:
         """Record one measured bubble of ``slot`` (ns) and learn from the prediction made
         for it, if there was one."""
-        if duration_ns < 0:
-            raise ValueError(
-                f"duration_ns={duration_ns} < 0 for slot {slot!r}; pass end_ns - start_ns of "
-                "the idle gap"
-            )
+        check_length(slot, duration_ns)
         s = self._slots.get(slot)
         if s is None:
             s = self._slots[slot] = _Slot(deque(maxlen=self.k), self.q0)
@@ -125,7 +130,7 @@ class FeedbackSlotPredictor:
         s = self._slots.get(slot)
         if s is None or not s.lengths:
             return None
-        s.pending = _percentile(sorted(s.lengths), s.q)
+        s.pending = percentile_of_sorted(sorted(s.lengths), s.q)
         return s.pending
 
     def percentile(self, slot: Hashable) -> float | None:
@@ -141,9 +146,18 @@ class FeedbackSlotPredictor:
         )
 
 
-def _percentile(values: Sequence[int], q: float) -> int:
-    """The ``q``-th percentile of sorted ``values`` (linear interpolation, floored to whole
-    ns), as ``core.bubbles.SlotPredictor`` computes it."""
+def check_length(slot: Hashable, duration_ns: int) -> None:
+    """Refuse a negative bubble length (ValueError naming the slot and the fix)."""
+    if duration_ns < 0:
+        raise ValueError(
+            f"duration_ns={duration_ns} < 0 for slot {slot!r}; pass end_ns - start_ns of "
+            "the idle gap"
+        )
+
+
+def percentile_of_sorted(values: Sequence[int], q: float) -> int:
+    """The ``q``-th percentile of sorted, non-empty ``values`` (linear interpolation, floored
+    to whole ns); ``core.bubbles.SlotPredictor`` uses it too."""
     at = (len(values) - 1) * q / 100.0
     lo = math.floor(at)
     hi = min(lo + 1, len(values) - 1)

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from freeride_lab.core.bubble_prediction import check_length, percentile_of_sorted
 from freeride_lab.core.bubble_spans import (
     OPTIMIZER_COLUMNS,
     busy_spans,
@@ -396,11 +397,7 @@ class SlotPredictor:
 
     def observe(self, slot: Hashable, duration_ns: int) -> None:
         """Record one measured bubble of ``slot`` (ns); the oldest beyond ``k`` is forgotten."""
-        if duration_ns < 0:
-            raise ValueError(
-                f"duration_ns={duration_ns} < 0 for slot {slot!r}; pass end_ns - start_ns of "
-                "the idle gap"
-            )
+        check_length(slot, duration_ns)
         history = self._history.get(slot)
         if history is None:
             history = self._history[slot] = deque(maxlen=self.k)
@@ -413,11 +410,7 @@ class SlotPredictor:
             return None
         if self.method == "min":
             return min(history)
-        values = sorted(history)
-        at = (len(values) - 1) * self.q / 100.0
-        lo = math.floor(at)
-        hi = min(lo + 1, len(values) - 1)
-        return math.floor(values[lo] + (values[hi] - values[lo]) * (at - lo))
+        return percentile_of_sorted(sorted(history), self.q)
 
     def __repr__(self) -> str:
         return (

@@ -65,11 +65,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.distributed.pipelining import PipelineStage
 
+from freeride_lab.core.bubble_prediction import Predictor
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.core.torch_compat import is_full_backward
 from freeride_lab.pipeline.bubble_edges import (
@@ -98,12 +99,9 @@ __all__ = [
 ]
 
 
-class SlotPredictorLike(Protocol):
-    """Per-slot duration predictor (``freeride_lab.core.bubbles.SlotPredictor``)."""
-
-    def observe(self, slot: int, duration_ns: int) -> None: ...
-
-    def predict(self, slot: int) -> int | None: ...
+#: Per-slot duration predictor (``core.bubbles.SlotPredictor``, or
+#: ``core.bubble_prediction.FeedbackSlotPredictor``).
+SlotPredictorLike = Predictor
 
 
 @dataclass(frozen=True, slots=True)
