@@ -397,9 +397,9 @@ LEVERS: tuple[Lever, ...] = (
           "NVML board power (above 95% of the board's power cap) and SM clock (10% below the "
           "highest seen) count as overload to the overhead governor before the step time moves",
           "on in every governed block since the governor reads each GPU's cap; no committed "
-          "result runs governed blocks with the device signals off beside on, and the bench has "
-          "no switch for them yet; with one, in one call: "
-          f"`{_BENCH} --real-stage 3 --modes vanilla,governed --repeats 8`, signals off, then on"),
+          "result runs governed blocks with the device signals off beside on. Two invocations "
+          f"in one call: `{_BENCH} --real-stage 3 --modes vanilla,governed --repeats 8 "
+          "--governor-signals off`, then `on`"),
     Lever("trickle", "5. trickle gating",
           "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "
           "training keeps its pace (the off arm: governed blocks)", ""),

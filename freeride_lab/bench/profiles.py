@@ -129,6 +129,9 @@ class BenchProfile:
     task_preset: str = "gpu"
     task_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     governor_target_frac: float = 0.005
+    #: the governors of governed and trickle blocks back off on board power near its cap and
+    #: SM clock drops too (``core.governor``); False: on step time alone
+    governor_device_signals: bool = True
     #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)

@@ -108,6 +108,8 @@ class OverheadGovernor:
             counts as overload.
         power_limit_w: board power that counts as overload, in place of the cap's share; None
             = the cap's share (power is ignored where neither is known).
+        device_signals: False ignores power and SM clock: step time alone decides (the
+            benchmark's A/B of these signals).
         trickle_min, trickle_step, trickle_max: a trickle task's duty: cut below
             ``trickle_min`` means 0; raised by ``trickle_step`` at a time up to ``trickle_max``.
     """
@@ -125,6 +127,7 @@ class OverheadGovernor:
     clock_drop_frac: float = 0.1
     power_cap_frac: float = 0.95
     power_limit_w: float | None = None
+    device_signals: bool = True
     trickle_min: float = 0.02
     trickle_step: float = 0.05
     trickle_max: float = 1.0
@@ -263,6 +266,8 @@ class OverheadGovernor:
             self._baseline_s = alpha * step_s + (1 - alpha) * self._baseline_s
 
     def _device_pressure(self, obs: StepObservation) -> str:
+        if not self.device_signals:
+            return ""
         if (
             obs.sm_clock_mhz is not None
             and self._max_clock_mhz > 0

@@ -266,6 +266,13 @@ def test_the_bubble_predictor_reaches_every_runs_ranks(
     assert {c.runtime.predictor for c in configs} == {predictor}
 
 
+@pytest.mark.parametrize(("words", "on"), [((), True), (("--governor-signals", "off"), False)])
+def test_the_governors_device_signals_can_be_switched_off_for_an_a_b(
+    words: tuple[str, ...], on: bool
+) -> None:
+    assert bench_options(*words).governor_device_signals is on  # type: ignore[attr-defined]
+
+
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}

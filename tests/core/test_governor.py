@@ -149,6 +149,14 @@ def test_a_board_near_its_power_cap_counts_as_overload_before_training_slows() -
     assert "power 680 W > 665 W (95% of the 700 W cap)" in decisions[0].reason
 
 
+def test_without_device_signals_only_step_time_decides() -> None:
+    gov, tasks = _governor(window=1, settle_steps=0, device_signals=False)
+    even = dict(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=tasks)
+    assert gov.observe(StepObservation(sm_clock_mhz=1980, **even)) == []  # type: ignore[arg-type]
+    hot = StepObservation(power_w=699.0, power_cap_w=700.0, sm_clock_mhz=1000, **even)  # type: ignore[arg-type]
+    assert gov.observe(hot) == []
+
+
 def test_a_power_cap_without_side_tasks_running_cuts_nobody() -> None:
     gov, _ = _governor(window=1, settle_steps=0)
     obs = StepObservation(step_s=BASE_S, baseline_step_s=BASE_S, active_task_ids=(),
