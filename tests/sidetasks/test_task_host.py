@@ -246,6 +246,10 @@ def test_error_in_step_fails_the_task_with_its_reason(
     proc = start_active(run_dir, hosts, ref("RaisingInStep"), limits={"budget_s": 0.001})
     drive_bubbles(edges, 2)
     assert failed_state(run_dir, proc).reason == "step raised RuntimeError: boom in step"
+    # the START held back while the step ran is announced before the failure, with its time
+    states = states_of(task_events(run_dir, "t1"))
+    assert [x.state for x in states][-2:] == ["RUNNING", "FAILED"]
+    assert states[-2].t_ns <= states[-1].t_ns
 
 
 def test_memory_hog_fails_out_of_memory_under_its_cpu_cap(
