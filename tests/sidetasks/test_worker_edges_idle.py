@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from freeride_lab.sidetasks.edge_record import open_mapping
 from freeride_lab.sidetasks.edge_wake import wake_dir
 from freeride_lab.sidetasks.edges import EdgeReader, EdgeWriter, edge_path
 from freeride_lab.sidetasks.worker_edges import watch_edges
@@ -23,6 +24,20 @@ WAIT_S = 10.0
 
 def fifos(path: Path) -> list[str]:
     return sorted(p.name for p in wake_dir(path).glob("*.fifo"))
+
+
+def muted(path: Path) -> bool:
+    """The edge thread has opened its reader and muted it: the reader's token is in the file's
+    readers word (stored once its FIFO was in place) and that FIFO is gone again.
+
+    "No FIFO" alone also holds before the thread has opened its reader. The FIFO it opens with
+    can then still appear and, when the thread looked for a task just before one was made
+    active, be counted as the active task's FIFO and vanish at the thread's first mute."""
+    mapping = open_mapping(path)
+    try:
+        return mapping.readers() != 0 and fifos(path) == []
+    finally:
+        mapping.close()
 
 
 def eventually(check: Callable[[], bool]) -> bool:
@@ -80,7 +95,7 @@ def publish(writer: EdgeWriter, step: int, n: int = 20) -> None:
 def test_no_task_no_fifo_the_rank_writes_to(path: Path, writer: EdgeWriter) -> None:
     edges = EdgeThread(path)
     try:
-        assert eventually(lambda: edges.thread.is_alive() and fifos(path) == [])
+        assert eventually(lambda: muted(path))
         publish(writer, 0)
         assert fifos(path) == []  # nothing for the rank to wake
         edges.task = SimpleNamespace(busy=True, alive=True)  # a task became active
@@ -96,7 +111,7 @@ def test_no_task_no_fifo_the_rank_writes_to(path: Path, writer: EdgeWriter) -> N
 def test_the_end_of_training_is_noticed_without_a_task(path: Path, writer: EdgeWriter) -> None:
     edges = EdgeThread(path)
     try:
-        assert eventually(lambda: fifos(path) == [])
+        assert eventually(lambda: muted(path))
         publish(writer, 0)
         writer.close()
         assert edges.closed.wait(WAIT_S)
