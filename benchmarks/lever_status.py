@@ -415,6 +415,12 @@ LEVERS: tuple[Lever, ...] = (
     Lever("announce", "7. faster edges: announce threshold",
           "a rank announces live only the bubbles predicted ≥ 1 ms (`--announce-min-ms`; off: "
           "every gap), so fewer edges wake the watcher and the task", ""),
+    Lever("launch_then_tell", "7. faster edges: launch, then tell",
+          "a bubble's first step is launched before its RUNNING state is announced (an event and "
+          "a message that wakes the worker); each first step records when its host saw the edge "
+          "(`seen_ns`), which splits the signal latency into edge → host and the host's own path",
+          "no GPU A/B: there is no switch back; the hop split is new in the bench (edge → host "
+          "p50/p99 beside edge → step) and is first measured by the next H200 call"),
     Lever("inference", "seventh built-in task: inference",
           "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
           "switch)", ""),
