@@ -3,31 +3,13 @@ last stage's loss, side by side in one call, with the idle split per rank."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    """A script module of benchmarks/ (it imports bench_output by bare name)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
-
-
-bench_emulated_idle = _load("bench_emulated_idle")
+bench_emulated_idle = load_script("bench_emulated_idle")
 
 
 @pytest.mark.slow  # two emulated CPU runs, with their calibration

@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pandas as pd
 import pytest
+from bench_scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    """A script module of benchmarks/ (it imports bench_output by bare name)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
-
-
-bench_predictor = _load("bench_predictor")
+bench_predictor = load_script("bench_predictor")
 
 
 def _bubbles(lengths_ms: dict[int, list[float]], ranks: int = 2) -> pd.DataFrame:
