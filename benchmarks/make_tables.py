@@ -949,16 +949,14 @@ def goals_now() -> list[str]:
     return goal_table(goal_sources(), peer_fix_date=raw(PEER_FIX)["date"])
 
 
-def _on_off(
-    on: tuple[str, str], off: tuple[str, str], table: str, modes: Sequence[str] = _AB_MODES
-) -> list[Comparison]:
+def _on_off(on: tuple[str, str], off: tuple[str, str], where: str) -> list[Comparison]:
     """A lever on (file, label) against off (file, label), two invocations of one call, in
-    each of ``modes``; ``table`` names where BENCHMARKS.md shows them."""
+    each of ``_AB_MODES``; ``where`` says where BENCHMARKS.md shows them."""
     return [
         c
-        for mode in modes
+        for mode in _AB_MODES
         for c in bench_comparisons(Arm(source(on[0]), mode, on[1]),
-                                   Arm(source(off[0]), mode, off[1]), f"table `{table}`")
+                                   Arm(source(off[0]), mode, off[1]), where)
     ]  # fmt: skip
 
 
@@ -1003,19 +1001,16 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
     tokens = H200_INFERENCE_TOKENS[0]
     return {
         "governed": _governed(),
-        "micro_batches": _on_off(micro4, micro1, "h200-12-04d-levers"),
-        "step_groups": _on_off(group1, group0, "h200-12-04d-levers"),
-        "graphs": [*_on_off(resnet_graphed, resnet_eager, "h200-12-04f-graphs"),
-                   *_on_off(vgg_graphed, vgg_eager, "h200-12-04f-graphs")],
+        "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
+        "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
+        "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
+                   *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
         "trickle": [*(c for name, _ in H200_TRICKLE
                       for c in _modes((name,), "trickle", "governed", "h200-12-04e-trickle")),
                     *_modes((tokens[0],), "trickle", "governed", "h200-12-04f-inference")],
         "edge_waits": [
-            *(c for mode in _AB_MODES
-              for c in bench_comparisons(
-                  Arm(source(H200_SPIN[1][0]), mode, H200_SPIN[1][1]),
-                  Arm(source(H200_SPIN[0][0]), mode, H200_SPIN[0][1]),
-                  "no table; 2026-12-03, \"What changed since the first H200 call\", 5")),
+            *_on_off(H200_SPIN[1], H200_SPIN[0],
+                     "no table; 2026-12-03, \"What changed since the first H200 call\", 5"),
             paired_comparison(
                 f"`{EDGE_WATCHER.removesuffix('.json')}`: sleeping vs polling watcher, each "
                 "against no watcher; table `edge-watcher-h200`",
@@ -1023,12 +1018,12 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                 watcher["vs_none_frac"]["sleep"], watcher["vs_none_frac"]["poll"],
                 (Source(EDGE_WATCHER.removesuffix(".json"), watcher["date"], watcher),)),
         ],
-        "announce": [*_on_off(quiet, every_gap, "h200-12-04c-announce"),
+        "announce": [*_on_off(quiet, every_gap, "table `h200-12-04c-announce`"),
                      _timing_quiet("launch", "one-stage GPT, d_model 1024 (launch-bound)"),
                      _timing_quiet("compute", "one-stage GPT, d_model 2048 (compute-bound)")],
         "inference": bench_comparisons(Arm(source(tokens[0]), "governed", tokens[1]), None,
                                        "table `h200-12-04f-inference`"),
-        "zero_bubble": _on_off(zero_bubble, interleaved, "h200-12-04f-schedules"),
+        "zero_bubble": _on_off(zero_bubble, interleaved, "table `h200-12-04f-schedules`"),
     }  # fmt: skip
 
 

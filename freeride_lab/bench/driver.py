@@ -131,11 +131,9 @@ def run_bench(
         if record.get("interrupted"):
             result["interrupted"] = True
             break
-    elapsed = round(time.monotonic() - started, 1)
-    if resume is not None:
-        now["elapsed_s"] = elapsed
-    else:
-        result["elapsed_s"] = elapsed
+    # a continuing call's time goes with its entry in "resumed", the first call's at the top
+    call = result["resumed"][-1] if resume is not None else result
+    call["elapsed_s"] = round(time.monotonic() - started, 1)
     fill_tables(result, stages=profile.stages)
     write_results(result, out)
     return result

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.cli.app import EXIT_FAILED, EXIT_OK, PROG, UsageError
+from freeride_lab.core.runtime_options import PREDICTORS
 
 __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 
@@ -69,7 +70,7 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="announce bubbles predicted this long (default 1; 0: all)")  # fmt: skip
     p.add_argument("--step-group-ms", type=float, default=None,
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
-    p.add_argument("--predictor", default=None, choices=["min", "feedback"],
+    p.add_argument("--predictor", default=None, choices=PREDICTORS,
                    help="how the real rank predicts bubble lengths: the minimum of the last "
                    "five (default, FreeRide's) or a percentile moved by its misses")  # fmt: skip
     p.add_argument("--governor-signals", choices=["on", "off"], default=None,

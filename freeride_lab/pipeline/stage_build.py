@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from freeride_lab.core.bubble_prediction import Predictor
 from freeride_lab.core.config import RunConfig
+from freeride_lab.core.runtime_options import PREDICTORS
 from freeride_lab.core.schedule import Schedule
 from freeride_lab.core.torch_compat import schedule_class
 from freeride_lab.io.rundir import RunDir
@@ -29,7 +31,6 @@ from freeride_lab.pipeline.timed_stage import (
     ActionRecorder,
     BubbleEdges,
     SettledStage,
-    SlotPredictorLike,
     TimedPipelineStage,
 )
 
@@ -210,7 +211,7 @@ def make_edges(
     return edges
 
 
-def make_predictor(kind: str = "min") -> SlotPredictorLike:
+def make_predictor(kind: str = "min") -> Predictor:
     """The bubble-end predictor the live edges carry (``RuntimeOptions.predictor``): "min",
     FreeRide's minimum of a slot's last five; "feedback", ``core.bubble_prediction``'s."""
     from freeride_lab.core.bubble_prediction import FeedbackSlotPredictor
@@ -220,7 +221,7 @@ def make_predictor(kind: str = "min") -> SlotPredictorLike:
         return FeedbackSlotPredictor()
     if kind == "min":
         return SlotPredictor(k=5, method="min")
-    raise ValueError(f"predictor={kind!r}; valid: min, feedback")
+    raise ValueError(f"predictor={kind!r}; valid: {', '.join(PREDICTORS)}")
 
 
 def loss_function(config: RunConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -93,15 +93,9 @@ __all__ = [
     "BubbleEdges",
     "EdgeRecord",
     "SettledStage",
-    "SlotPredictorLike",
     "StepRecord",
     "TimedPipelineStage",
 ]
-
-
-#: Per-slot duration predictor (``core.bubbles.SlotPredictor``, or
-#: ``core.bubble_prediction.FeedbackSlotPredictor``).
-SlotPredictorLike = Predictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +150,7 @@ class ActionRecorder:
         device: torch.device | str = "cpu",
         clock_offset_ns: int = 0,
         edges: BubbleEdges | None = None,
-        predictor: SlotPredictorLike | None = None,
+        predictor: Predictor | None = None,
         clock: StepClock | None = None,
         announce_min_ns: int = 0,
     ) -> None:

@@ -147,6 +147,17 @@ def test_resume_refuses_options_that_would_change_the_profile(
     assert json.loads(path.read_text()) == _result()  # untouched
 
 
+def test_every_bench_option_either_shapes_the_profile_or_only_the_call() -> None:
+    """A new option must say which: one that shapes the profile is refused with --resume."""
+    from freeride_lab.cli.app import build_parser
+    from freeride_lab.cli.bench import _PROFILE_OPTIONS
+
+    call = {"emulate_peers", "device", "out", "run_root", "resume", "time_budget_s"}
+    everywhere = {"command", "handler", "log_level"}  # every subcommand's
+    bench = set(vars(build_parser().parse_args(["bench", "--emulate-peers"])))
+    assert bench - everywhere - call == set(_PROFILE_OPTIONS)
+
+
 def test_resume_elsewhere_is_a_usage_error_and_leaves_the_result_untouched(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
