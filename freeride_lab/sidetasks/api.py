@@ -101,8 +101,23 @@ class IterativeSideTask(SideTaskBase):
     """A side task made of short steps; the worker calls ``step()`` only inside bubbles."""
 
     def step(self) -> float:
-        """Do one unit of work on ``self.device``; return the progress made (in ``unit``)."""
+        """Do one unit of work on ``self.device``; return the progress made (in ``unit``).
+
+        A task whose ``step_sizes`` offers more than ``(1,)`` is called as ``step(size)`` for
+        any size above 1, so its ``step`` takes ``size: int = 1``.
+        """
         raise NotImplementedError
+
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        """The sizes of step the task can take next, ascending, counted in its smallest step.
+
+        The default ``(1,)``: every step is alike. A task that can also take a few of its
+        smallest steps as one (slices of a batch, say) lists those counts, and the host takes,
+        in each bubble, the largest whose time still fits what is left of it (see
+        ``host.iterative`` [Note: step sizes]).
+        """
+        return (1,)
 
     @property
     def warmup_steps(self) -> int:

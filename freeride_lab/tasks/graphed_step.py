@@ -17,14 +17,19 @@ slices, the same loss scaling, the same optimizer; only BatchNorm and dropout ke
 differ in the last bits.
 
 Capture records launches without running them; a graph is captured the first time its key is
-met and replayed at once. Capturing needs a warm optimizer (Adam's state exists) and a device
-that has run the step eagerly (cuDNN has picked its algorithms), so the task runs its first
-batch on a device eagerly (``arm``). Adam runs with ``capturable=True`` while graphed: its step
-counts live on the device. Anything that replaces the tensors a graph refers to (moving the
-task, loading a state dict) drops the graphs (``reset``); the next batch recaptures them.
+met and replayed at once, or ahead of use (``prepare``: a task whose steps take slices of
+several sizes captures every size at once, so that no later step pays a capture and the
+profile's peak memory holds the largest graph's). Capturing needs a warm optimizer (Adam's
+state exists) and a device that has run the step eagerly (cuDNN has picked its algorithms),
+so the task runs its first batch on a device eagerly (``arm``). Adam runs with
+``capturable=True`` while graphed: its step counts live on the device. Anything that replaces
+the tensors a graph refers to (moving the task, loading a state dict) drops the graphs
+(``reset``); the next batch recaptures them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -86,12 +91,7 @@ class GraphedSteps:
         ``last`` Adam's step; returns the slice's mean loss (a tensor the next replay of the
         same graph overwrites)."""
         size = len(y)
-        if size not in self._inputs:
-            self._inputs[size] = (
-                torch.empty_like(x, memory_format=torch.contiguous_format),
-                torch.empty_like(y),
-            )
-        sx, sy = self._inputs[size]
+        sx, sy = self._static_inputs(size, x, y)
         sx.copy_(x, non_blocking=True)
         sy.copy_(y, non_blocking=True)
         if (size, last) not in self._graphs:
@@ -99,6 +99,26 @@ class GraphedSteps:
         graph, loss = self._graphs[size, last]
         graph.replay()
         return loss
+
+    def prepare(self, keys: Iterable[tuple[int, bool]], x: torch.Tensor, y: torch.Tensor) -> None:
+        """Capture the graphs of ``keys`` (slice size, last slice of the batch) not captured
+        yet, without running them; ``x`` (n, 3, H, W) and ``y`` (n,) give the shapes beyond
+        the first dimension, the dtypes and the device."""
+        for size, last in sorted(set(keys)):
+            if (size, last) not in self._graphs:
+                sx, sy = self._static_inputs(size, x, y)
+                self._graphs[size, last] = self._capture(sx, sy, last)
+
+    def _static_inputs(
+        self, size: int, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input buffers of slices of ``size`` images, made like ``x`` and ``y``."""
+        if size not in self._inputs:
+            self._inputs[size] = (
+                x.new_empty((size, *x.shape[1:]), memory_format=torch.contiguous_format),
+                y.new_empty((size, *y.shape[1:])),
+            )
+        return self._inputs[size]
 
     def _capture(
         self, sx: torch.Tensor, sy: torch.Tensor, last: bool

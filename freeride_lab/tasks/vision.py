@@ -28,7 +28,11 @@ step per batch; only BatchNorm's batch statistics are taken per slice, as in any
 accumulation. A checkpoint between the slices keeps the accumulated gradients, so a restored
 task continues the batch it was in. On a fast GPU a small slice is launch-bound (16 images of
 ResNet-18: 10.6 ms eager on an H200); ``cuda_graphs=True`` replays each slice as a CUDA graph
-(5.1 ms; [Note: graphed steps] in ``tasks.graphed_step``).
+(5.1 ms; [Note: graphed steps] in ``tasks.graphed_step``). With ``fit_slices=True`` a step
+may also take several slices at once (``step(size)``: 1, 2, 4, ... slices, never past the
+batch's end), so the task host fills a long bubble with large steps and its tail, or a short
+bubble, with single slices (``host.iterative`` [Note: step sizes]); the batch and its optimizer
+steps stay the same.
 
 [Note: the task's own random stream]
 Dropout (VGG-19) draws random numbers. Each step runs inside ``torch.random.fork_rng`` with the
@@ -77,6 +81,7 @@ class VisionOptions:
     max_steps: int | None = None  # is_finished() after this many batches; None: never
     micro_batches: int = 1  # steps per batch, with gradient accumulation ([Note: micro-batches])
     cuda_graphs: bool = False  # on a GPU, replay each step as a CUDA graph (tasks.graphed_step)
+    fit_slices: bool = False  # a step may take 1, 2, 4... slices at once ([Note: micro-batches])
     impl: str = "own"  # "own" (tasks.nets), "torchvision" or "auto"
 
     def __post_init__(self) -> None:
@@ -95,8 +100,9 @@ class VisionOptions:
                 f"{self.batch_size // 2}: each slice needs two images (BatchNorm's statistics)"
             )
         check_choice("impl", self.impl, IMPLS)
-        if not isinstance(self.cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs={self.cuda_graphs!r} must be True or False")
+        for name in ("cuda_graphs", "fit_slices"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,33 +219,49 @@ class _VisionTask(HostReturningTask):
         self.images, self.labels = images.to(target), labels.to(target)
         self.device = str(target)
 
-    def step(self) -> float:
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        """With ``fit_slices``: 1, 2, 4, ... slices, as many as the batch has left; else (1,)."""
+        left = self.config.micro_batches - self.micro_done
+        if not self.config.fit_slices:
+            return (1,)
+        return tuple(2**j for j in range(left.bit_length()))
+
+    def step(self, size: int = 1) -> float:
         """One training iteration on the next batch, or its next slice with ``micro_batches``
-        > 1 ([Note: micro-batches]); returns the samples it trained on."""
+        > 1, or its next ``size`` slices with ``fit_slices`` ([Note: micro-batches]); returns
+        the samples it trained on.
+
+        Raises:
+            ValueError: a ``size`` that is not one of ``step_sizes``.
+        """
+        if size != 1 and size not in self.step_sizes:
+            raise ValueError(f"size={size!r}; valid now: {self.step_sizes}")
         model, optimizer, images, labels = self._require_setup()
         cfg = self.config
         i = self.steps_done % cfg.n_batches
         x, y = images[i], labels[i]  # (B, 3, H, W), (B,)
         if cfg.micro_batches > 1:
-            x = x.tensor_split(cfg.micro_batches)[self.micro_done]  # (b, 3, H, W)
-            y = y.tensor_split(cfg.micro_batches)[self.micro_done]  # (b,)
+            lo, hi = _slice_bounds(cfg.batch_size, cfg.micro_batches, self.micro_done, size)
+            x, y = x[lo:hi], y[lo:hi]  # (b, 3, H, W), (b,)
+        last = self.micro_done + size == cfg.micro_batches
         graphs = self._graphed()
         with self._own_rng():
             model.train()
             if graphs is not None:
-                self._last_loss = graphs.step(x, y, last=self.micro_done + 1 == cfg.micro_batches)
-                self._advance()
+                self._last_loss = graphs.step(x, y, last=last)
+                self._advance(size)
                 return float(len(y))
             if self.micro_done == 0:
                 optimizer.zero_grad(set_to_none=True)
             logits = model(x)  # (b, classes)
             loss = F.cross_entropy(logits, y, reduction="sum") / cfg.batch_size
             loss.backward()  # type: ignore[no-untyped-call]
-            if self.micro_done + 1 == cfg.micro_batches:
+            if last:
                 optimizer.step()
                 self._eager_batches += 1
-            self._advance()
-        self._last_loss = loss.detach() * (cfg.batch_size / len(y))  # the slice's mean
+            self._advance(size)
+        self._last_loss = loss.detach() * (cfg.batch_size / len(y))  # the slices' mean
         return float(len(y))
 
     @property
@@ -248,9 +270,9 @@ class _VisionTask(HostReturningTask):
         graphing = self.config.cuda_graphs and torch.device(self.device).type == "cuda"
         return 2 * self.config.micro_batches if graphing else 0
 
-    def _advance(self) -> None:
-        """Count one slice done; the batch's last one completes an optimizer step."""
-        self.micro_done += 1
+    def _advance(self, slices: int = 1) -> None:
+        """Count ``slices`` slices done; the batch's last one completes an optimizer step."""
+        self.micro_done += slices
         if self.micro_done == self.config.micro_batches:
             self.micro_done = 0
             self.steps_done += 1
@@ -265,8 +287,10 @@ class _VisionTask(HostReturningTask):
             and self._eager_batches > 0
             and self.micro_done == 0
         ):
-            model, optimizer, _, _ = self._require_setup()
+            model, optimizer, images, labels = self._require_setup()
             self._graphs = GraphedSteps(model, optimizer, cfg.batch_size)
+            if cfg.fit_slices:  # every size now, not in a later bubble ([Note: graphed steps])
+                self._graphs.prepare(_graph_keys(cfg), images[0], labels[0])
         return self._graphs
 
     def _drop_graphs(self) -> None:
@@ -372,6 +396,36 @@ class VGG19Task(_VisionTask):
     reference_key = "vgg19"
     options_type = VGGOptions
     cpu_defaults = MappingProxyType({"width_mult": 0.25})
+
+
+def _graph_keys(cfg: VisionOptions) -> set[tuple[int, bool]]:
+    """Every (images, last slice of the batch) a ``fit_slices`` step can take.
+
+    >>> sorted(_graph_keys(VisionOptions(batch_size=8, micro_batches=4, fit_slices=True)))
+    [(2, False), (2, True), (4, False), (4, True), (8, True)]
+    """
+    keys = set()
+    k = cfg.micro_batches
+    for first in range(k):
+        for size in (2**j for j in range((k - first).bit_length())):
+            lo, hi = _slice_bounds(cfg.batch_size, k, first, size)
+            keys.add((hi - lo, first + size == k))
+    return keys
+
+
+def _slice_bounds(batch_size: int, slices: int, first: int, count: int) -> tuple[int, int]:
+    """Where slices ``first`` to ``first + count - 1`` of a batch in ``slices`` lie: the same
+    cut as ``tensor_split`` (the first ``batch_size % slices`` slices one longer).
+
+        >>> _slice_bounds(10, 4, 0, 1), _slice_bounds(10, 4, 1, 2), _slice_bounds(10, 4, 3, 1)
+        ((0, 3), (3, 8), (8, 10))
+    """
+    base, extra = divmod(batch_size, slices)
+
+    def edge(k: int) -> int:
+        return k * base + min(k, extra)
+
+    return edge(first), edge(first + count)
 
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

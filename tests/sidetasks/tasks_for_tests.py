@@ -55,6 +55,24 @@ class WarmingUp(Counting):
         return 1.0
 
 
+class Sized(Counting):
+    """Steps of ``sizes`` units; n units take ``unit_s`` x (1 + n) / 2 (a larger step is faster
+    per unit, as a larger slice of a batch is) and make n units of progress."""
+
+    def __init__(self, unit_s: float = 0.004, sizes: list[int] | None = None) -> None:
+        super().__init__(step_s=unit_s)
+        self.unit_s = unit_s
+        self.sizes = tuple(sizes) if sizes is not None else (1, 2, 4)
+
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        return self.sizes
+
+    def step(self, size: int = 1) -> float:
+        time.sleep(self.unit_s * (1 + size) / 2)
+        return float(size)
+
+
 class RaisingInSetup(IterativeSideTask):
     def setup(self) -> None:
         raise ValueError("boom in setup")

@@ -418,6 +418,51 @@ def test_short_steps_run_in_groups_that_stay_inside_their_bubble(
             assert step.overrun_ns == 0
 
 
+# -- step sizes ------------------------------------------------------------------------------
+
+
+def test_a_bubble_is_filled_coarse_to_fine_with_the_sizes_a_task_offers(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    """Steps of 1, 2 or 4 units (5 to 12.5 ms) in 50 ms bubbles under a 15 ms budget for the
+    largest: each bubble starts with 4-unit steps and ends in smaller ones where a 4-unit step
+    no longer fits, every step begins inside its bubble, and the profile is of 4-unit steps."""
+    proc = start_active(
+        run_dir, hosts, ref("Sized"), options={"unit_s": 0.005}, limits={"budget_s": 0.015}
+    )
+    path = profile_path(run_dir.path, "t1")
+    bubbles = drive_bubbles(edges, 12, length_s=0.05, predicted_s=0.05, gap_s=0.03)
+    assert stop(proc) == 0
+    steps = steps_of(task_events(run_dir, "t1"))
+    by_bubble: dict[tuple[int, int], list[float]] = {}
+    for step in steps:
+        bubble = bubble_of(step, bubbles)
+        assert step.start_ns < bubble[1]  # began inside its bubble
+        by_bubble.setdefault(bubble, []).append(step.progress)
+    sizes = [size for seq in by_bubble.values() for size in seq]
+    assert set(sizes) <= {1.0, 2.0, 4.0}
+    assert 4.0 in sizes and {1.0, 2.0} & set(sizes)  # coarse steps, and finer ones in the tails
+    for seq in by_bubble.values():
+        assert seq == sorted(seq, reverse=True), seq  # coarse to fine within a bubble
+        assert seq[0] == 4.0  # a fresh 40 ms bubble holds a 4-unit step
+    profile = json.loads(path.read_text())
+    assert profile["median_step_s"] >= 0.0125  # 4-unit steps (12.5 ms), not the finer ones
+
+
+def test_malformed_step_sizes_fail_the_task_saying_why(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    proc = start_active(
+        run_dir, hosts, ref("Sized"), options={"sizes": [2, 4]}, limits={"budget_s": 0.012}
+    )
+    drive_bubbles(edges, 3)
+    wait_exit(proc)
+    reason = failed_state(run_dir, proc).reason
+    assert "Sized.step_sizes=(2, 4) must be a tuple of ascending whole numbers starting at 1" in (
+        reason
+    )
+
+
 def test_an_imperative_task_cannot_trickle_and_fails_saying_why(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:

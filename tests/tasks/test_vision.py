@@ -146,6 +146,55 @@ def test_one_slice_per_step_matches_a_whole_batch_without_batch_statistics() -> 
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
 
 
+def _no_dropout(task: ResNet18Task) -> ResNet18Task:
+    assert task.model is not None
+    for m in task.model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return task
+
+
+def test_fit_slices_offers_sizes_that_never_cross_the_batch_end() -> None:
+    task = _ready(ResNet18Task, batch_size=8, micro_batches=4, fit_slices=True)
+    seen = []
+    for size in (1, 2, 1, 4, 2, 2):
+        seen.append(task.step_sizes)
+        assert task.step(size) == 2.0 * size  # two images a slice
+    assert seen == [(1, 2, 4), (1, 2), (1,), (1, 2, 4), (1, 2, 4), (1, 2)]
+    assert (task.steps_done, task.micro_done) == (3, 0)  # three batches, three Adam steps
+    assert task.optimizer is not None
+    assert {int(s["step"]) for s in task.optimizer.state.values()} == {3}
+
+
+def test_a_size_the_task_does_not_offer_now_is_refused() -> None:
+    task = _ready(ResNet18Task, batch_size=8, micro_batches=4, fit_slices=True)
+    task.step(1)
+    with pytest.raises(ValueError, match=r"size=4; valid now: \(1, 2\)"):
+        task.step(4)
+    plain = _ready(ResNet18Task, batch_size=8, micro_batches=4)
+    assert plain.step_sizes == (1,)
+    with pytest.raises(ValueError, match=r"size=2; valid now: \(1,\)"):
+        plain.step(2)
+
+
+@pytest.mark.parametrize(("sizes", "fixed"), [((4,), 1), ((2, 2), 2), ((1, 2, 1), 4)])
+def test_steps_of_any_size_train_as_the_same_slices_would(
+    sizes: tuple[int, ...], fixed: int
+) -> None:
+    """VGG-19 without BatchNorm, dropout off: a batch taken in steps of mixed sizes
+    accumulates the gradient of the same batch taken in fixed slices (to float rounding)."""
+    mixed = _no_dropout(_ready(VGG19Task, batch_size=8, micro_batches=4, fit_slices=True))
+    plain = _no_dropout(_ready(VGG19Task, batch_size=8, micro_batches=fixed))
+    for size in sizes:
+        mixed.step(size)
+    for _ in range(fixed):
+        plain.step()
+    assert mixed.steps_done == plain.steps_done == 1
+    assert mixed.model is not None and plain.model is not None
+    for a, b in zip(mixed.model.parameters(), plain.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+
+
 def test_more_micro_batches_than_images_is_refused() -> None:
     with pytest.raises(ValueError, match=r"micro_batches=3 must be at most batch_size // 2 = 2"):
         ResNet18Task(**TINY, micro_batches=3)
@@ -239,3 +288,22 @@ def test_tasks_train_and_resume_on_cuda(cls: type) -> None:
     resumed.load_state_dict(state)
     resumed.step()
     assert resumed.last_loss == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [ResNet18Task, VGG19Task], ids=lambda c: c.__name__)
+def test_graphed_steps_of_every_size_match_eager_ones_on_cuda(cls: type) -> None:
+    """With ``fit_slices`` and CUDA graphs, every size is captured once the graphs are made
+    (no capture in a later bubble), and a batch taken in mixed sizes ends where eager steps of
+    the same sizes end (the last step's loss, after four Adam steps)."""
+    options = {"batch_size": 8, "micro_batches": 4, "fit_slices": True, "n_batches": 2}
+    graphed = _no_dropout(_ready(cls, cuda_graphs=True, **options))
+    eager = _no_dropout(_ready(cls, **options))
+    for task in (graphed, eager):
+        task.to_device("cuda")
+        for size in (4, 4, 1, 2, 1, 2, 2):  # one eager batch, then graphs, then mixed sizes
+            task.step(size)
+    assert graphed._graphs is not None
+    assert graphed._graphs.captured == 5  # (2, 4, 8 images) x (last slice or not), less 8/not
+    assert graphed.steps_done == eager.steps_done == 4
+    assert graphed.last_loss == pytest.approx(eager.last_loss, rel=1e-2)

@@ -91,12 +91,15 @@ class StepAccounting(Checkpointing):
         calls: int = 1,
         *,
         policy: bool = True,
+        sample: bool = True,
     ) -> None:
         """An iterative step (or a group of ``calls`` steps: ``host.iterative`` [Note: step
-        groups]): its event, a profile sample of one step's time, the overrun policy (not for a
-        step that ran through training's compute by design: ``policy=False``)."""
+        groups]): its event, a profile sample of one step's time (not for a step smaller than
+        the task's largest: ``sample=False``, [Note: step sizes]), the overrun policy (not for
+        a step that ran through training's compute by design: ``policy=False``)."""
         self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
-        self._sample_profile((end_ns - start_ns) // calls)
+        if sample:
+            self._sample_profile((end_ns - start_ns) // calls)
         if not policy:
             return  # overruns by design; the policy would only stop it
         self._window.append(overrun_ns)

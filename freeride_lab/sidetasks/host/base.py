@@ -60,6 +60,9 @@ class HostBase:
         self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
         # recent per-step times (ns), which a group's size is planned from
         self._recent_step_ns: collections.deque[float] = collections.deque(maxlen=16)
+        # size -> recent times (ns) of steps of that size; see host.iterative [Note: step sizes]
+        self._size_ns: dict[int, collections.deque[float]] = {}
+        self._top_size = 1  # the largest step size the task has offered
         self.conn = conn
         self.sink = sink
         self.beacon = beacon  # marks for the worker's watchdog; written by this thread only

@@ -18,6 +18,20 @@ kept as its guard, so a group ends where a lone step would have been allowed to.
 looks at the edges between the calls and stops launching once the bubble is seen to end. A
 profiling step is always alone, and the profile is taken from single steps.
 
+[Note: step sizes]
+A step sized for the short bubbles wastes the long ones' time on launches and waits, and one
+sized for the long bubbles leaves the short ones, and the last milliseconds of every bubble,
+empty. A task that can take several of its smallest steps as one (``step_sizes``: a vision
+task with ``fit_slices`` runs 1, 2 or 4 slices of its batch in one step) gets, at each launch
+in a bubble, the largest size whose guard still fits the bubble's predicted remainder and is
+no larger than the bubble's last step, so a bubble is filled coarse to fine. The budget
+(FreeRide's, the governor's, a tuned one) guards the task's largest step, the one it takes
+alone and is profiled by; a smaller size's guard is that budget scaled by the two sizes'
+recent median step times (``core.budget.sized_budget_ns``; in proportion to the size before
+both are timed). A bubble is used at all when the smallest size's guard fits. Steps outside
+the bubbles (gating "none") take the largest size, the task's own best pace; the profile
+samples steps of the largest size alone. A task with sizes is never stepped in groups.
+
 [Note: launch, then tell]
 A bubble's first step is what the signal latency measures, so nothing that can wait runs
 between the host seeing the bubble's start and calling ``step()``. The START transition (the
@@ -43,11 +57,14 @@ is its ``overrun_ns``, as under gating "none"; the overrun policy judges bubble 
 
 from __future__ import annotations
 
+import collections
+import itertools
 import statistics
 import sys
 import time
+from typing import Any
 
-from freeride_lab.core.budget import should_step
+from freeride_lab.core.budget import should_step, sized_budget_ns
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
 from freeride_lab.sidetasks.api import IterativeSideTask, SideTaskBase
 from freeride_lab.sidetasks.edges import Edge
@@ -96,19 +113,25 @@ class IterativeSteps(StepAccounting):
             return  # no prediction yet: a step could not be checked against the bubble's length
         if profiling and not largest:
             return  # profile samples come from the largest bubbles only
-        if not should_step(self.reader.now_ns(), predicted_end_ns, self._budget_ns(), False):
+        if not should_step(self.reader.now_ns(), predicted_end_ns, self._guard_ns(1), False):
             return  # too short (or seen too late) for one step: leave it without events
         if not self._apply(SideTaskEvent.START, hold=True):  # [Note: launch, then tell]
             return
+        last_size = 0  # the size of the bubble's last step: the next is no larger
         while self._cmds.empty():
             cur = self.reader.latest()
             ended = _has_ended(bubble, cur)
             start_ns = self.reader.now_ns()
-            budget_ns = self._budget_ns()
+            budget_ns = self._guard_ns(1)
             if not should_step(start_ns, predicted_end_ns, budget_ns, ended):
                 break
-            calls = 1 if profiling else self._group_size(predicted_end_ns - start_ns, budget_ns)
-            if not self._step_in(task, bubble, start_ns, calls):
+            remaining_ns = predicted_end_ns - start_ns
+            sizes = self._step_sizes(task)
+            size = self._fitting_size(sizes, remaining_ns, last_size)
+            last_size = size
+            grouped = not profiling and len(sizes) == 1
+            calls = self._group_size(remaining_ns, budget_ns) if grouped else 1
+            if not self._step_in(task, bubble, start_ns, calls, size):
                 return  # finished
             if self.machine.terminal or self._policy_paused or profiling:
                 break  # a profiling step is alone in its bubble
@@ -124,16 +147,59 @@ class IterativeSteps(StepAccounting):
         by_bubble = 1 + int((remaining_ns - budget_ns) // step_ns)  # the last keeps its guard
         return max(1, min(by_length, by_bubble))
 
+    def _step_sizes(self, task: IterativeSideTask) -> tuple[int, ...]:
+        """The task's step sizes now, checked; notes the largest ever offered."""
+        sizes = step_sizes(task)
+        self._top_size = max(self._top_size, sizes[-1])
+        return sizes
+
+    def _fitting_size(self, sizes: tuple[int, ...], remaining_ns: int, at_most: int = 0) -> int:
+        """The largest of ``sizes`` (no larger than ``at_most``, if > 0) whose guard fits
+        ``remaining_ns``, else the smallest ([Note: step sizes])."""
+        for size in reversed(sizes[1:]):
+            if at_most and size > at_most:
+                continue
+            if remaining_ns > self._guard_ns(size):
+                return size
+        return sizes[0]
+
+    def _median_size_ns(self, size: int) -> float | None:
+        """The recent median time of steps of ``size``; None before three of them."""
+        times = self._size_ns.get(size)
+        return statistics.median(times) if times is not None and len(times) >= 3 else None
+
+    def _guard_ns(self, size: int) -> int:
+        """The guard in force for one step of ``size`` ([Note: step sizes]); 0 while
+        profiling."""
+        budget_ns = self._budget_ns()
+        top = self._top_size
+        if size >= top:
+            return budget_ns
+        top_ns, size_ns = self._median_size_ns(top), self._median_size_ns(size)
+        return sized_budget_ns(budget_ns, size, top, top_ns, size_ns)
+
+    def _note_size_time(self, size: int, calls: int, duration_ns: int) -> None:
+        """Remember one step's time under its size (a group's mean under size 1)."""
+        per_step = duration_ns / calls
+        if size == 1:
+            self._recent_step_ns.append(per_step)
+        times = self._size_ns.setdefault(size, collections.deque(maxlen=16))
+        times.append(per_step)
+
     def _step_in(
-        self, task: IterativeSideTask, bubble: Edge, start_ns: int, calls: int = 1
+        self, task: IterativeSideTask, bubble: Edge, start_ns: int, calls: int = 1, size: int = 1
     ) -> bool:
-        """A step (or a group of ``calls`` steps) inside ``bubble``; False once FINISHED."""
-        progress, done = self._one_step(task, bubble.step, calls, bubble)
+        """A step of ``size`` (or a group of ``calls`` steps of size 1) inside ``bubble``;
+        False once FINISHED."""
+        progress, done = self._one_step(task, bubble.step, calls, bubble, size)
         end_ns = self.reader.now_ns()
-        self._recent_step_ns.append((end_ns - start_ns) / done)
+        self._note_size_time(size, done, end_ns - start_ns)
         observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
         overrun_ns = max(0, end_ns - observed_end_ns) if observed_end_ns is not None else 0
-        self._record_step(bubble.step, start_ns, end_ns, progress, overrun_ns, done)
+        self._record_step(
+            bubble.step, start_ns, end_ns, progress, overrun_ns, done,
+            sample=size == self._top_size,
+        )  # fmt: skip
         if task.is_finished():
             self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
             return False
@@ -171,7 +237,7 @@ class IterativeSteps(StepAccounting):
             calls = max(1, int(group_ns // max(statistics.median(times), 1.0)))
         progress, done = self._one_step(task, start_edge.step, calls, start_edge)
         end_ns = self.reader.now_ns()
-        self._recent_step_ns.append((end_ns - start_ns) / done)
+        self._note_size_time(1, done, end_ns - start_ns)
         end_edge = self.reader.latest()
         busy_ns = training_busy_ns(start_edge, end_edge, start_ns, end_ns)
         self._record_step(start_edge.step, start_ns, end_ns, progress, busy_ns, done, policy=False)
@@ -195,12 +261,16 @@ class IterativeSteps(StepAccounting):
             start_edge = self.reader.latest()
             start_ns = self.reader.now_ns()
             step = start_edge.step if start_edge is not None else -1
-            progress, _ = self._one_step(task, step)
+            size = self._step_sizes(task)[-1]  # its own best pace ([Note: step sizes])
+            progress, _ = self._one_step(task, step, size=size)
             end_ns = self.reader.now_ns()
             end_edge = self.reader.latest()
             step = end_edge.step if end_edge is not None else -1
             busy_ns = training_busy_ns(start_edge, end_edge, start_ns, end_ns)
-            self._record_step(step, start_ns, end_ns, progress, busy_ns, policy=False)
+            self._record_step(
+                step, start_ns, end_ns, progress, busy_ns, policy=False,
+                sample=size == self._top_size,
+            )  # fmt: skip
             if task.is_finished():
                 self._apply(SideTaskEvent.FINISH, f"progress {task.progress:g} {task.unit}")
                 return
@@ -208,22 +278,27 @@ class IterativeSteps(StepAccounting):
                 return
 
     def _one_step(
-        self, task: IterativeSideTask, step: int, calls: int = 1, bubble: Edge | None = None
+        self,
+        task: IterativeSideTask,
+        step: int,
+        calls: int = 1,
+        bubble: Edge | None = None,
+        size: int = 1,
     ) -> tuple[float, int]:
-        """Run ``step()`` ``calls`` times (fewer if ``bubble`` is seen to end or the task
-        finishes), then until its GPU work is done, marked in the beacon from this thread (a
-        step that never returns leaves the mark for the worker's watchdog); the progress and
-        the number of calls made. Each call's progress is added to ``task.progress`` as it
-        returns, so ``is_finished()`` sees it."""
+        """Run ``step()`` (``step(size)`` for a size above 1) ``calls`` times (fewer if
+        ``bubble`` is seen to end or the task finishes), then until its GPU work is done,
+        marked in the beacon from this thread (a step that never returns leaves the mark for
+        the worker's watchdog); the progress and the number of calls made. Each call's progress
+        is added to ``task.progress`` as it returns, so ``is_finished()`` sees it."""
         self._where = "step"
         if self.beacon is not None:
-            budget_ns = self._budget_ns() * calls
+            budget_ns = self._guard_ns(size) * calls
             self.beacon.step_started(step, budget_ns, first=self._steps_started == 0)
         self._steps_started += 1
         progress, done = 0.0, 0
         try:
             while True:
-                made = float(task.step() or 0.0)
+                made = float(_call_step(task, size) or 0.0)
                 task.progress += made
                 progress += made
                 done += 1
@@ -237,6 +312,35 @@ class IterativeSteps(StepAccounting):
             if self.beacon is not None:
                 self.beacon.busy()
         return progress, done
+
+
+def step_sizes(task: IterativeSideTask) -> tuple[int, ...]:
+    """``task.step_sizes``, checked: ascending whole numbers from 1.
+
+    Raises:
+        ValueError: anything else (the message names the task and what it gave).
+    """
+    sizes = task.step_sizes
+    if (
+        not isinstance(sizes, tuple)
+        or not sizes
+        or any(isinstance(n, bool) or not isinstance(n, int) for n in sizes)
+        or sizes[0] != 1
+        or any(b <= a for a, b in itertools.pairwise(sizes))
+    ):
+        raise ValueError(
+            f"{type(task).__name__}.step_sizes={sizes!r} must be a tuple of ascending whole "
+            "numbers starting at 1"
+        )
+    return sizes
+
+
+def _call_step(task: IterativeSideTask, size: int) -> float | None:
+    """``task.step()``, or ``task.step(size)`` for a size above 1 ([Note: step sizes])."""
+    if size == 1:
+        return task.step()
+    step: Any = task.step  # a task with sizes takes one (``IterativeSideTask.step``)
+    return step(size)  # type: ignore[no-any-return]
 
 
 def _has_ended(bubble: Edge, cur: Edge | None) -> bool:
