@@ -115,8 +115,8 @@ class GraphedSteps:
         """The input buffers of slices of ``size`` images, made like ``x`` and ``y``."""
         if size not in self._inputs:
             self._inputs[size] = (
-                x.new_empty((size, *x.shape[1:]), memory_format=torch.contiguous_format),
-                y.new_empty((size, *y.shape[1:])),
+                torch.empty((size, *x.shape[1:]), dtype=x.dtype, device=x.device),
+                torch.empty((size, *y.shape[1:]), dtype=y.dtype, device=y.device),
             )
         return self._inputs[size]
 
