@@ -375,13 +375,14 @@ LEVERS: tuple[Lever, ...] = (
           "`--predictor feedback` (`RuntimeOptions.predictor`): a bubble's length predicted as "
           "a percentile of the slot's last 16, the percentile moved by the predictions' own "
           "misses towards one in ten (off: FreeRide's minimum of the last five)",
-          "no GPU A/B yet; replayed offline over CPU runs' bubbles (table `predictor-cpu`) it "
-          "plans 5-6 points less of the idle time for half the overshoot. On the GPU, two "
-          f"invocations in one call: `{_BENCH} --real-stage 1 --modes vanilla,managed,governed "
-          "--predictor min`, then `--predictor feedback`"),
+          ""),
     Lever("micro_batches", "2. fit the tails: micro-batches",
           "a vision task's batch in K slices with gradient accumulation: shorter steps, the same "
           "optimizer steps", ""),
+    Lever("step_sizes", "2. fit the tails: step sizes",
+          "a vision task's batch in 4 graphed slices, each step taking 1, 2 or 4 of them, the "
+          "largest whose guard fits what is left of the bubble (`fit_slices`; off: the bench's "
+          "default, one slice a step: 4 for VGG-19, 2 for ResNet-18)", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),
@@ -396,10 +397,11 @@ LEVERS: tuple[Lever, ...] = (
     Lever("power", "4. power-aware governor",
           "NVML board power (above 95% of the board's power cap) and SM clock (10% below the "
           "highest seen) count as overload to the overhead governor before the step time moves",
-          "on in every governed block since the governor reads each GPU's cap; no committed "
-          "result runs governed blocks with the device signals off beside on. Two invocations "
-          f"in one call: `{_BENCH} --real-stage 3 --modes vanilla,governed --repeats 8 "
-          "--governor-signals off`, then `on`"),
+          "on in every governed block since the governor reads each GPU's cap (the H100 "
+          "results of 2026-12-05 too: no gated block came within 10% of the cap, table "
+          "`h100-goals-now`); no committed result runs governed blocks with the device signals "
+          f"off beside on. Two invocations in one call: `{_BENCH} --real-stage 3 --modes "
+          "vanilla,governed --repeats 8 --governor-signals off`, then `on`"),
     Lever("trickle", "5. trickle gating",
           "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "
           "training keeps its pace (the off arm: governed blocks)", ""),
@@ -419,8 +421,9 @@ LEVERS: tuple[Lever, ...] = (
           "a bubble's first step is launched before its RUNNING state is announced (an event and "
           "a message that wakes the worker); each first step records when its host saw the edge "
           "(`seen_ns`), which splits the signal latency into edge → host and the host's own path",
-          "no GPU A/B: there is no switch back; the hop split is new in the bench (edge → host "
-          "p50/p99 beside edge → step) and is first measured by the next H200 call"),
+          "no GPU A/B: there is no switch back. The hop split it brought is measured on an H100 "
+          "(table `h100-12-05-latency`): at the median, more than half of edge → step passes "
+          "before the task's host sees the edge"),
     Lever("inference", "seventh built-in task: inference",
           "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
           "switch)", ""),

@@ -170,6 +170,23 @@ H200_SPIN = (
     ("h200-2026-12-02-spin-off.json", "spin off"),
     ("h200-2026-12-02-spin-on.json", "spin on"),
 )
+#: The M = 4 time-sliced mix on an H100, the first run with peers that last what they stand
+#: for and every stage real: stages 0 and 2 in one call (its stages 1 and 3 failed on a fault of
+#: the graphed steps, fixed before the next call), stages 1 and 3 two calls later, one machine.
+H100_HEADLINE = (
+    ("h100-2026-12-05-headline-s02.json", "stages 0, 2"),
+    ("h100-2026-12-05-headline-s13.json", "stages 1, 3"),
+)
+#: Lever 1 on that H100, the feedback predictor: stages 1 and 3 in the call of the headline's
+#: stages 1 and 3 (after them), stages 0 and 2 in the next call.
+H100_FEEDBACK = (
+    ("h100-2026-12-05-feedback-s02.json", "feedback predictor, stages 0, 2"),
+    ("h100-2026-12-05-feedback-s13.json", "feedback predictor, stages 1, 3"),
+)
+#: Lever 2 on that H100, step sizes: each vision task's batch in 4 graphed slices, a step taking
+#: 1, 2 or 4 of them (``fit_slices``), stages 1 and 3, the call before the headline's.
+H100_FIT_SLICES = (("h100-2026-12-05-fit-slices-s13.json", "1, 2 or 4 graphed slices a step"),)
+_H100_IDLE = "table `h100-12-05-idle-split`"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
@@ -927,6 +944,36 @@ def source(*names: str) -> Source:
                   result(names[0]) if len(names) == 1 else merged(names))  # fmt: skip
 
 
+def _h100_rows() -> list[tuple[str, dict[str, Any]]]:
+    names = tuple(name for name, _ in H100_HEADLINE)
+    return [("", r) for r in merged(names)["pipeline"] if r["case"] == "mix"]
+
+
+def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per run and mode: bubble edge → first side-task step, the part of it before the task's
+    host saw the edge, and bubble end → the last step started after it (block bootstrap)."""
+    return md_table(
+        ["run", "mode", "edge → step p50 ms", "edge → step p99 ms", "of which edge → host p50 ms",
+         "edge → host p99 ms", "end → last late step p99 ms"],
+        _first_of_run([
+            [run_label(r["run"]), r["mode"],
+             *(_ms(r, name) for name in ("latency_p50", "latency_p99", "wake_p50", "wake_p99",
+                                          "pause_p99"))]
+            for _, r in rows
+        ]),
+    )  # fmt: skip
+
+
+def h100_goal_sources() -> list[Source]:
+    """Every H100 bench result BENCHMARKS.md reports: the four-stage headline (two calls read as
+    one), and each lever's arm."""
+    return [
+        source(*(n for n, _ in H100_HEADLINE)),
+        source(*(n for n, _ in H100_FEEDBACK)),
+        *(source(n) for n, _ in H100_FIT_SLICES),
+    ]
+
+
 def goal_sources() -> list[Source]:
     """Every H200 result the tables above report, for "Where each goal stands": the bench
     results (a run measured over several calls read as one, dated by its last call) and the
@@ -958,6 +1005,13 @@ def _on_off(on: tuple[str, str], off: tuple[str, str], where: str) -> list[Compa
         for c in bench_comparisons(Arm(source(on[0]), mode, on[1]),
                                    Arm(source(off[0]), mode, off[1]), where)
     ]  # fmt: skip
+
+
+def _predictor() -> list[Comparison]:
+    """The feedback predictor against FreeRide's minimum on the H100, per pair of stages."""
+    where = _H100_IDLE
+    pairs = zip(H100_FEEDBACK, H100_HEADLINE, strict=True)
+    return [c for on, off in pairs for c in _on_off(on, off, where)]
 
 
 def _modes(names: tuple[str, ...], on: str, off: str, table: str) -> list[Comparison]:
@@ -1003,6 +1057,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "governed": _governed(),
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
+        "predictor": _predictor(),
+        "step_sizes": _on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
                    *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
         "trickle": [*(c for name, _ in H200_TRICKLE
@@ -1032,6 +1088,19 @@ def levers_now() -> list[str]:
 
 
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "h100-goals-now": lambda: goal_table(h100_goal_sources(), peer_fix_date=raw(PEER_FIX)["date"]),
+    "h100-12-05-overhead": lambda: h200_overhead(_h100_rows()),
+    "h100-12-05-harvest": lambda: h200_harvest(_h100_rows()),
+    "h100-12-05-latency": lambda: signal_latency(_h100_rows()),
+    "h100-12-05-per-stage": lambda: _per_stage(
+        merged(tuple(n for n, _ in H100_HEADLINE))["summary"], ("mix", "instrumentation")
+    ),
+    "h100-12-05-tails": lambda: _tails(
+        merged(tuple(n for n, _ in H100_HEADLINE))["summary"], lambda r: str(r["stage"])
+    ),
+    "h100-12-05-idle-split": lambda: _idle_split(
+        (*H100_HEADLINE, *H100_FEEDBACK, *H100_FIT_SLICES)
+    ),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,

@@ -266,9 +266,12 @@ class _VisionTask(HostReturningTask):
 
     @property
     def warmup_steps(self) -> int:
-        """With ``cuda_graphs`` on a GPU: two batches' steps (one eager, one capturing)."""
-        graphing = self.config.cuda_graphs and torch.device(self.device).type == "cuda"
-        return 2 * self.config.micro_batches if graphing else 0
+        """With ``cuda_graphs`` on a GPU: two batches' steps (one eager, one capturing), which
+        with ``fit_slices`` are two steps of the largest size, the ones a profile samples."""
+        cfg = self.config
+        if not (cfg.cuda_graphs and torch.device(self.device).type == "cuda"):
+            return 0
+        return 2 if cfg.fit_slices else 2 * cfg.micro_batches
 
     def _advance(self, slices: int = 1) -> None:
         """Count ``slices`` slices done; the batch's last one completes an optimizer step."""

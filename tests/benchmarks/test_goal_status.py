@@ -104,3 +104,28 @@ def test_best_is_closest_to_the_goal_latest_is_the_newest_and_old_runs_are_marke
     best, latest, met = line.split(" | ")[1:4]
     assert goal_status.PEER_FIX_NOTE in best and goal_status.PEER_FIX_NOTE not in latest
     assert met == "**yes** (latest: no)"
+
+
+def test_board_power_is_judged_on_the_highest_gated_block_against_the_recorded_cap() -> None:
+    """Every block must stay under the cap: the figure is the highest gated block (a vanilla
+    block does not count), and a result without a recorded cap says nothing."""
+
+    def with_blocks(date: str, watts: list[tuple[str, float]], cap: float | None) -> Any:
+        s = bench(date, mean=(0, -1, 1), harvest_lo=(0, 0))
+        s.data["blocks"] = [
+            {"run": "m4-timeslice", "mode": mode, "stage": i, "power_w": w}
+            for i, (mode, w) in enumerate(watts)
+        ]
+        s.data["machine"] = {} if cap is None else {"power_limit_w": cap}
+        return s
+
+    power = "board power"
+    under = with_blocks("2026-01-01T00:00:00", [("vanilla", 710.0), ("managed", 560.0),
+                                                ("governed", 630.0)], 700.0)  # fmt: skip
+    row = status(goal_status.goal_rows([under]), power)
+    assert row.met and row.best.value == 630.0 / 700.0 - 1.0
+    assert "highest of 2 gated blocks (governed, stage 2): 630 W of 700 W" in row.best.what
+    over = with_blocks("2026-01-02T00:00:00", [("managed", 560.0), ("governed", 705.0)], 700.0)
+    assert not status(goal_status.goal_rows([over]), power).met
+    no_cap = with_blocks("2026-01-03T00:00:00", [("managed", 560.0)], None)
+    assert status(goal_status.goal_rows([no_cap]), power).best is None
