@@ -73,6 +73,26 @@ class Sized(Counting):
         return float(size)
 
 
+class Batched(Sized):
+    """``Sized`` over batches of 4 units that a step may not cross (as a vision task's slices):
+    it offers 1, 2 or 4 units, as many as the batch has left; ``start`` units of the first batch
+    are done already."""
+
+    def __init__(self, unit_s: float = 0.004, start: int = 0) -> None:
+        super().__init__(unit_s=unit_s)
+        self.done = start
+
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        left = 4 - self.done
+        return tuple(2**j for j in range(left.bit_length()))
+
+    def step(self, size: int = 1) -> float:
+        assert size in self.step_sizes, (size, self.step_sizes)
+        self.done = (self.done + size) % 4
+        return super().step(size)
+
+
 class RaisingInSetup(IterativeSideTask):
     def setup(self) -> None:
         raise ValueError("boom in setup")

@@ -449,6 +449,22 @@ def test_a_bubble_is_filled_coarse_to_fine_with_the_sizes_a_task_offers(
     assert profile["median_step_s"] >= 0.0125  # 4-unit steps (12.5 ms), not the finer ones
 
 
+def test_a_small_step_forced_by_the_batch_end_does_not_hold_the_rest_of_the_bubble_small(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    """A task three units into a batch of four can only take one unit; in a 60 ms bubble the
+    steps after it are whole batches again (4 units), not single units for the rest of it."""
+    proc = start_active(
+        run_dir, hosts, ref("Batched"), options={"unit_s": 0.005, "start": 3},
+        limits={"budget_s": 0.015},
+    )  # fmt: skip
+    bubbles = drive_bubbles(edges, 3, length_s=0.06, predicted_s=0.06, gap_s=0.03)
+    assert stop(proc) == 0
+    first = [s.progress for s in steps_of(task_events(run_dir, "t1"))
+             if bubble_of(s, bubbles) == bubbles[0]]  # fmt: skip
+    assert first[:2] == [1.0, 4.0], first
+
+
 def test_malformed_step_sizes_fail_the_task_saying_why(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:

@@ -23,8 +23,10 @@ A step sized for the short bubbles wastes the long ones' time on launches and wa
 sized for the long bubbles leaves the short ones, and the last milliseconds of every bubble,
 empty. A task that can take several of its smallest steps as one (``step_sizes``: a vision
 task with ``fit_slices`` runs 1, 2 or 4 slices of its batch in one step) gets, at each launch
-in a bubble, the largest size whose guard still fits the bubble's predicted remainder and is
-no larger than the bubble's last step, so a bubble is filled coarse to fine. The budget
+in a bubble, the largest size whose guard still fits the bubble's predicted remainder, so a
+bubble is filled coarse to fine; a size once too large for the remainder stays out of that
+bubble, while a size the task did not offer at one step (a slice count that would have crossed
+its batch's end) may come back at the next. The budget
 (FreeRide's, the governor's, a tuned one) guards the task's largest step, the one it takes
 alone and is profiled by; a smaller size's guard is that budget scaled by the two sizes'
 recent median step times (``core.budget.sized_budget_ns``; in proportion to the size before
@@ -117,7 +119,7 @@ class IterativeSteps(StepAccounting):
             return  # too short (or seen too late) for one step: leave it without events
         if not self._apply(SideTaskEvent.START, hold=True):  # [Note: launch, then tell]
             return
-        last_size = 0  # the size of the bubble's last step: the next is no larger
+        too_large = 0  # the smallest size whose guard no longer fitted this bubble; 0: none
         while self._cmds.empty():
             cur = self.reader.latest()
             ended = _has_ended(bubble, cur)
@@ -127,8 +129,7 @@ class IterativeSteps(StepAccounting):
                 break
             remaining_ns = predicted_end_ns - start_ns
             sizes = self._step_sizes(task)
-            size = self._fitting_size(sizes, remaining_ns, last_size)
-            last_size = size
+            size, too_large = self._fitting_size(sizes, remaining_ns, too_large)
             grouped = not profiling and len(sizes) == 1
             calls = self._group_size(remaining_ns, budget_ns) if grouped else 1
             if not self._step_in(task, bubble, start_ns, calls, size):
@@ -153,15 +154,19 @@ class IterativeSteps(StepAccounting):
         self._top_size = max(self._top_size, sizes[-1])
         return sizes
 
-    def _fitting_size(self, sizes: tuple[int, ...], remaining_ns: int, at_most: int = 0) -> int:
-        """The largest of ``sizes`` (no larger than ``at_most``, if > 0) whose guard fits
-        ``remaining_ns``, else the smallest ([Note: step sizes])."""
+    def _fitting_size(
+        self, sizes: tuple[int, ...], remaining_ns: int, too_large: int = 0
+    ) -> tuple[int, int]:
+        """The largest of ``sizes`` below ``too_large`` (if > 0) whose guard fits
+        ``remaining_ns``, else the smallest; and the new ``too_large``: the smallest size whose
+        guard did not fit, which stays out of the bubble from then on ([Note: step sizes])."""
         for size in reversed(sizes[1:]):
-            if at_most and size > at_most:
+            if too_large and size >= too_large:
                 continue
             if remaining_ns > self._guard_ns(size):
-                return size
-        return sizes[0]
+                return size, too_large
+            too_large = size
+        return sizes[0], too_large
 
     def _median_size_ns(self, size: int) -> float | None:
         """The recent median time of steps of ``size``; None before three of them."""
