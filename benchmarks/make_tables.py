@@ -95,6 +95,16 @@ TIMING_OVERHEAD_CPU = (
 FIDELITY_CPU = "fidelity-cpu-2026-12-04.json"
 #: Bubble predictors replayed over CPU runs' bubbles (benchmarks/bench_predictor.py).
 PREDICTOR_CPU = "predictor-cpu-2026-12-05.json"
+#: Step sizes against one slice a step, replayed on the CPU over the bubbles of the H100's
+#: stage 1 and 3 (benchmarks/bench_step_sizes.py): (file, task, the host's policy).
+STEP_SIZES_CPU = (
+    ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
+     "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
+    ("step-sizes-cpu-2026-12-05-resnet18.json", "resnet18",
+     "today's: a size too large for the remainder stays out"),
+    ("step-sizes-cpu-2026-12-05-vgg19.json", "vgg19",
+     "today's: a size too large for the remainder stays out"),
+)  # fmt: skip
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 #: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
@@ -751,6 +761,32 @@ def predictor_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def step_sizes_cpu() -> list[str]:
+    def iv(x: Mapping[str, float], digits: int, *, pct: bool, signed: bool = False) -> str:
+        return fmt_interval(x["value"], x["lo"], x["hi"], digits, pct=pct, signed=signed)
+
+    rows = []
+    for name, task, policy in STEP_SIZES_CPU:
+        data = raw(name)
+        for run in data["runs"]:
+            fixed, fit, diff = run["arms"]["fixed"], run["arms"]["fit"], run["fit_minus_fixed"]
+            rows.append([
+                f"{task} (rank {run['rank']})", policy,
+                f"{run['blocks']} × {run['bubbles_per_block']}",
+                f"{data['fixed']} of 4",
+                iv(fixed["images_per_s"], 0, pct=False), iv(fit["images_per_s"], 0, pct=False),
+                iv(diff["images_per_s"], 0, pct=False, signed=True),
+                f"{fmt_pct(fixed['under_steps_frac']['value'], 0)} / "
+                f"{fmt_pct(fit['under_steps_frac']['value'], 0)}",
+            ])  # fmt: skip
+    return md_table(
+        ["task (CPU replay)", "host's policy", "blocks × bubbles", "fixed arm: slices a step",
+         "fixed: images/s of bubble time", "step sizes: images/s", "sizes − fixed [95%]",
+         "bubble time under steps: fixed / sizes"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1148,6 +1184,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "timing-overhead-cpu": timing_overhead_cpu,
     "fidelity-cpu": fidelity_cpu,
     "predictor-cpu": predictor_cpu,
+    "step-sizes-cpu": step_sizes_cpu,
 }
 
 
