@@ -312,18 +312,23 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     ]
     if not rows:
         return []
+    # the unused bubbles split by why, where recorded (results before it lack the columns)
+    why = any(_recorded(r.get("idle_unused_fit_frac")) for r in rows)
     shares = (
         "bubble_used_frac",
         "idle_lead_frac",
         "idle_between_frac",
         "idle_tail_frac",
         "idle_unused_frac",
+        *(("idle_unused_fit_frac", "idle_unused_silent_frac") if why else ()),
         "unused_bubbles_frac",
     )
     return _section(
         "Where the idle time went (share of each block set's bubble time)",
         ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
-         "between steps", "after the last step", "in unused bubbles", "bubbles unused"],
+         "between steps", "after the last step", "in unused bubbles",
+         *(("of which the shortest step fitted", "of those never announced") if why else ()),
+         "bubbles unused"],
         [
             [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
              *(fmt_pct(r[c], 1) for c in shares)]

@@ -308,6 +308,7 @@ def block_row(
     latency: list[float] = []
     wake: list[float] = []
     pause: list[float] = []
+    told: list[tuple[float, float]] = []  # the bubbles the rank announced, ms after t0
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
@@ -321,6 +322,7 @@ def block_row(
                 pairs.append((open_.pop(key), int(e["t_ns"])))
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
+        told = [((a - t0) / 1e6, (e - t0) / 1e6) for a, e in pairs]
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
         seen_ns = [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s["seen_ms"]]
         wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, seen_ns)
@@ -332,7 +334,8 @@ def block_row(
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
-    use = idle_use(gaps, busy)
+    durations = [e - a for a, e in busy if e > a]
+    use = idle_use(gaps, busy, fit_ms=min(durations) if durations else None, announced=told)
     return {
         "run": run,
         "case": b["case"],
@@ -355,6 +358,8 @@ def block_row(
         "idle_between_ms": use.between_ms,
         "idle_tail_ms": use.tail_ms,
         "idle_unused_ms": use.unused_ms,
+        "idle_unused_fit_ms": use.unused_fit_ms,
+        "idle_unused_silent_ms": use.unused_silent_ms,
         "bubbles": use.bubbles,
         "unused_bubbles": use.unused_bubbles,
         "overruns": overruns.overruns,

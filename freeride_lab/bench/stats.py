@@ -77,13 +77,16 @@ SegmentKey = tuple[str, str, int, str]
 
 #: The block columns that split the rest of bubble_ms by where it went (core.idle_use): before
 #: a bubble's first step, between its steps, after its last step, in bubbles where no step ran;
-#: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in. Results
-#: recorded before the split lack them.
+#: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in; the
+#: unused ones a step as short as the block's shortest would have fitted, and of those the ones
+#: the rank never announced. Results recorded before each split lack its columns.
 IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_lead_ms",
     "idle_between_ms",
     "idle_tail_ms",
     "idle_unused_ms",
+    "idle_unused_fit_ms",
+    "idle_unused_silent_ms",
     "bubbles",
     "unused_bubbles",
 )

@@ -12,13 +12,23 @@ a single "bubble use" share does not say what to fix. Every bubble's time is spl
 - ``unused``: bubbles where no step ran at all (too short for any step, not announced, or the
   task was paused; a lower announce threshold or smaller steps shrink it).
 
-The five parts sum to the bubbles' total, so each is a share of the measured idle time.
+The five parts sum to the bubbles' total, so each is a share of the measured idle time. The
+unused part is split further when the caller knows the task's shortest step (``fit_ms``) and
+which bubbles the rank announced (``announced``): ``unused_fit`` is the unused bubbles a step
+that short would have fitted (the rest were too short for any step: only finer steps reach
+them), and ``unused_silent`` the part of those no announcement overlapped (the rank never
+told the host: a lower announce threshold or a better prediction reaches them; the announced
+rest the host saw and left, for a guard that did not fit or a paused task).
 
     >>> use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
     >>> use.covered_ms, use.lead_ms, use.between_ms, use.tail_ms, use.unused_ms
     (6.5, 1.0, 0.5, 2.0, 2.0)
     >>> use.bubbles, use.unused_bubbles, round(use.share("covered"), 3)
     (2, 1, 0.542)
+    >>> gaps = [(0.0, 10.0), (20.0, 22.0), (30.0, 40.0), (50.0, 60.0)]
+    >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=[(29.5, 39.0)])
+    >>> use.unused_ms, use.unused_fit_ms, use.unused_silent_ms
+    (22.0, 20.0, 10.0)
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ PARTS: tuple[str, ...] = ("lead", "covered", "between", "tail", "unused")
 
 @dataclass(frozen=True)
 class IdleUse:
-    """Milliseconds of bubble time in each part (``PARTS``), and how many bubbles had no step."""
+    """Milliseconds of bubble time in each part (``PARTS``), and how many bubbles had no step;
+    ``unused_fit_ms`` and ``unused_silent_ms`` split ``unused_ms`` further (0 when not asked)."""
 
     covered_ms: float = 0.0
     lead_ms: float = 0.0
@@ -45,6 +56,8 @@ class IdleUse:
     unused_ms: float = 0.0
     bubbles: int = 0
     unused_bubbles: int = 0
+    unused_fit_ms: float = 0.0  # unused bubbles at least ``fit_ms`` long
+    unused_silent_ms: float = 0.0  # ... of which no announced bubble overlapped
 
     @property
     def total_ms(self) -> float:
@@ -80,8 +93,25 @@ def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[floa
     return out
 
 
+def _overlaps(
+    intervals: list[tuple[float, float]], starts: list[float], lo: float, hi: float
+) -> bool:
+    """Whether any of the sorted, merged ``intervals`` (their ``starts``) overlaps (lo, hi)."""
+    i = max(bisect.bisect_right(starts, lo) - 1, 0)
+    for s, e in intervals[i:]:
+        if s >= hi:
+            return False
+        if e > lo:
+            return True
+    return False
+
+
 def idle_use(
-    bubbles: Iterable[tuple[float, float]], steps: Iterable[tuple[float, float]]
+    bubbles: Iterable[tuple[float, float]],
+    steps: Iterable[tuple[float, float]],
+    *,
+    fit_ms: float | None = None,
+    announced: Iterable[tuple[float, float]] = (),
 ) -> IdleUse:
     """Split the bubbles' time by what the side-task ``steps`` made of it (all in ms).
 
@@ -89,10 +119,17 @@ def idle_use(
         bubbles: one rank's bubbles as (start, end); overlapping ones are merged first.
         steps: that rank's side-task steps as (start, end), from any task; a step that
             straddles a bubble's edge counts only inside it.
+        fit_ms: the task's shortest step; unused bubbles at least this long count in
+            ``unused_fit_ms`` (None: that split is not made).
+        announced: the bubbles the rank announced to the host, as (start, end); unused
+            bubbles of ``unused_fit_ms`` that none overlaps count in ``unused_silent_ms``.
     """
     work = merge_intervals(steps)
     starts = [s for s, _ in work]
+    told = merge_intervals(announced)
+    told_starts = [s for s, _ in told]
     parts = dict.fromkeys(PARTS, 0.0)
+    fit = silent = 0.0
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
@@ -106,10 +143,20 @@ def idle_use(
         if not inside:
             parts["unused"] += hi - lo
             unused += 1
+            if fit_ms is not None and hi - lo >= fit_ms:
+                fit += hi - lo
+                if not _overlaps(told, told_starts, lo, hi):
+                    silent += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
         parts["covered"] += covered
         parts["lead"] += inside[0][0] - lo
         parts["tail"] += hi - inside[-1][1]
         parts["between"] += (inside[-1][1] - inside[0][0]) - covered
-    return IdleUse(**{f"{p}_ms": v for p, v in parts.items()}, bubbles=count, unused_bubbles=unused)
+    return IdleUse(
+        **{f"{p}_ms": v for p, v in parts.items()},
+        bubbles=count,
+        unused_bubbles=unused,
+        unused_fit_ms=fit,
+        unused_silent_ms=silent,
+    )

@@ -298,7 +298,9 @@ def test_host_log_tables_task_board_report_and_bench_count_the_same_overruns(
 
 
 def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_shares() -> None:
-    """Bubble 0-10 ms: wake-up 1 ms, steps 1-4 and 4.5-8, 2 ms left; bubble 12-14 ms unused."""
+    """Bubble 0-10 ms: wake-up 1 ms, steps 1-4 and 4.5-8, 2 ms left; bubbles 12-14 (shorter
+    than the shortest step, 3 ms), 15-19 (announced, left by the host) and 21-25 (never
+    announced) unused."""
     import pandas as pd
 
     from freeride_lab.bench import stats as bs
@@ -313,29 +315,37 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )
     bubbles = pd.DataFrame(
-        [[0, 0, 0.0, 10.0, 10.0], [0, 0, 12.0, 14.0, 2.0]],
+        [[0, 0, a, b, b - a] for a, b in ((0.0, 10.0), (12.0, 14.0), (15.0, 19.0), (21.0, 25.0))],
         columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
     )
+    edges = [
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6)}
+        for slot, (a, b) in enumerate(((0.0, 10.0), (15.0, 19.0)))
+        for edge, ms in (("start", a), ("end", b))
+    ]
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
              "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
-    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 20 * 10**6}, bubbles, side,
-                                  [], [], 0)  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
+                                  edges, [], 0)  # fmt: skip
     assert row is not None
     assert (row["idle_lead_ms"], row["idle_between_ms"], row["idle_tail_ms"]) == (1.0, 0.5, 2.0)
-    assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (2.0, 2, 1)
+    assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (10.0, 4, 3)
+    assert (row["idle_unused_fit_ms"], row["idle_unused_silent_ms"]) == (8.0, 4.0)
     vanilla = {**row, "mode": "vanilla", "order": 0, "progress": 0.0, "side_steps": 0}
     blocks = pd.DataFrame([vanilla, row], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
     summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
     managed = summary[summary["mode"] == "managed"].iloc[0]
-    assert managed["bubble_used_frac"] == pytest.approx(6.5 / 12)
-    assert managed["idle_tail_frac"] == pytest.approx(2.0 / 12)
-    assert managed["idle_unused_frac"] == pytest.approx(2.0 / 12)
-    assert managed["unused_bubbles_frac"] == 0.5
+    assert managed["bubble_used_frac"] == pytest.approx(6.5 / 20)
+    assert managed["idle_tail_frac"] == pytest.approx(2.0 / 20)
+    assert managed["idle_unused_frac"] == pytest.approx(10.0 / 20)
+    assert managed["idle_unused_fit_frac"] == pytest.approx(8.0 / 20)
+    assert managed["idle_unused_silent_frac"] == pytest.approx(4.0 / 20)
+    assert managed["unused_bubbles_frac"] == 0.75
     parts = ("bubble_used", "idle_lead", "idle_between", "idle_tail", "idle_unused")
     assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
     text = bench_markdown.markdown({"summary": summary.to_dict("records")})
     assert "## Where the idle time went" in text
-    shares = "54.2% | 8.3% | 4.2% | 16.7% | 16.7% | 50.0%"
+    shares = "32.5% | 5.0% | 2.5% | 10.0% | 50.0% | 40.0% | 20.0% | 75.0%"
     assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
 
 

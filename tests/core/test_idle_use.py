@@ -44,12 +44,30 @@ def test_shares_are_fractions_of_the_bubble_time_and_pooling_adds_them() -> None
         pooled.share("idle")
 
 
+def test_unused_bubbles_split_into_too_short_silent_and_left_by_the_host() -> None:
+    # the task's shortest step is 3 ms; bubbles: used, 2 ms (too short), 10 ms announced
+    # and left, 10 ms never announced
+    gaps = [(0.0, 10.0), (20.0, 22.0), (30.0, 40.0), (50.0, 60.0)]
+    use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=[(0.0, 9.0), (29.5, 39.0)])
+    assert use.unused_ms == 22.0
+    assert use.unused_fit_ms == 20.0  # the 2 ms bubble is too short for any step
+    assert use.unused_silent_ms == 10.0  # 50-60: no announcement overlaps it
+    # an announcement that ends as the bubble starts does not count as telling of it
+    late = idle_use([(50.0, 60.0)], [], fit_ms=3.0, announced=[(40.0, 50.0)])
+    assert late.unused_silent_ms == 10.0
+    # without the task's shortest step, no split (results recorded before it: 0)
+    assert idle_use(gaps, [(1.0, 4.0)]).unused_fit_ms == 0.0
+    pooled = use + use
+    assert (pooled.unused_fit_ms, pooled.unused_silent_ms) == (40.0, 20.0)
+
+
 _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], t[0] + t[1]))
 
 
 @given(st.lists(_span, max_size=30), st.lists(_span, max_size=60))
 def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -> None:
-    use = idle_use(bubbles, steps)
+    use = idle_use(bubbles, steps, fit_ms=5.0, announced=steps[::2])
+    assert 0.0 <= use.unused_silent_ms <= use.unused_fit_ms <= use.unused_ms + 1e-9
     merged: list[tuple[float, float]] = []
     for s, e in sorted(bubbles):
         if merged and s <= merged[-1][1]:
