@@ -231,11 +231,16 @@ def markdown(result: Mapping[str, Any]) -> str:
             for r in result.get("pipeline", [])
         ],
     )  # fmt: skip
+    pipeline = result.get("pipeline", [])
+    # the hop before the edge, where recorded (results before it lack the columns)
+    lag = any(_recorded(r.get("announce_p50_ms")) for r in pipeline)
     lines += _section(
         "Pipeline: harvest, cost, latency",
         ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
          "of measured idle", "saving published", "corrected", "edge → step p50 ms", "p99 ms",
-         "of which edge → host p50 ms", "p99 ms", "end → last late step p99 ms"],
+         "of which edge → host p50 ms", "p99 ms",
+         *(("before it, device → edge p50 ms", "p99 ms") if lag else ()),
+         "end → last late step p99 ms"],
         [
             [r["run"], r["case"], r["mode"], fmt_frac_interval(r, "harvest", 1),
              f"{fmt_frac_interval(r, 'harvest_of_theory_limit', 0)} "
@@ -244,8 +249,9 @@ def markdown(result: Mapping[str, Any]) -> str:
              fmt_frac_interval(r, "saving_published", 1),
              fmt_frac_interval(r, "saving_corrected", 1),
              *(fmt_ms_interval(r, f)
-               for f in ("latency_p50", "latency_p99", "wake_p50", "wake_p99", "pause_p99"))]
-            for r in result.get("pipeline", [])
+               for f in ("latency_p50", "latency_p99", "wake_p50", "wake_p99",
+                         *(("announce_p50", "announce_p99") if lag else ()), "pause_p99"))]
+            for r in pipeline
         ],
     )  # fmt: skip
     lines += _section(

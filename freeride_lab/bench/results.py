@@ -309,6 +309,7 @@ def block_row(
     wake: list[float] = []
     pause: list[float] = []
     told: list[tuple[float, float]] = []  # the bubbles the rank announced, ms after t0
+    announce: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
@@ -323,6 +324,8 @@ def block_row(
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         told = [((a - t0) / 1e6, (e - t0) / 1e6) for a, e in pairs]
+        gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
+        announce = bs.announce_lag_ms(gaps_ns, starts_ns)
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
         seen_ns = [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s["seen_ms"]]
         wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, seen_ns)
@@ -366,6 +369,7 @@ def block_row(
         "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,
         "wake_ms": wake,
+        "announce_ms": announce,
         "pause_ms": pause,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),

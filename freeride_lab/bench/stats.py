@@ -34,6 +34,7 @@ cannot drift from the library's:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -51,6 +52,7 @@ __all__ = [
     "REFERENCE_MODE",
     "SPREAD_FLAG_FRAC",
     "SegmentKey",
+    "announce_lag_ms",
     "bubble_use_frac",
     "dedicated_speed",
     "dedicated_throughput_per_s",
@@ -117,6 +119,9 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     # tuple: its first hop, bubble start edge → the side task's host saw it, per bubble used
     # whose first step recorded when (``SideTaskStep.seen_ns``); the rest is the host's path
     "wake_ms",
+    # tuple: the hop before them, the device reaching a bubble's start (the resolved
+    # timeline) → the rank announcing it, per start edge (``announce_lag_ms``)
+    "announce_ms",
     # tuple: bubble end edge → the last side-task step that still started after it (0 when
     # none did), per bubble used; empty in trickle blocks, whose steps run between bubbles
     "pause_ms",
@@ -292,6 +297,33 @@ def signal_latency_ms(
     """
     _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
     return [float(first - start) / 1e6 for start, _, _, first in used]
+
+
+def announce_lag_ms(
+    gaps_ns: Sequence[tuple[int, int]], edge_start_ns: Sequence[int]
+) -> list[float]:
+    """The hop before ``signal_latency_ms``: the device reaching a bubble's start (the
+    measured gap's start, from the resolved timeline) → the rank announcing it (the start
+    edge's stamp, taken when the rank's edge watcher woke). One value per start edge that lies
+    inside a measured gap; an edge outside every gap (its bubble shorter than the gaps kept, or
+    already over) has no value.
+
+    Args:
+        gaps_ns: the rank's measured idle gaps as (start, end), on the run clock.
+        edge_start_ns: the start edges the rank announced, on the run clock.
+
+        >>> announce_lag_ms([(0, 10_000_000), (20_000_000, 30_000_000)],
+        ...                 [40_000, 20_100_000, 35_000_000])
+        [0.04, 0.1]
+    """
+    spans = sorted((int(a), int(e)) for a, e in gaps_ns if e > a)
+    starts = [a for a, _ in spans]
+    out = []
+    for t in sorted(int(x) for x in edge_start_ns):
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t < spans[i][1]:
+            out.append((t - spans[i][0]) / 1e6)
+    return out
 
 
 def wake_latency_ms(

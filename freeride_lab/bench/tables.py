@@ -98,6 +98,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "latency_p50_ms",
     "latency_p99_ms",
     "wake_p50_ms",  # latency's first hop: bubble start edge → the task's host saw it (pooled)
+    "announce_p50_ms",  # the hop before: the device at the bubble's start → its edge (pooled)
     "pause_p99_ms",  # bubble end → the last side-task step started after it (pooled)
     # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
     # bootstrap interval): the tail a training job feels, which a mean hides
@@ -140,12 +141,16 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
     # to its step. As latency; NaN in results that did not record when hosts saw edges
     *_with_interval("wake_p50", "ms"),
     *_with_interval("wake_p99", "ms"),
+    # the hop before the edge: the device reaching a bubble's start → the rank announcing it
+    # (``stats.announce_lag_ms``); NaN in results that did not record it
+    *_with_interval("announce_p50", "ms"),
+    *_with_interval("announce_p99", "ms"),
     *_with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
 )
 
 
 #: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
-_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms", "wake_ms")
+_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms", "wake_ms", "announce_ms")
 
 
 def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -153,7 +158,7 @@ def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
     idle split, no pauses or wake-ups (an empty tuple) where a block has no list of them."""
     blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
     lists = {}
-    for name in ("pause_ms", "wake_ms"):
+    for name in ("pause_ms", "wake_ms", "announce_ms"):
         given = blocks[name] if name in blocks.columns else [None] * len(blocks)
         lists[name] = [tuple(x) if isinstance(x, list | tuple) else () for x in given]
     return blocks.assign(**lists)
@@ -272,6 +277,7 @@ def summarize_blocks(
                     "latency_p50_ms": percentile(latencies, 50),
                     "latency_p99_ms": percentile(latencies, 99),
                     "wake_p50_ms": percentile((x for t in b["wake_ms"] for x in t), 50),
+                    "announce_p50_ms": percentile((x for t in b["announce_ms"] for x in t), 50),
                     "pause_p99_ms": percentile((x for t in b["pause_ms"] for x in t), 99),
                     **_interval_columns(
                         "step_p99_inflation",
@@ -351,6 +357,7 @@ def pipeline_summary(
         later = _with_later_columns(b)
         pauses = [list(t) for t in later["pause_ms"] if t]
         wakes = [list(t) for t in later["wake_ms"] if t]
+        announces = [list(t) for t in later["announce_ms"] if t]
         rows.append(
             {
                 "run": run,
@@ -378,6 +385,12 @@ def pipeline_summary(
                 **_interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
                 **_interval_columns("wake_p50", "ms", bootstrap_percentile_interval(wakes, 50)),
                 **_interval_columns("wake_p99", "ms", bootstrap_percentile_interval(wakes, 99)),
+                **_interval_columns(
+                    "announce_p50", "ms", bootstrap_percentile_interval(announces, 50)
+                ),
+                **_interval_columns(
+                    "announce_p99", "ms", bootstrap_percentile_interval(announces, 99)
+                ),
                 **_interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
             }
         )

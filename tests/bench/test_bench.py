@@ -295,3 +295,6 @@ def test_tiny_bench_times_how_long_side_tasks_start_steps_after_their_bubbles_en
     for mode in ("managed", "governed"):  # the first hop of the signal latency, where timed
         wake, whole = rows[mode]["wake_p50_ms"], rows[mode]["latency_p50_ms"]
         assert wake is None or 0.0 <= wake <= whole, rows[mode]
+        # the hop before the edge: on the CPU a rank announces at the stamp itself
+        lag = rows[mode]["announce_p99_ms"]
+        assert lag is None or 0.0 <= lag < 1.0, rows[mode]

@@ -390,7 +390,8 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
 
 def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge() -> None:
     """Bubble [1, 8) ms: its host saw the edge at 1.25 ms and started a step at 2 ms, then
-    another (no edge of its own); bubble [10, 18): a first step that did not record when."""
+    another (no edge of its own); bubble [10, 18): a first step that did not record when.
+    The device reached those bubbles 0.2 ms and 0.5 ms before their edges were announced."""
     import pandas as pd
 
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
@@ -401,7 +402,10 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
          for start, seen in ((2.0, 1.25), (3.5, nan), (11.0, nan))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
-    bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
+    bubbles = pd.DataFrame(
+        [[0, 0, 0.8, 8.0, 7.2], [0, 0, 9.5, 18.0, 8.5]],
+        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
+    )
     edges = [
         {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
         for slot, edge, t in ((1, "start", 1), (1, "end", 8), (2, "start", 10), (2, "end", 18))
@@ -412,6 +416,17 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
                                   edges, [], 0)  # fmt: skip
     assert row is not None and row["latency_ms"] == [1.0, 1.0]
     assert row["wake_ms"] == [pytest.approx(0.25)]  # of the first 1.0 ms; the rest the host's
+    assert row["announce_ms"] == [pytest.approx(0.2), pytest.approx(0.5)]  # before the edges
+
+
+def test_announce_lag_counts_only_edges_inside_a_measured_gap() -> None:
+    from freeride_lab.bench import stats as bs
+
+    gaps = [(1_000_000, 8_000_000), (9_500_000, 18_000_000)]
+    # inside the first; at the second's start; after both ended; before any gap
+    edges = [1_300_000, 9_500_000, 18_000_000, 500_000]
+    assert bs.announce_lag_ms(gaps, edges) == [pytest.approx(0.3), 0.0]
+    assert bs.announce_lag_ms([], edges) == []
 
 
 def test_results_from_before_hosts_said_when_they_saw_edges_read_not_measured() -> None:
@@ -427,6 +442,7 @@ def test_results_from_before_hosts_said_when_they_saw_edges_read_not_measured() 
     pipeline = bt.pipeline_summary(summary, blocks, stages=4, reference_keys={})
     assert not pipeline.empty
     assert all(math.isnan(r["wake_p50_ms"]) for _, r in pipeline.iterrows())
+    assert all(math.isnan(r["announce_p99_ms"]) for _, r in pipeline.iterrows())
 
 
 def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None:
