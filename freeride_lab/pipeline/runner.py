@@ -239,11 +239,8 @@ class RankRunner:
                 log.warning("rank %d stopping after %d steps", self.env.rank, self.steps_done)
                 break
             timed = self.is_timed_step(step)
-            self.run_step(step, timed=timed)
+            self.run_step(step, timed=timed, carry=timed and step + 1 < self.config.steps)
             self.steps_done = step + 1
-            if timed and self.steps_done < self.config.steps:
-                # idle from here to the next action: one bubble (timed_stage [Note: bubble slots])
-                self.recorder.carry_gap(self.steps_done)
         else:
             if self.stop_agreement is not None:
                 self.stop_agreement.finish()
@@ -267,10 +264,15 @@ class RankRunner:
             return requested
         return self.stop_agreement.poll(requested)
 
-    def run_step(self, step: int, *, timed: bool = True) -> list[StepRecord]:
+    def run_step(self, step: int, *, timed: bool = True, carry: bool = False) -> list[StepRecord]:
         """One training step: schedule window, optimizer, then the events of every step whose
         times are ready (this one on CPU; on CUDA usually the one before, read off the device
         without waiting: timed_stage [Note: CUDA event timing]).
+
+        ``carry`` (a timed step with another after it): the rank idles from its optimizer's
+        end to its next action, one bubble (timed_stage [Note: bubble slots]), opened right
+        after the optimizer, before the step's events are written: writing them takes the host
+        a fraction of a millisecond, by which the bubble's announcement would lag the device.
 
         An untimed step (the plain ``PipelineStage``, the baseline that instrumentation is
         measured against) does not touch the recorder: it takes four stamps of the step clock,
@@ -296,7 +298,10 @@ class RankRunner:
             rec.mark("optimizer_start")
             self._optimizer_step()
             rec.mark("optimizer_end")
-            return self._emit_steps(rec.finish_step())
+            records = rec.finish_step()  # the predictor learns the step's slots here (CPU)
+            if carry:
+                rec.carry_gap(step + 1)
+            return self._emit_steps(records)
         self.recorder.close_gap()  # a bubble carried from a timed step ends here
         clock = self.step_clock
         marks = {"window_start": clock.begin_step()}

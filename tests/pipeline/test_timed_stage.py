@@ -411,3 +411,40 @@ def test_a_plain_stage_settles_its_w_too(one_rank_group: None) -> None:
     assert len(calls) == 2 * 2
     plain = make_stage(chunks[0], 0, 2, torch.device("cpu"), (example, example), recorder=None)
     assert type(plain).__name__ == "PipelineStage"
+
+
+def test_a_rank_announces_the_boundary_bubble_before_it_writes_the_steps_events() -> None:
+    """The idle from the optimizer's end to the next step is announced at the optimizer's end:
+    writing the step's events (a fraction of a millisecond) comes after, not before."""
+    from freeride_lab.pipeline.runner import RankRunner
+    from freeride_lab.pipeline.step_clock import StepClock
+
+    edges = RecordingEdges()
+    rec = ActionRecorder(edges=edges, predictor=StandInPredictor())
+
+    class Schedule:
+        def step(self, *args: Any, target: Any = None, losses: Any = None) -> None:
+            rec.stop(rec.start(ActionKind.FORWARD, 1, 0))
+            rec.stop(rec.start(ActionKind.BACKWARD, 1, 0))
+
+    announced_before_writing: list[bool] = []
+
+    def emit(records: list[StepRecord]) -> list[StepRecord]:
+        starts = {c[1:3] for c in edges.calls if c[0] == "start"}
+        announced_before_writing.extend((r.step + 1, 0) in starts for r in records)
+        time.sleep(0.002)  # the writing takes the host a while
+        return records
+
+    runner = object.__new__(RankRunner)
+    runner.recorder, runner.step_clock = rec, StepClock("cpu")
+    runner._batches, runner.has_first, runner.has_last = None, False, False
+    runner._schedules, runner.optimizer, runner.emulation = {True: Schedule()}, None, None
+    runner._emit_steps = emit  # type: ignore[method-assign]
+    for step in range(3):
+        runner.run_step(step, timed=True, carry=step < 2)
+    assert announced_before_writing == [True, True, False]  # the last step carries nothing
+    rec.close_gap()
+    # each boundary bubble opened at its step's optimizer end, not after the writing
+    step1 = next(c for c in edges.calls if c[:3] == ("start", 1, 0))
+    step1_end = next(c for c in edges.calls if c[:3] == ("end", 1, 0))
+    assert step1_end[3] - step1[3] >= 2_000_000  # the writing lies inside the bubble
