@@ -97,6 +97,14 @@ FIDELITY_CPU = "fidelity-cpu-2026-12-04.json"
 PREDICTOR_CPU = "predictor-cpu-2026-12-05.json"
 #: Step sizes against one slice a step, replayed on the CPU over the bubbles of the H100's
 #: stage 1 and 3 (benchmarks/bench_step_sizes.py): (file, task, the host's policy).
+#: The boundary bubble opened before or after the rank writes the step's events: the tree
+#: before the change (c4c2330) and after it (7c7a65e), alternating, one CPU shell session.
+BOUNDARY_CPU = (
+    ("cpu-2026-12-05-boundary-before-1.json", "before: opened after the writing (c4c2330)"),
+    ("cpu-2026-12-05-boundary-after-1.json", "after: opened before it (7c7a65e)"),
+    ("cpu-2026-12-05-boundary-before-2.json", "before: opened after the writing (c4c2330)"),
+    ("cpu-2026-12-05-boundary-after-2.json", "after: opened before it (7c7a65e)"),
+)
 STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
      "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
@@ -787,6 +795,24 @@ def step_sizes_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def boundary_cpu() -> list[str]:
+    """Device → edge, the hop before the signal latency, with the boundary bubble opened
+    after or before the step's events are written (``BOUNDARY_CPU``; block bootstrap)."""
+    rows = []
+    for name, arm in BOUNDARY_CPU:
+        data = result(name)
+        for r in data["pipeline"]:
+            if r["mode"] in _AB_MODES:
+                rows.append([arm, data["date"][11:16], r["mode"], _ms(r, "announce_p50"),
+                             _ms(r, "announce_p99"), _ms(r, "latency_p50"),
+                             fmt_frac_interval(r, "harvest_of_measured_idle", 0)])  # fmt: skip
+    return md_table(
+        ["tree", "UTC", "mode", "device → edge p50 ms", "device → edge p99 ms",
+         "edge → step p50 ms", "harvest of the measured idle"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1188,6 +1214,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "fidelity-cpu": fidelity_cpu,
     "predictor-cpu": predictor_cpu,
     "step-sizes-cpu": step_sizes_cpu,
+    "boundary-cpu": boundary_cpu,
 }
 
 
