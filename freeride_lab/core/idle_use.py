@@ -93,17 +93,18 @@ def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[floa
     return out
 
 
-def _overlaps(
+def _clipped(
     intervals: list[tuple[float, float]], starts: list[float], lo: float, hi: float
-) -> bool:
-    """Whether any of the sorted, merged ``intervals`` (their ``starts``) overlaps (lo, hi)."""
+) -> list[tuple[float, float]]:
+    """The sorted, merged ``intervals`` (their ``starts``) that overlap (lo, hi), clipped to it."""
     i = max(bisect.bisect_right(starts, lo) - 1, 0)
+    inside: list[tuple[float, float]] = []
     for s, e in intervals[i:]:
         if s >= hi:
-            return False
+            break
         if e > lo:
-            return True
-    return False
+            inside.append((max(s, lo), min(e, hi)))
+    return inside
 
 
 def idle_use(
@@ -133,19 +134,13 @@ def idle_use(
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
-        i = max(bisect.bisect_right(starts, lo) - 1, 0)
-        inside: list[tuple[float, float]] = []
-        for s, e in work[i:]:
-            if s >= hi:
-                break
-            if e > lo:
-                inside.append((max(s, lo), min(e, hi)))
+        inside = _clipped(work, starts, lo, hi)
         if not inside:
             parts["unused"] += hi - lo
             unused += 1
             if fit_ms is not None and hi - lo >= fit_ms:
                 fit += hi - lo
-                if not _overlaps(told, told_starts, lo, hi):
+                if not _clipped(told, told_starts, lo, hi):
                     silent += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
