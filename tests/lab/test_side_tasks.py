@@ -224,19 +224,31 @@ def test_naive_task_runs_through_training_compute(runs: Runs) -> None:
 
 
 def in_compute_share(run: Session, task_id: str, after_step: int) -> tuple[float, int]:
-    """Of ``task_id``'s steps in training steps after ``after_step``: the share that ran wholly
-    inside its rank's compute, and how many steps there were."""
+    """Of ``task_id``'s steps in training steps after ``after_step`` whose actions its rank has
+    written: the share that ran wholly inside its rank's compute, and how many steps there were.
+
+    A rank writes a training step's actions once the step is over, while a side task's steps
+    stream in as they end: a step counted before its training step's actions are known would
+    look as if it ran outside all compute."""
+    actions = run.actions
+    written = actions.groupby("rank")["step"].max()
     steps = run.side_task_steps
     steps = steps[(steps["task_id"] == task_id) & (steps["step"] > after_step)]
-    busy = busy_ms(run.actions, steps)
+    steps = steps[steps["step"] <= steps["rank"].map(written).fillna(-1).to_numpy()]
+    busy = busy_ms(actions, steps)
     whole = busy >= (steps["end_ms"] - steps["start_ms"]).to_numpy() - 0.1
     return float(whole.mean()), len(steps)
 
 
 def test_trickle_task_steps_through_compute_as_far_as_its_duty_allows(runs: Runs) -> None:
     run = runs.main
-    tid = run.attach(
-        toy("Counting"), stage=2, options={"step_s": 0.002}, budget_ms=3, gating="trickle"
+    tid = run.attach(  # priority 0: it takes stage 2 whether or not "counting" is still there
+        toy("Counting"),
+        stage=2,
+        options={"step_s": 0.002},
+        budget_ms=3,
+        gating="trickle",
+        priority=0,
     )["id"]
     runs.ids["trickle"] = tid
     assert run.governor is not None  # a trickle task's duty is the governor's to set ...
