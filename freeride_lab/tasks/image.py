@@ -31,6 +31,14 @@ bubble; the watermark is blended once the last band is done. Progress counts who
 (a step that ends an image returns 1, the others 0), so a checkpoint, which keeps
 ``images_done`` only, never loses counted progress: a half-done image is redone from its first
 band after a restore.
+
+With ``step_bands=m`` (at most ``bands``) one step may take several bands at once: the task
+offers steps of 1, 2, 4, ... bands, up to m and to the bands its image has left
+(``step_sizes``), and the task host takes, in each bubble, the largest whose guard still fits
+what is left of it (``sidetasks.host.iterative`` [Note: step sizes]). So fine bands fill the
+short bubbles and the last milliseconds of every bubble, and a long bubble is taken in a few
+large steps; a step of k bands is one resize of their rows, the same pixels k steps of one
+band would make.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ class ImageOptions:
     seed: int = 0
     max_images: int | None = None  # is_finished() after this many images; None: never
     bands: int = 1  # steps per image, one band of output rows each (see [Note: image bands])
+    step_bands: int = 1  # the most bands one step may take (1, 2, 4, ...; [Note: image bands])
 
     def __post_init__(self) -> None:
         check_int("source_size", self.source_size, minimum=8)
@@ -97,6 +106,12 @@ class ImageOptions:
         check_int("seed", self.seed, minimum=0)
         check_int("max_images", self.max_images, optional=True)
         check_int("bands", self.bands)
+        check_int("step_bands", self.step_bands)
+        if self.step_bands > self.bands:
+            raise ValueError(
+                f"step_bands={self.step_bands} > bands={self.bands}: a step cannot take more "
+                "bands than an image has; raise bands or lower step_bands"
+            )
         if self.bands > self.output_size:
             raise ValueError(
                 f"bands={self.bands} > output_size={self.output_size}: a band needs at least "
@@ -371,20 +386,34 @@ class ImageTask(HostReturningTask):
         top, left = watermark_origin(size, cfg.logo_size, cfg.position, cfg.margin)
         return alpha_blend(out, logo, top=top, left=left, alpha=cfg.alpha)
 
-    def step(self) -> float:
-        """Process the next image (or, with ``bands > 1``, its next band); returns the images
-        finished, 1 or 0. A finished image is in ``last_output``."""
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        """The bands a step may take now: 1, 2, 4, ... up to ``step_bands`` and to the bands
+        the image in progress has left ([Note: image bands])."""
+        most = min(self.config.step_bands, self.config.bands - self._band)
+        return tuple(2**j for j in range(most.bit_length()))
+
+    def step(self, size: int = 1) -> float:
+        """Process the next image (or, with ``bands > 1``, its next ``size`` bands); returns
+        the images finished, 1 or 0. A finished image is in ``last_output``.
+
+        Raises:
+            ValueError: a ``size`` that is not one of ``step_sizes``.
+        """
+        if size != 1 and size not in self.step_sizes:
+            raise ValueError(f"size={size!r}; valid now: {self.step_sizes}")
         cfg = self.config
         if cfg.bands == 1:
             self.last_output = None  # free the previous output before making the next
             self.last_output = self.process(self.images_done)
-        elif not self._next_band():
+        elif not self._next_bands(size):
             return 0.0
         self.images_done += 1
         return 1.0
 
-    def _next_band(self) -> bool:
-        """Resize the next band of the current image; True once it was the last."""
+    def _next_bands(self, count: int) -> bool:
+        """Resize the next ``count`` bands of the current image as one band of their rows;
+        True once the image's last band is done."""
         sources, logo = self._require_setup()
         cfg = self.config
         size = (cfg.output_size, cfg.output_size)
@@ -394,11 +423,11 @@ class ImageTask(HostReturningTask):
         assert self._canvas is not None
         source = sources[self.images_done % cfg.n_sources]  # (3, S, S) uint8
         start = self._band * cfg.output_size // cfg.bands
-        stop = (self._band + 1) * cfg.output_size // cfg.bands
+        stop = (self._band + count) * cfg.output_size // cfg.bands
         assert self._taps is not None  # bands > 1 implies lanczos (ImageOptions)
         band = resize_band(source, self._taps, slice(start, stop))
         self._canvas[:, start:stop] = band.round_().clamp_(0, 255).to(torch.uint8)
-        self._band += 1
+        self._band += count
         if self._band < cfg.bands:
             return False
         top, left = watermark_origin(size, cfg.logo_size, cfg.position, cfg.margin)

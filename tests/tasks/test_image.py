@@ -199,3 +199,30 @@ def test_bands_need_lanczos_and_at_least_one_row_each() -> None:
         ImageTask(bands=2, method="bicubic")
     with pytest.raises(ValueError, match="a band needs at least one row"):
         ImageTask(output_size=16, logo_size=4, margin=1, bands=17)
+
+
+def test_steps_of_several_bands_make_the_image_single_bands_make() -> None:
+    single, sized = _ready(bands=8), _ready(bands=8, step_bands=4)
+    offered, done = [], []
+    for size in (4, 2, 1, 1, 2, 4, 2):
+        offered.append(sized.step_sizes)
+        done.append(sized.step(size))
+    # never past the image's end: 8 bands, then the next image's 8
+    assert offered == [(1, 2, 4), (1, 2, 4), (1, 2), (1,), (1, 2, 4), (1, 2, 4), (1, 2)]
+    assert done == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    for _ in range(16):
+        single.step()
+    assert sized.images_done == single.images_done == 2
+    assert torch.equal(sized.last_output, single.last_output)
+
+
+def test_a_band_count_the_task_does_not_offer_now_is_refused() -> None:
+    task = _ready(bands=8, step_bands=4)
+    task.step(4), task.step(2)
+    with pytest.raises(ValueError, match=r"size=4; valid now: \(1, 2\)"):
+        task.step(4)
+    assert _ready(bands=8).step_sizes == (1,)  # step_bands 1: one band a step, as before
+    with pytest.raises(ValueError, match=r"size=2; valid now: \(1,\)"):
+        _ready(bands=8).step(2)
+    with pytest.raises(ValueError, match="step_bands=9 > bands=8"):
+        ImageTask(**SMALL, bands=8, step_bands=9)
