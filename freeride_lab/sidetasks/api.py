@@ -22,7 +22,23 @@ from __future__ import annotations
 import sys
 from typing import Any, ClassVar, Protocol
 
-__all__ = ["ImperativeSideTask", "IterativeSideTask", "SideTaskBase", "TaskStopped"]
+__all__ = [
+    "ImperativeSideTask",
+    "IterativeSideTask",
+    "SideTaskBase",
+    "TaskStopped",
+    "doubling_sizes",
+]
+
+
+def doubling_sizes(most: int) -> tuple[int, ...]:
+    """Step sizes 1, 2, 4, ... up to ``most`` (``IterativeSideTask.step_sizes``; ``(1,)`` for
+    a ``most`` below 2).
+
+        >>> doubling_sizes(4), doubling_sizes(3), doubling_sizes(1)
+        ((1, 2, 4), (1, 2), (1,))
+    """
+    return tuple(2**j for j in range(max(most, 1).bit_length()))
 
 
 class TaskStopped(Exception):

@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from freeride_lab.sidetasks.api import doubling_sizes
 from freeride_lab.tasks.device import HostReturningTask
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
@@ -390,8 +391,7 @@ class ImageTask(HostReturningTask):
     def step_sizes(self) -> tuple[int, ...]:
         """The bands a step may take now: 1, 2, 4, ... up to ``step_bands`` and to the bands
         the image in progress has left ([Note: image bands])."""
-        most = min(self.config.step_bands, self.config.bands - self._band)
-        return tuple(2**j for j in range(most.bit_length()))
+        return doubling_sizes(min(self.config.step_bands, self.config.bands - self._band))
 
     def step(self, size: int = 1) -> float:
         """Process the next image (or, with ``bands > 1``, its next ``size`` bands); returns

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from freeride_lab.sidetasks.api import doubling_sizes
 from freeride_lab.tasks.device import HostReturningTask
 from freeride_lab.tasks.graphed_step import GraphedSteps, set_capturable
 from freeride_lab.tasks.nets import IMPLS, build_model
@@ -222,10 +223,9 @@ class _VisionTask(HostReturningTask):
     @property
     def step_sizes(self) -> tuple[int, ...]:
         """With ``fit_slices``: 1, 2, 4, ... slices, as many as the batch has left; else (1,)."""
-        left = self.config.micro_batches - self.micro_done
         if not self.config.fit_slices:
             return (1,)
-        return tuple(2**j for j in range(left.bit_length()))
+        return doubling_sizes(self.config.micro_batches - self.micro_done)
 
     def step(self, size: int = 1) -> float:
         """One training iteration on the next batch, or its next slice with ``micro_batches``
