@@ -73,7 +73,9 @@ What this models, and what not:
   power-capped neighbour cannot slow its stage); interference between several harvested stages
   at once (one stage harvests at a time; pipeline-wide overhead is estimated from the
   per-stage numbers); memory: all S ranks keep their chunks resident on the one device, so free
-  memory per stage is not that of S separate GPUs (each rank's own peak is still reported).
+  memory per stage is not that of S separate GPUs (each rank's own peak is still reported; a
+  rank that stops computing for real gives its cached blocks back, so only the real rank's
+  activation peak is on the device at a time).
 - Zero-bubble schedules: a sleeping chunk sleeps I and W as calibrated, so the real rank sees
   the residual idle of the schedule, not that of a zero-bubble plan whose peers hold their
   whole backward in I. On the first stage torch runs the whole backward as W (it has no input
@@ -382,17 +384,31 @@ class Emulation:
             time.sleep(_HOLD_POLL_S)
             control, stop = self._agree(runner)
         self._note(control, step, runner)
-        self.control = control
-        real = self.is_real
-        for c in self.chunks:
-            c.is_real = real
-        self._slept_last_step = not real
+        real = self._apply(control)
         if gate is not None:
             own = control.gate if real else Gate.CLOSED
             gate.set_gate(own, step=step, t_ns=self._now_ns(runner))
         if runner.config.runtime.timed == "alternate":  # both schedules exist
             runner.timed = control.timed
         return stop
+
+    def _apply(self, control: Control) -> bool:
+        """Make ``control`` this rank's for the step; whether the rank computes for real.
+
+        A rank that stops computing hands its cached device blocks back: the caching
+        allocator would keep its activations' peak reserved otherwise, and once the real stage
+        had rotated over every rank the one device would hold S peaks at once (S separate GPUs
+        each hold only their own)."""
+        was_real = self.is_real
+        self.control = control
+        real = self.is_real
+        for c in self.chunks:
+            c.is_real = real
+        self._slept_last_step = not real
+        if was_real and not real and self.device.type == "cuda":
+            self._sync()
+            torch.cuda.empty_cache()
+        return real
 
     def _agree(self, runner: EmulatedRank) -> tuple[Control, bool]:
         """Rank 0's control and whether any rank was asked to stop (one all-reduce)."""

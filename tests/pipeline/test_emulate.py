@@ -312,6 +312,44 @@ def test_a_real_ranks_optimizer_step_ends_on_the_device(
     assert cuda.waited == [torch.device("cuda:0")] * syncs
 
 
+def test_a_rank_that_stops_computing_gives_its_cached_device_memory_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # with the real stage rotating over S ranks on one device, every rank's activation peak
+    # stayed reserved: S peaks at once ran a training rank out of memory
+    cuda = _CudaWaits(tmp_path, monkeypatch, real_rank=1)
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    apply = cuda.emulation._apply
+    assert apply(Control(seq=2, real_rank=1)) is True and emptied == []  # stays real: keeps it
+    assert apply(Control(seq=3, real_rank=0)) is False and len(emptied) == 1  # real -> sleeping
+    assert cuda.waited == [torch.device("cuda:0")]  # its queued kernels end first
+    apply(Control(seq=4, real_rank=2))  # sleeping -> sleeping: nothing to give back
+    assert len(emptied) == 1
+
+
+def test_a_cpu_rank_that_stops_computing_touches_no_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("CUDA touched"))
+    emulation = Emulation(_config().runtime.emulate, _config(), 1, [], RunDir(tmp_path))
+    emulation.control = Control(seq=1, real_rank=1)
+    assert emulation._apply(Control(seq=2, real_rank=0)) is False
+
+
+@pytest.mark.gpu
+def test_a_cuda_rank_that_stops_computing_shrinks_its_reserved_memory(tmp_path: Path) -> None:
+    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+    emulation = Emulation(spec, _config(), 1, [], RunDir(tmp_path))
+    emulation.control = Control(seq=1, real_rank=1)
+    peak = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")  # a 256 MiB "peak"
+    del peak
+    held = torch.cuda.memory_reserved(0)
+    assert held >= 256 * 2**20
+    emulation._apply(Control(seq=2, real_rank=0))
+    assert torch.cuda.memory_reserved(0) <= held - 256 * 2**20
+
+
 def test_a_real_rank_computes_the_cross_entropy_and_a_sleeping_one_a_stand_in(
     tmp_path: Path,
 ) -> None:
