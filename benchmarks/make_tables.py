@@ -204,6 +204,11 @@ H100_FEEDBACK = (
 #: Lever 2 on that H100, step sizes: each vision task's batch in 4 graphed slices, a step taking
 #: 1, 2 or 4 of them (``fit_slices``), stages 1 and 3, the call before the headline's.
 H100_FIT_SLICES = (("h100-2026-12-05-fit-slices-s13.json", "1, 2 or 4 graphed slices a step"),)
+#: M = 8 on that H100, every stage real in one call (time-sliced, vanilla and governed).
+H100_M8 = (("h100-2026-12-05b-m8-all.json", "M = 8, governed"),)
+#: InterleavedZeroBubble (chunks 2) on that H100, M = 4: stages 0-2 measured, stage 3 failed (a
+#: training rank out of memory once the real stage had rotated over three ranks).
+H100_ZB = (("h100-2026-12-05b-zb-all.json", "InterleavedZeroBubble, chunks 2"),)
 _H100_IDLE = "table `h100-12-05-idle-split`"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
@@ -1035,7 +1040,7 @@ def h100_goal_sources() -> list[Source]:
     return [
         source(*(n for n, _ in H100_HEADLINE)),
         source(*(n for n, _ in H100_FEEDBACK)),
-        *(source(n) for n, _ in H100_FIT_SLICES),
+        *(source(n) for n, _ in (*H100_FIT_SLICES, *H100_M8, *H100_ZB)),
     ]
 
 
@@ -1166,6 +1171,10 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-05-idle-split": lambda: _idle_split(
         (*H100_HEADLINE, *H100_FEEDBACK, *H100_FIT_SLICES)
     ),
+    "h100-12-05b-m8-per-stage": lambda: _per_stage(result(H100_M8[0][0])["summary"], ("mix",)),
+    "h100-12-05b-m8-idle-split": lambda: _idle_split(H100_M8),
+    "h100-12-05b-zb": lambda: schedules(H100_ZB),
+    "h100-12-05b-zb-idle-split": lambda: _idle_split(H100_ZB),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,
