@@ -320,6 +320,7 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
         return []
     # the unused bubbles split by why, where recorded (results before it lack the columns)
     why = any(_recorded(r.get("idle_unused_fit_frac")) for r in rows)
+    short = any(_recorded(r.get("idle_unused_short_frac")) for r in rows)
     shares = (
         "bubble_used_frac",
         "idle_lead_frac",
@@ -327,6 +328,7 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
         "idle_tail_frac",
         "idle_unused_frac",
         *(("idle_unused_fit_frac", "idle_unused_silent_frac") if why else ()),
+        *(("idle_unused_short_frac",) if short else ()),
         "unused_bubbles_frac",
     )
     return _section(
@@ -334,6 +336,7 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
         ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
          "between steps", "after the last step", "in unused bubbles",
          *(("of which the shortest step fitted", "of those never announced") if why else ()),
+         *(("announced, predicted too short for it",) if short else ()),
          "bubbles unused"],
         [
             [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],

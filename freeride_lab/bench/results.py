@@ -308,22 +308,32 @@ def block_row(
     latency: list[float] = []
     wake: list[float] = []
     pause: list[float] = []
-    told: list[tuple[float, float]] = []  # the bubbles the rank announced, ms after t0
+    # the bubbles the rank announced, ms after t0, with their predicted end where it had one
+    told: list[tuple[float, float] | tuple[float, float, float]] = []
     announce: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
         open_: dict[tuple[int, int], int] = {}
+        predicted_ns: dict[tuple[int, int], int | None] = {}
         pairs: list[tuple[int, int]] = []
+        predictions: list[int | None] = []
         for e in sorted(mine_edges, key=lambda e: e["t_ns"]):
             key = (int(e["step"]), int(e["slot"]))
             if e["edge"] == "start":
                 open_[key] = int(e["t_ns"])
+                predicted_ns[key] = e.get("predicted_end_ns")
             elif key in open_:
                 pairs.append((open_.pop(key), int(e["t_ns"])))
+                predictions.append(predicted_ns.pop(key, None))
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
-        told = [((a - t0) / 1e6, (e - t0) / 1e6) for a, e in pairs]
+        told = [
+            ((a - t0) / 1e6, (e - t0) / 1e6)
+            if p is None
+            else ((a - t0) / 1e6, (e - t0) / 1e6, (int(p) - t0) / 1e6)
+            for (a, e), p in zip(pairs, predictions, strict=True)
+        ]
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
         announce = bs.announce_lag_ms(gaps_ns, starts_ns)
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
@@ -363,6 +373,7 @@ def block_row(
         "idle_unused_ms": use.unused_ms,
         "idle_unused_fit_ms": use.unused_fit_ms,
         "idle_unused_silent_ms": use.unused_silent_ms,
+        "idle_unused_short_ms": use.unused_short_ms,
         "bubbles": use.bubbles,
         "unused_bubbles": use.unused_bubbles,
         "overruns": overruns.overruns,

@@ -80,8 +80,9 @@ SegmentKey = tuple[str, str, int, str]
 #: The block columns that split the rest of bubble_ms by where it went (core.idle_use): before
 #: a bubble's first step, between its steps, after its last step, in bubbles where no step ran;
 #: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in; the
-#: unused ones a step as short as the block's shortest would have fitted, and of those the ones
-#: the rank never announced. Results recorded before each split lack its columns.
+#: unused ones a step as short as the block's shortest would have fitted, of those the ones
+#: the rank never announced, and the announced ones predicted too short for that step. Results
+#: recorded before each split lack its columns.
 IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_lead_ms",
     "idle_between_ms",
@@ -89,6 +90,7 @@ IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_unused_ms",
     "idle_unused_fit_ms",
     "idle_unused_silent_ms",
+    "idle_unused_short_ms",
     "bubbles",
     "unused_bubbles",
 )

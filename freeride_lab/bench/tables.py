@@ -76,10 +76,12 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "idle_between_frac",
     "idle_tail_frac",
     "idle_unused_frac",
-    # of the unused: bubbles a step as short as the task's shortest would have fitted, and
-    # of those the ones the rank never announced (core.idle_use)
+    # of the unused: bubbles a step as short as the task's shortest would have fitted, of
+    # those the ones the rank never announced, and the announced ones predicted too short for
+    # that step (core.idle_use)
     "idle_unused_fit_frac",
     "idle_unused_silent_frac",
+    "idle_unused_short_frac",
     "unused_bubbles_frac",  # bubbles no step ran in ÷ bubbles
     "idle_frac",  # the real rank's *measured* bubble time ÷ wall time in these blocks
     # the same in the segment's vanilla blocks: the idle time training leaves, measured
@@ -443,7 +445,15 @@ def _idle_parts(b: pd.DataFrame, bubble_ms: float) -> dict[str, float]:
         f"idle_{part}_frac": float(b[f"idle_{part}_ms"].sum(min_count=1)) / bubble_ms
         if bubble_ms > 0
         else math.nan
-        for part in ("lead", "between", "tail", "unused", "unused_fit", "unused_silent")
+        for part in (
+            "lead",
+            "between",
+            "tail",
+            "unused",
+            "unused_fit",
+            "unused_silent",
+            "unused_short",
+        )
     }
     count = float(b["bubbles"].sum(min_count=1))
     out["unused_bubbles_frac"] = (

@@ -18,7 +18,10 @@ which bubbles the rank announced (``announced``): ``unused_fit`` is the unused b
 that short would have fitted (the rest were too short for any step: only finer steps reach
 them), and ``unused_silent`` the part of those no announcement overlapped (the rank never
 told the host: a lower announce threshold or a better prediction reaches them; the announced
-rest the host saw and left, for a guard that did not fit or a paused task).
+rest the host saw and left). Where the announcements carry their predicted end, ``unused_short``
+is the part of the announced ones whose prediction left less than the shortest step (the
+predictor stands in the way); the announced rest was predicted long enough for the shortest
+step and left for a guard above it (the task's slower steps) or a paused task.
 
     >>> use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
     >>> use.covered_ms, use.lead_ms, use.between_ms, use.tail_ms, use.unused_ms
@@ -29,11 +32,16 @@ rest the host saw and left, for a guard that did not fit or a paused task).
     >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=[(29.5, 39.0)])
     >>> use.unused_ms, use.unused_fit_ms, use.unused_silent_ms
     (22.0, 20.0, 10.0)
+    >>> told = [(29.5, 39.0, 31.5), (50.5, 60.0, 58.0)]  # (start, end, predicted end)
+    >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told)
+    >>> use.unused_fit_ms, use.unused_silent_ms, use.unused_short_ms
+    (20.0, 0.0, 10.0)
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -58,6 +66,7 @@ class IdleUse:
     unused_bubbles: int = 0
     unused_fit_ms: float = 0.0  # unused bubbles at least ``fit_ms`` long
     unused_silent_ms: float = 0.0  # ... of which no announced bubble overlapped
+    unused_short_ms: float = 0.0  # ... announced, every prediction under ``fit_ms``
 
     @property
     def total_ms(self) -> float:
@@ -112,7 +121,7 @@ def idle_use(
     steps: Iterable[tuple[float, float]],
     *,
     fit_ms: float | None = None,
-    announced: Iterable[tuple[float, float]] = (),
+    announced: Iterable[tuple[float, float] | tuple[float, float, float]] = (),
 ) -> IdleUse:
     """Split the bubbles' time by what the side-task ``steps`` made of it (all in ms).
 
@@ -122,15 +131,23 @@ def idle_use(
             straddles a bubble's edge counts only inside it.
         fit_ms: the task's shortest step; unused bubbles at least this long count in
             ``unused_fit_ms`` (None: that split is not made).
-        announced: the bubbles the rank announced to the host, as (start, end); unused
-            bubbles of ``unused_fit_ms`` that none overlaps count in ``unused_silent_ms``.
+        announced: the bubbles the rank announced to the host, as (start, end) or (start, end,
+            predicted end); unused bubbles of ``unused_fit_ms`` that none overlaps count in
+            ``unused_silent_ms``, and those whose overlapping announcements all predicted an
+            end sooner than ``fit_ms`` after their start in ``unused_short_ms``.
     """
     work = merge_intervals(steps)
     starts = [s for s, _ in work]
-    told = merge_intervals(announced)
+    told_all = sorted(tuple(float(x) for x in a) for a in announced)
+    told = merge_intervals((a[0], a[1]) for a in told_all)
     told_starts = [s for s, _ in told]
+    # announcements with a prediction, as (start, end) spans and whether it fitted a step
+    predicted = [(a[0], a[1]) for a in told_all if len(a) > 2]
+    predicted_fit = [fit_ms is not None and a[2] - a[0] >= fit_ms for a in told_all if len(a) > 2]
+    predicted_starts = [s for s, _ in predicted]
+    reach = list(itertools.accumulate((e for _, e in predicted), max))  # the latest end so far
     parts = dict.fromkeys(PARTS, 0.0)
-    fit = silent = 0.0
+    fit = silent = short = 0.0
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
@@ -142,6 +159,8 @@ def idle_use(
                 fit += hi - lo
                 if not _clipped(told, told_starts, lo, hi):
                     silent += hi - lo
+                elif _predicted_short(predicted, predicted_starts, reach, predicted_fit, lo, hi):
+                    short += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
         parts["covered"] += covered
@@ -154,4 +173,30 @@ def idle_use(
         unused_bubbles=unused,
         unused_fit_ms=fit,
         unused_silent_ms=silent,
+        unused_short_ms=short,
     )
+
+
+def _predicted_short(
+    spans: list[tuple[float, float]],
+    starts: list[float],
+    reach: list[float],
+    fitted: list[bool],
+    lo: float,
+    hi: float,
+) -> bool:
+    """Whether some announcement with a prediction overlaps (lo, hi) and none of those
+    predicted room for the shortest step (``spans`` sorted by start, ``reach`` their running
+    latest end; not merged, since two announcements of one bubble may predict differently)."""
+    i = bisect.bisect_left(starts, lo)
+    while i > 0 and reach[i - 1] > lo:  # an earlier start may still reach into the bubble
+        i -= 1
+    seen = False
+    for (s, e), fits in zip(spans[i:], fitted[i:], strict=True):
+        if s >= hi:
+            break
+        if e > lo:
+            if fits:
+                return False
+            seen = True
+    return seen

@@ -318,11 +318,13 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
         [[0, 0, a, b, b - a] for a, b in ((0.0, 10.0), (12.0, 14.0), (15.0, 19.0), (21.0, 25.0))],
         columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
     )
+    # the 15-19 bubble was announced predicted to end at 16.5 ms: 1.5 ms, too short for 3 ms
     edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6)}
-        for slot, (a, b) in enumerate(((0.0, 10.0), (15.0, 19.0)))
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
+         **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
+        for slot, (a, b, end) in enumerate(((0.0, 10.0, 9.0), (15.0, 19.0, 16.5)))
         for edge, ms in (("start", a), ("end", b))
-    ]
+    ]  # fmt: skip
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
              "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
     row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
@@ -331,6 +333,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert (row["idle_lead_ms"], row["idle_between_ms"], row["idle_tail_ms"]) == (1.0, 0.5, 2.0)
     assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (10.0, 4, 3)
     assert (row["idle_unused_fit_ms"], row["idle_unused_silent_ms"]) == (8.0, 4.0)
+    assert row["idle_unused_short_ms"] == 4.0
     vanilla = {**row, "mode": "vanilla", "order": 0, "progress": 0.0, "side_steps": 0}
     blocks = pd.DataFrame([vanilla, row], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
     summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
@@ -340,12 +343,13 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert managed["idle_unused_frac"] == pytest.approx(10.0 / 20)
     assert managed["idle_unused_fit_frac"] == pytest.approx(8.0 / 20)
     assert managed["idle_unused_silent_frac"] == pytest.approx(4.0 / 20)
+    assert managed["idle_unused_short_frac"] == pytest.approx(4.0 / 20)
     assert managed["unused_bubbles_frac"] == 0.75
     parts = ("bubble_used", "idle_lead", "idle_between", "idle_tail", "idle_unused")
     assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
     text = bench_markdown.markdown({"summary": summary.to_dict("records")})
     assert "## Where the idle time went" in text
-    shares = "32.5% | 5.0% | 2.5% | 10.0% | 50.0% | 40.0% | 20.0% | 75.0%"
+    shares = "32.5% | 5.0% | 2.5% | 10.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0%"
     assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
 
 

@@ -59,6 +59,21 @@ def test_unused_bubbles_split_into_too_short_silent_and_left_by_the_host() -> No
     assert idle_use(gaps, [(1.0, 4.0)]).unused_fit_ms == 0.0
     pooled = use + use
     assert (pooled.unused_fit_ms, pooled.unused_silent_ms) == (40.0, 20.0)
+    assert use.unused_short_ms == 0.0  # no announcement carried its prediction
+
+
+def test_announced_unused_bubbles_split_by_whether_their_prediction_fitted_a_step() -> None:
+    # shortest step 3 ms; three unused 10 ms bubbles, announced with predictions of 2 ms (too
+    # short: the predictor stood in the way), 8 ms (room: left for the guard), and twice, once
+    # short and once long enough (the host had room once)
+    gaps = [(0.0, 10.0), (20.0, 30.0), (40.0, 50.0)]
+    told = [(0.2, 9.0, 2.2), (20.2, 29.0, 28.2), (40.2, 44.0, 41.0), (44.5, 50.0, 49.0)]
+    use = idle_use(gaps, [], fit_ms=3.0, announced=told)
+    assert (use.unused_fit_ms, use.unused_silent_ms, use.unused_short_ms) == (30.0, 0.0, 10.0)
+    # an announcement that starts before the bubble and reaches into it still tells of it
+    early = idle_use([(10.0, 20.0)], [], fit_ms=3.0, announced=[(0.0, 30.0, 1.0), (5.0, 6.0, 6.0)])
+    assert early.unused_short_ms == 10.0
+    assert (use + use).unused_short_ms == 20.0
 
 
 _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], t[0] + t[1]))
@@ -66,8 +81,10 @@ _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], 
 
 @given(st.lists(_span, max_size=30), st.lists(_span, max_size=60))
 def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -> None:
-    use = idle_use(bubbles, steps, fit_ms=5.0, announced=steps[::2])
+    told = [(s, e, s + (e - s) * (i % 3) / 2) for i, (s, e) in enumerate(steps[::2])]
+    use = idle_use(bubbles, steps, fit_ms=5.0, announced=told)
     assert 0.0 <= use.unused_silent_ms <= use.unused_fit_ms <= use.unused_ms + 1e-9
+    assert 0.0 <= use.unused_short_ms <= use.unused_fit_ms - use.unused_silent_ms + 1e-9
     merged: list[tuple[float, float]] = []
     for s, e in sorted(bubbles):
         if merged and s <= merged[-1][1]:
