@@ -49,6 +49,7 @@ from freeride_lab.bench.markdown import (
     fmt_rate,
     markdown,
     md_table,
+    recorded,
     run_label,
 )
 from freeride_lab.bench.results import fill_tables
@@ -875,22 +876,32 @@ def h200_announce_ab() -> list[str]:
 
 
 def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
-    """Per file, stage and gated mode: where the bubble time went, and what it bought."""
+    """Per file, stage and gated mode: where the bubble time went, and what it bought; where
+    the results split the unused bubbles by why (``core.idle_use``), that split too."""
+    picked = [
+        (label, r)
+        for name, label in files
+        for r in result(name)["summary"]
+        if r["case"] == "mix" and r["mode"] in ("managed", "governed")
+    ]
+    why = ("idle_unused_fit_frac", "idle_unused_silent_frac", "idle_unused_short_frac")
+    split = any(recorded(r.get("idle_unused_short_frac")) for _, r in picked)
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
                                       "idle_tail_frac", "idle_unused_frac")),
+         *((fmt_pct(r.get(c, float("nan")), 1) for c in why) if split else ()),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
-        for name, label in files
-        for r in result(name)["summary"]
-        if r["case"] == "mix" and r["mode"] in ("managed", "governed")
+        for label, r in picked
     ]  # fmt: skip
     return md_table(
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
-         "after the last step", "unused bubbles", "throughput in bubbles",
-         "harvest of measured idle [95%]", "overhead [95%]"],
+         "after the last step", "unused bubbles",
+         *(("of which the shortest step fitted", "of those never announced",
+            "announced, predicted too short for it") if split else ()),
+         "throughput in bubbles", "harvest of measured idle [95%]", "overhead [95%]"],
         _first_of_run(rows),
     )  # fmt: skip
 

@@ -23,6 +23,7 @@ __all__ = [
     "fmt_rate",
     "markdown",
     "md_table",
+    "recorded",
     "run_label",
 ]
 
@@ -233,7 +234,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     )  # fmt: skip
     pipeline = result.get("pipeline", [])
     # the hop before the edge, where recorded (results before it lack the columns)
-    lag = any(_recorded(r.get("announce_p50_ms")) for r in pipeline)
+    lag = any(recorded(r.get("announce_p50_ms")) for r in pipeline)
     lines += _section(
         "Pipeline: harvest, cost, latency",
         ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
@@ -307,20 +308,19 @@ def markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines + _idle_use_lines(result.get("summary", []))) + "\n"
 
 
-def _recorded(value: object) -> bool:
+def recorded(value: object) -> bool:
+    """Whether a result holds ``value`` (a number, not NaN: older results lack newer columns)."""
     return isinstance(value, int | float) and not math.isnan(value)
 
 
 def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     """Where each gated mode's bubble time went (``core.idle_use``), where it was recorded."""
-    rows = [
-        r for r in summary if r["mode"] in bs.GATED_MODES and _recorded(r.get("idle_tail_frac"))
-    ]
+    rows = [r for r in summary if r["mode"] in bs.GATED_MODES and recorded(r.get("idle_tail_frac"))]
     if not rows:
         return []
     # the unused bubbles split by why, where recorded (results before it lack the columns)
-    why = any(_recorded(r.get("idle_unused_fit_frac")) for r in rows)
-    short = any(_recorded(r.get("idle_unused_short_frac")) for r in rows)
+    why = any(recorded(r.get("idle_unused_fit_frac")) for r in rows)
+    short = any(recorded(r.get("idle_unused_short_frac")) for r in rows)
     shares = (
         "bubble_used_frac",
         "idle_lead_frac",
