@@ -291,6 +291,12 @@ def _zero_bubble(s: Source) -> bool:
     return _is_bench(s) and "ZeroBubble" in str(s.data["config"].get("schedule", ""))
 
 
+def _bubble_schedule(s: Source) -> bool:
+    """A bench result of a schedule with bubbles (1F1B and the like): the harvest goals' own.
+    A zero-bubble schedule's residual idle has its goal."""
+    return _is_bench(s) and not _zero_bubble(s)
+
+
 _WHERE_IDLE = "2026-12-04, latest: where the idle time goes, and two levers against it"
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
@@ -305,7 +311,8 @@ GOALS: tuple[Goal, ...] = (
     *(
         Goal(f"harvest of the measured idle, every stage, M = {m}", "min",
              RECORDED_GOALS["harvest_of_limit_frac_min"], "frac",
-             _deciding_stage("min", "harvest_of_measured_idle", every_stage=True, m=m),
+             _deciding_stage("min", "harvest_of_measured_idle", every_stage=True, m=m,
+                             keep=_bubble_schedule),
              _WHERE_IDLE)
         for m in (4, 8)
     ),

@@ -210,6 +210,17 @@ H100_M8 = (("h100-2026-12-05b-m8-all.json", "M = 8, governed"),)
 #: InterleavedZeroBubble (chunks 2) on that H100, M = 4: stages 0-2 measured, stage 3 failed (a
 #: training rank out of memory once the real stage had rotated over three ranks).
 H100_ZB = (("h100-2026-12-05b-zb-all.json", "InterleavedZeroBubble, chunks 2"),)
+#: Stage 3 of that schedule, a later call on another H100 (after ranks that stop computing give
+#: their cached blocks back); read with the first as one run over the four stages.
+H100_ZB_S3 = (("h100-2026-12-05c-zb-s3.json", "InterleavedZeroBubble, chunks 2, stage 3"),)
+#: Lever 2 on an H100, step sizes, stages 1-3, both arms in one call (off first): the defaults
+#: (each task's whole step: ResNet-18 and VGG-19 eager whole batches, the image task 16 bands a
+#: band a step) against finer steps chosen per bubble (the vision tasks' batches as 4 graphed
+#: slices, 1, 2 or 4 a step; the image task in 64 bands, 1, 2 or 4 a step).
+H100_SIZES = (
+    ("h100-2026-12-05c-sizes-off-s123.json", "whole steps"),
+    ("h100-2026-12-05c-sizes-on-s123.json", "steps sized per bubble"),
+)
 _H100_IDLE = "table `h100-12-05-idle-split`"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
@@ -1051,7 +1062,9 @@ def h100_goal_sources() -> list[Source]:
     return [
         source(*(n for n, _ in H100_HEADLINE)),
         source(*(n for n, _ in H100_FEEDBACK)),
-        *(source(n) for n, _ in (*H100_FIT_SLICES, *H100_M8, *H100_ZB)),
+        *(source(n) for n, _ in (*H100_FIT_SLICES, *H100_M8)),
+        source(*(n for n, _ in (*H100_ZB, *H100_ZB_S3))),
+        *(source(n) for n, _ in H100_SIZES),
     ]
 
 
@@ -1139,7 +1152,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
         "predictor": _predictor(),
-        "step_sizes": _on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
+        "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
+                       *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`")],
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
                    *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
         "trickle": [*(c for name, _ in H200_TRICKLE
@@ -1184,8 +1198,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     ),
     "h100-12-05b-m8-per-stage": lambda: _per_stage(result(H100_M8[0][0])["summary"], ("mix",)),
     "h100-12-05b-m8-idle-split": lambda: _idle_split(H100_M8),
-    "h100-12-05b-zb": lambda: schedules(H100_ZB),
-    "h100-12-05b-zb-idle-split": lambda: _idle_split(H100_ZB),
+    "h100-12-05b-zb": lambda: schedules((*H100_ZB, *H100_ZB_S3)),
+    "h100-12-05b-zb-idle-split": lambda: _idle_split((*H100_ZB, *H100_ZB_S3)),
+    "h100-12-05c-sizes": lambda: _idle_split(H100_SIZES),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,

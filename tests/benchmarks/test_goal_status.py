@@ -129,3 +129,13 @@ def test_board_power_is_judged_on_the_highest_gated_block_against_the_recorded_c
     assert not status(goal_status.goal_rows([over]), power).met
     no_cap = with_blocks("2026-01-03T00:00:00", [("managed", 560.0)], None)
     assert status(goal_status.goal_rows([no_cap]), power).best is None
+
+
+def test_a_zero_bubble_result_counts_for_the_residual_goal_not_the_harvest_goals() -> None:
+    # the residual idle of a zero-bubble schedule is another quantity than a 1F1B bubble
+    threshold = status(goal_status.goal_rows([]), HARVEST_M4).goal.threshold
+    zb = bench("2026-01-02T00:00:00", mean=(0, -1, 1), harvest_lo=(threshold + 0.01,) * 2)
+    zb.data["config"]["schedule"] = "InterleavedZeroBubble"
+    rows = goal_status.goal_rows([zb])
+    assert status(rows, HARVEST_M4).best is None
+    assert status(rows, "zero-bubble residual idle harvested").best.source is zb
