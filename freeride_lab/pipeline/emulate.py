@@ -202,6 +202,8 @@ class Emulation:
         self.control = Control()
         self.optimizer_s = 0.0
         self._slept_last_step = False
+        # whether the device may hold this rank's cached blocks (calibration computes on it)
+        self._holds_blocks = True
 
     def __repr__(self) -> str:
         return (
@@ -395,19 +397,21 @@ class Emulation:
     def _apply(self, control: Control) -> bool:
         """Make ``control`` this rank's for the step; whether the rank computes for real.
 
-        A rank that stops computing hands its cached device blocks back: the caching
-        allocator would keep its activations' peak reserved otherwise, and once the real stage
-        had rotated over every rank the one device would hold S peaks at once (S separate GPUs
-        each hold only their own)."""
-        was_real = self.is_real
+        A rank that stops computing (or sleeps its first step after calibrating) hands its
+        cached device blocks back: the caching allocator would keep its activations' peak
+        reserved otherwise, and once the real stage had rotated over every rank the one device
+        would hold S peaks at once (S separate GPUs each hold only their own). Rank 0 has
+        already taken ``control`` in ``_note`` when it first sees it, so whether the rank
+        computed is kept apart from the control."""
         self.control = control
         real = self.is_real
         for c in self.chunks:
             c.is_real = real
         self._slept_last_step = not real
-        if was_real and not real and self.device.type == "cuda":
+        if not real and self._holds_blocks and self.device.type == "cuda":
             self._sync()
             torch.cuda.empty_cache()
+        self._holds_blocks = real
         return real
 
     def _agree(self, runner: EmulatedRank) -> tuple[Control, bool]:

@@ -328,6 +328,33 @@ def test_a_rank_that_stops_computing_gives_its_cached_device_memory_back(
     assert len(emptied) == 1
 
 
+def test_rank_0_gives_its_cache_back_though_it_noted_the_control_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rank 0 takes a new control when it notes it as applied, before the step applies it
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: None)
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    spec = EmulateOptions(device="cuda:0", d_model=64, heads=4)
+    emulation = Emulation(spec, _config(), 0, [], RunDir(tmp_path))
+    runner = object.__new__(RankRunner)
+    runner.clock_offset_ns = 0
+    assert emulation._apply(Control(seq=1, real_rank=0)) is True
+    moved = Control(seq=2, real_rank=1)
+    emulation._note(moved, 5, runner)
+    assert emulation._apply(moved) is False and emptied == [1]
+
+
+def test_a_rank_that_sleeps_its_first_step_gives_back_its_calibrations_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cuda = _CudaWaits(tmp_path, monkeypatch, real_rank=0)  # rank 1, calibrated, then sleeping
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    cuda.emulation._apply(Control(seq=1, real_rank=0))
+    assert emptied == [1]
+
+
 def test_a_cpu_rank_that_stops_computing_touches_no_cuda(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
