@@ -382,9 +382,12 @@ LEVERS: tuple[Lever, ...] = (
     Lever("step_sizes", "2. fit the tails: step sizes",
           "a vision task's batch in 4 graphed slices, each step taking 1, 2 or 4 of them, the "
           "largest whose guard fits what is left of the bubble (`fit_slices`; off: the bench's "
-          "default, one slice a step: 4 for VGG-19, 2 for ResNet-18). The H100 A/B ran a host "
-          "with a defect fixed since; replayed over those bubbles on the CPU, the fixed host "
-          "gains (table `step-sizes-cpu`)", ""),
+          "default, one slice a step: 4 for VGG-19, 2 for ResNet-18). The first H100 A/B ran "
+          "a host with a defect fixed since; replayed over those bubbles on the CPU, the fixed "
+          "host gains (table `step-sizes-cpu`). The second: the image task in 64 bands, 1, 2 or "
+          "4 a step (`step_bands`), against 16 bands a band a step, its size alone changed; the "
+          "vision tasks' arms there also differ by graphs (eager whole batches off), so their "
+          "rows measure both; the harvest is a share of the idle time, not of work done", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),
