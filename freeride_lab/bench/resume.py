@@ -10,6 +10,8 @@ measures only what it lacks, into the same file:
   measured by other sources, another torch or another GPU would be pooled into one interval;
 - ``completed(result)`` is, per run, the segments that finished (a segment's record gets its
   ``elapsed_s`` only at its end; instrumentation is recorded once its blocks are in);
+- ``left_to_measure(profile, result)`` is what the profile plans and the result lacks (what a
+  continuation would measure);
 - ``without_partial(result)`` drops what a cut left half done (the blocks and record of a
   segment that did not finish, and the notes of what was skipped), which the continuation then
   measures whole.
@@ -27,13 +29,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from freeride_lab.bench.profiles import BenchProfile, RunPlan
+from freeride_lab.bench.profiles import (
+    BenchProfile,
+    RunPlan,
+    instrumentation_stage,
+    run_segments,
+)
 
 __all__ = [
     "SAME_SETUP_KEYS",
     "OtherSetup",
     "check_same_setup",
     "completed",
+    "left_to_measure",
     "load_result",
     "profile_of",
     "without_partial",
@@ -151,6 +159,21 @@ def completed(result: Mapping[str, Any]) -> dict[str, frozenset[tuple[str, int]]
             if _finished(seg):
                 done.setdefault(str(run["name"]), set()).add((str(seg["case"]), int(seg["stage"])))
     return {name: frozenset(segs) for name, segs in done.items()}
+
+
+def left_to_measure(profile: BenchProfile, result: Mapping[str, Any]) -> list[str]:
+    """What ``profile`` plans that ``result`` has not measured, one "run: case@stage (task)"
+    per segment (the run's instrumentation as "run: instrumentation@stage"); empty when done."""
+    done = completed(result)
+    out = []
+    for plan in profile.runs:
+        mine = done.get(plan.name, frozenset())
+        stage = instrumentation_stage(profile, plan, mine)
+        if stage is not None:
+            out.append(f"{plan.name}: {_INSTRUMENTATION}@{stage}")
+        out += [f"{plan.name}: {s.case}@{s.stage} ({s.task})"
+                for s in run_segments(profile, plan, mine)]  # fmt: skip
+    return out
 
 
 def _finished(seg: Mapping[str, Any]) -> bool:

@@ -198,6 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from freeride_lab.bench import driver as bench
     from freeride_lab.bench import markdown as bench_markdown
     from freeride_lab.bench import results as bench_results
+    from freeride_lab.bench import resume
     from freeride_lab.bench.resume import OtherSetup
 
     if not args.emulate_peers:
@@ -247,6 +248,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous_term)
     print(bench_markdown.markdown(result))
     progress(f"done in {time.monotonic() - t0:.0f} s; wrote {out} and {out.with_suffix('.md')}")
+    left = resume.left_to_measure(profile, result)
+    if left:
+        again = f"{PROG} bench --emulate-peers --resume {out} --time-budget-s SECONDS"
+        progress(f"not measured ({len(left)}): {'; '.join(left)}; measure them with `{again}`")
     return EXIT_OK if result.get("blocks") else EXIT_FAILED
 
 

@@ -82,6 +82,43 @@ def test_a_continuation_measures_the_segments_left_and_no_instrumentation_twice(
     assert instrumentation_stage(profile, first) == 0
 
 
+def test_what_a_result_has_not_measured_is_named_segment_by_segment() -> None:
+    result = _result()
+    profile = resume.profile_of(result)
+    left = resume.left_to_measure(profile, result)
+    assert left[:3] == ["m4-timeslice: mix@1 (resnet18)", "m4-timeslice: mix@2 (image)",
+                        "m4-timeslice: mix@3 (vgg19)"]  # fmt: skip
+    assert any(x.startswith("m4-mps: ") for x in left)  # the run skipped whole
+    assert "m4-timeslice: mix@0 (pagerank)" not in left
+    assert not any("instrumentation" in x for x in left if x.startswith("m4-timeslice"))
+
+
+def test_a_call_that_leaves_segments_unmeasured_says_which_and_how_to_continue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a budget too short for the one segment asked for: the call measures only the
+    # instrumentation blocks, and must not read as if it had measured the task
+    from freeride_lab.bench import driver
+
+    def short_budget(profile: Any, **_: Any) -> dict[str, Any]:
+        plan = profile.runs[0]
+        return {"config": jsonable(dataclasses.asdict(profile)),
+                "runs": [{"name": plan.name, "segments": [
+                    {"case": "instrumentation", "stage": 3, "task": ""}],
+                    "skipped": ["mix@3 (vgg19): ~49 s, 40 s left"]}],
+                "blocks": [_block(plan.name, "instrumentation", 3)]}  # fmt: skip
+
+    monkeypatch.setattr(driver, "run_bench", short_budget)
+    monkeypatch.setattr("freeride_lab.bench.markdown.markdown", lambda result: "")
+    out = tmp_path / "r.json"
+    argv = ["bench", "--emulate-peers", "--quick", "--device", "cpu", "--runs", "m4-timeslice",
+            "--real-stage", "3", "--time-budget-s", "110", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "not measured (1): m4-timeslice: mix@3 (vgg19)" in err
+    assert f"--resume {out} --time-budget-s" in err
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", PROFILES)
 def test_the_profile_a_result_was_started_with_is_rebuilt_exactly(name: str, device: str) -> None:
@@ -189,7 +226,8 @@ def test_a_result_with_nothing_left_to_measure_is_kept_and_the_call_listed(
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))
     assert main(["bench", "--emulate-peers", "--resume", str(path)]) == 1  # no blocks at all
-    assert "every segment measured by an earlier call" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "every segment measured by an earlier call" in err and "not measured" not in err
     again = json.loads(path.read_text())
     assert again["runs"] == result["runs"]
     (call,) = again["resumed"]
