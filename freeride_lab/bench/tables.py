@@ -442,18 +442,11 @@ def _idle_parts(b: pd.DataFrame, bubble_ms: float) -> dict[str, float]:
     """The uncovered bubble time of a mode's blocks by where it went, each ÷ its bubble time
     (NaN for results recorded before the split was kept)."""
     out = {
-        f"idle_{part}_frac": float(b[f"idle_{part}_ms"].sum(min_count=1)) / bubble_ms
+        f"{column.removesuffix('_ms')}_frac": float(b[column].sum(min_count=1)) / bubble_ms
         if bubble_ms > 0
         else math.nan
-        for part in (
-            "lead",
-            "between",
-            "tail",
-            "unused",
-            "unused_fit",
-            "unused_silent",
-            "unused_short",
-        )
+        for column in IDLE_SPLIT_COLUMNS
+        if column.endswith("_ms")
     }
     count = float(b["bubbles"].sum(min_count=1))
     out["unused_bubbles_frac"] = (
