@@ -41,6 +41,7 @@ from lever_status import (
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
+    UNUSED_WHY,
     fmt_frac_interval,
     fmt_interval,
     fmt_ms_interval,
@@ -895,13 +896,12 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
         for r in result(name)["summary"]
         if r["case"] == "mix" and r["mode"] in ("managed", "governed")
     ]
-    why = ("idle_unused_fit_frac", "idle_unused_silent_frac", "idle_unused_short_frac")
     split = any(recorded(r.get("idle_unused_short_frac")) for _, r in picked)
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
                                       "idle_tail_frac", "idle_unused_frac")),
-         *((fmt_pct(r.get(c, float("nan")), 1) for c in why) if split else ()),
+         *((fmt_pct(r.get(c, float("nan")), 1) for c, _ in UNUSED_WHY) if split else ()),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
@@ -910,8 +910,7 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     return md_table(
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
          "after the last step", "unused bubbles",
-         *(("of which the shortest step fitted", "of those never announced",
-            "announced, predicted too short for it") if split else ()),
+         *((header for _, header in UNUSED_WHY) if split else ()),
          "throughput in bubbles", "harvest of measured idle [95%]", "overhead [95%]"],
         _first_of_run(rows),
     )  # fmt: skip

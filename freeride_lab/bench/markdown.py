@@ -15,6 +15,7 @@ from freeride_lab.bench import stats as bs
 
 __all__ = [
     "NOT_MEASURED",
+    "UNUSED_WHY",
     "fmt_frac_interval",
     "fmt_interval",
     "fmt_ms_interval",
@@ -308,6 +309,14 @@ def markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines + _idle_use_lines(result.get("summary", []))) + "\n"
 
 
+#: The unused bubbles split by why (``core.idle_use``): summary column, table header.
+UNUSED_WHY: tuple[tuple[str, str], ...] = (
+    ("idle_unused_fit_frac", "of which the shortest step fitted"),
+    ("idle_unused_silent_frac", "of those never announced"),
+    ("idle_unused_short_frac", "announced, predicted too short for it"),
+)
+
+
 def recorded(value: object) -> bool:
     """Whether a result holds ``value`` (a number, not NaN: older results lack newer columns)."""
     return isinstance(value, int | float) and not math.isnan(value)
@@ -319,25 +328,26 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     # the unused bubbles split by why, where recorded (results before it lack the columns)
-    why = any(recorded(r.get("idle_unused_fit_frac")) for r in rows)
-    short = any(recorded(r.get("idle_unused_short_frac")) for r in rows)
+    # fit and silent came in one result version, short in a later one
+    why = [
+        (column, header)
+        for column, header in UNUSED_WHY
+        if any(recorded(r.get(column)) for r in rows)
+    ]
     shares = (
         "bubble_used_frac",
         "idle_lead_frac",
         "idle_between_frac",
         "idle_tail_frac",
         "idle_unused_frac",
-        *(("idle_unused_fit_frac", "idle_unused_silent_frac") if why else ()),
-        *(("idle_unused_short_frac",) if short else ()),
+        *(column for column, _ in why),
         "unused_bubbles_frac",
     )
     return _section(
         "Where the idle time went (share of each block set's bubble time)",
         ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
          "between steps", "after the last step", "in unused bubbles",
-         *(("of which the shortest step fitted", "of those never announced") if why else ()),
-         *(("announced, predicted too short for it",) if short else ()),
-         "bubbles unused"],
+         *(header for _, header in why), "bubbles unused"],
         [
             [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
              *(fmt_pct(r[c], 1) for c in shares)]
