@@ -314,18 +314,17 @@ def block_row(
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
         mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
-        open_: dict[tuple[int, int], int] = {}
-        predicted_ns: dict[tuple[int, int], int | None] = {}
+        open_: dict[tuple[int, int], tuple[int, int | None]] = {}  # start, predicted end
         pairs: list[tuple[int, int]] = []
         predictions: list[int | None] = []
         for e in sorted(mine_edges, key=lambda e: e["t_ns"]):
             key = (int(e["step"]), int(e["slot"]))
             if e["edge"] == "start":
-                open_[key] = int(e["t_ns"])
-                predicted_ns[key] = e.get("predicted_end_ns")
+                open_[key] = (int(e["t_ns"]), e.get("predicted_end_ns"))
             elif key in open_:
-                pairs.append((open_.pop(key), int(e["t_ns"])))
-                predictions.append(predicted_ns.pop(key, None))
+                start, predicted = open_.pop(key)
+                pairs.append((start, int(e["t_ns"])))
+                predictions.append(predicted)
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         told = [
@@ -342,7 +341,7 @@ def block_row(
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
-                starts_ns, ends_ns, step_ns, open_start_ns=list(open_.values())
+                starts_ns, ends_ns, step_ns, open_start_ns=[a for a, _ in open_.values()]
             )
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
