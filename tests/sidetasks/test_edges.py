@@ -90,6 +90,30 @@ def test_reader_never_sees_a_torn_record(path: Path) -> None:
     assert checked > 0
 
 
+def test_a_reader_sees_every_new_record_and_keeps_the_last_while_none_comes(
+    path: Path,
+) -> None:
+    """``latest`` returns its last copy while nothing was written; any write after it, by
+    this writer or one that takes the file over, gives the new record."""
+    writer = EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    assert reader.latest() is None
+    writer.bubble_start(step=1, slot=0, t_ns=10, predicted_end_ns=20)
+    first = reader.latest()
+    assert first is not None and first.in_bubble and first.step == 1
+    assert reader.latest() is first
+    writer.bubble_end(step=1, slot=0, t_ns=15)
+    ended = reader.latest()
+    assert ended is not None and ended.observed_end_ns == 15 and ended.seq == first.seq + 1
+    successor = EdgeWriter.create(path)  # a restarted rank takes the file over
+    successor.bubble_start(step=2, slot=1, t_ns=30, predicted_end_ns=40)
+    taken_over = reader.latest()
+    assert taken_over is not None and (taken_over.step, taken_over.slot) == (2, 1)
+    successor.close()
+    closed = reader.latest()
+    assert closed is not None and closed.phase is Phase.CLOSED
+
+
 def test_wait_returns_none_after_its_timeout(path: Path) -> None:
     EdgeWriter.create(path)
     reader = EdgeReader.open(path)

@@ -149,6 +149,32 @@ def test_the_first_step_in_a_bubble_says_when_its_host_saw_the_bubble_start(
     assert later and all(s.seen_ns == 0 for s in later)
 
 
+def in_process_host(
+    run_dir: RunDir, tmp_path: Path, task: Any, limits: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
+    the sink its events go to (``tmp_path / "task.jsonl"``; close it before reading). Its
+    spec names ``Counting``, which it never loads: ``task`` is given."""
+    from freeride_lab.core.sidetask_state import SideTaskEvent
+    from freeride_lab.io.sink import EventSink
+    from freeride_lab.sidetasks.host.task_host import TaskHost
+    from freeride_lab.sidetasks.spec import HostSpec
+
+    spec = TaskSpec.from_dict(
+        {"task": ref("Counting"), "task_id": "t1",
+         "limits": {"budget_s": 0.002} if limits is None else limits}
+    )  # fmt: skip
+    sink = EventSink(tmp_path / "task.jsonl")
+    host = TaskHost(HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
+                    conn=None, sink=sink)  # fmt: skip
+    host._send = lambda message: None  # type: ignore[method-assign]
+    host.task = task
+    for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
+        assert host._apply(event)
+    assert host._open_reader()
+    return host, sink
+
+
 def test_a_bubbles_first_step_is_launched_before_its_start_is_announced(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
 ) -> None:
@@ -157,11 +183,6 @@ def test_a_bubbles_first_step_is_launched_before_its_start_is_announced(
     the task's events, before the step's record and the PAUSE."""
     from tasks_for_tests import Counting
 
-    from freeride_lab.core.sidetask_state import SideTaskEvent
-    from freeride_lab.io.sink import EventSink
-    from freeride_lab.sidetasks.host.task_host import TaskHost
-    from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
-
     order: list[str] = []
 
     class Recording(Counting):
@@ -169,18 +190,8 @@ def test_a_bubbles_first_step_is_launched_before_its_start_is_announced(
             order.append("step")
             return super().step()
 
-    spec = TaskSpec.from_dict(
-        {"task": ref("Counting"), "task_id": "t1", "limits": {"budget_s": 0.002}}
-    )
-    sink = EventSink(tmp_path / "task.jsonl")
-    host = TaskHost(HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-                    conn=None, sink=sink)  # fmt: skip
+    host, sink = in_process_host(run_dir, tmp_path, Recording(step_s=0.001, limit=None))
     host._send = lambda message: order.append(f"send {message.get('state')}")  # type: ignore[method-assign]
-    host.task = Recording(step_s=0.001, limit=None)
-    for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
-        assert host._apply(event)
-    order.clear()
-    assert host._open_reader()
     now = time.time_ns()
     edges.bubble_start(0, 0, now, now + 50_000_000)
     edge = host._wait_for_edge(1.0)
@@ -196,6 +207,58 @@ def test_a_bubbles_first_step_is_launched_before_its_start_is_announced(
     running, first = events[0], steps_of(events)[0]
     assert isinstance(running, ev.SideTaskStateChanged)
     assert first.seen_ns <= running.t_ns <= first.start_ns  # stamped when it happened
+
+
+def test_a_steps_start_is_stamped_at_its_launch_after_the_hosts_decisions(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """The signal latency ends at the step's start: the host's choice of size and group
+    count, and the watchdog's mark, come before it, so they count in the latency rather than
+    in the step."""
+    from tasks_for_tests import Sized
+
+    host, sink = in_process_host(run_dir, tmp_path, Sized(unit_s=0.001), {"budget_s": 0.004})
+    decided: list[int] = []
+    fitting_size = host._fitting_size
+
+    def deciding(*args: Any) -> Any:
+        size = fitting_size(*args)
+        decided.append(host.reader.now_ns())
+        return size
+
+    host._fitting_size = deciding
+    now = time.time_ns()
+    edges.bubble_start(0, 0, now, now + 30_000_000)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None
+    host._run_bubble(edge)
+    sink.close()
+    steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
+    assert len(steps) >= 2 and len(decided) >= len(steps)
+    for step, decided_ns in zip(steps, decided, strict=False):
+        assert decided_ns <= step.start_ns < step.end_ns
+
+
+@pytest.mark.usefixtures("edges")
+def test_guards_of_smaller_steps_follow_the_newest_step_times(
+    run_dir: RunDir, tmp_path: Path
+) -> None:
+    """A smaller step's guard is the budget scaled by the sizes' recent medians; kept between
+    steps, it changes as soon as new step times change those medians."""
+    from tasks_for_tests import Sized
+
+    host, sink = in_process_host(run_dir, tmp_path, Sized(unit_s=0.001), {"budget_s": 0.040})
+    host._top_size = 4
+    for _ in range(3):
+        host._note_size_time(4, 1, 20_000_000)
+        host._note_size_time(1, 1, 5_000_000)
+    assert host._guard_ns(1) == 10_000_000  # 40 ms x 5 / 20
+    assert host._guard_ns(1) == 10_000_000
+    for _ in range(4):
+        host._note_size_time(1, 1, 10_000_000)  # quarter steps slowed down
+    assert host._guard_ns(1) == 20_000_000
+    assert host._guard_ns(4) == 40_000_000
+    sink.close()
 
 
 def task_events_at(path: Path) -> list[ev.Event]:

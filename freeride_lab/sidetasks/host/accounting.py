@@ -49,9 +49,12 @@ class StepAccounting(Checkpointing):
         """The step guard in force: fixed, else the profile's; 0 while profiling."""
         if self._budget_fixed_ns is not None:
             return self._budget_fixed_ns
-        if self.profile is not None:
-            return round(self.profile.budget_s() * 1e9)
-        return 0
+        profile = self.profile
+        if profile is None:
+            return 0
+        if self._profile_budget[0] is not profile:  # worked out once per profile
+            self._profile_budget = (profile, round(profile.budget_s() * 1e9))
+        return self._profile_budget[1]
 
     def _note_ends(self, cur: Edge | None) -> None:
         """Remember the bubble ends that ``cur`` reveals (its own and the one before it)."""

@@ -63,6 +63,7 @@ class HostBase:
         # size -> recent times (ns) of steps of that size; see host.iterative [Note: step sizes]
         self._size_ns: dict[int, collections.deque[float]] = {}
         self._top_size = 1  # the largest step size the task has offered
+        self._guards: dict[tuple[int, int, int], int] = {}  # (size, top, budget) -> guard (ns)
         self.conn = conn
         self.sink = sink
         self.beacon = beacon  # marks for the worker's watchdog; written by this thread only
@@ -85,6 +86,7 @@ class HostBase:
         )
         self._profile_ns: list[int] = []  # step durations measured for the profile
         self.profile: Profile | None = None
+        self._profile_budget: tuple[Profile | None, int] = (None, 0)  # the profile, its budget
         self._slot_predicted_ns: dict[int, int] = {}  # slot -> its latest predicted length
         self._first_step_seen: int | None = None
         self._window: collections.deque[int] = collections.deque(maxlen=OVERRUN_WINDOW)

@@ -121,18 +121,17 @@ class IterativeSteps(StepAccounting):
             return
         too_large = 0  # the smallest size whose guard no longer fitted this bubble; 0: none
         while self._cmds.empty():
-            cur = self.reader.latest()
-            ended = _has_ended(bubble, cur)
-            start_ns = self.reader.now_ns()
+            ended = _has_ended(bubble, self.reader.latest())
+            now_ns = self.reader.now_ns()
             budget_ns = self._guard_ns(1)
-            if not should_step(start_ns, predicted_end_ns, budget_ns, ended):
+            if not should_step(now_ns, predicted_end_ns, budget_ns, ended):
                 break
-            remaining_ns = predicted_end_ns - start_ns
+            remaining_ns = predicted_end_ns - now_ns
             sizes = self._step_sizes(task)
             size, too_large = self._fitting_size(sizes, remaining_ns, too_large)
             grouped = not profiling and len(sizes) == 1
             calls = self._group_size(remaining_ns, budget_ns) if grouped else 1
-            if not self._step_in(task, bubble, start_ns, calls, size):
+            if not self._step_in(task, bubble, calls, size):
                 return  # finished
             if self.machine.terminal or self._policy_paused or profiling:
                 break  # a profiling step is alone in its bubble
@@ -175,16 +174,22 @@ class IterativeSteps(StepAccounting):
 
     def _guard_ns(self, size: int) -> int:
         """The guard in force for one step of ``size`` ([Note: step sizes]); 0 while
-        profiling."""
+        profiling. Kept until the next step's time is noted (it is asked for several times
+        between a bubble's edge and its first step)."""
         budget_ns = self._budget_ns()
         top = self._top_size
         if size >= top:
             return budget_ns
-        top_ns, size_ns = self._median_size_ns(top), self._median_size_ns(size)
-        return sized_budget_ns(budget_ns, size, top, top_ns, size_ns)
+        key = (size, top, budget_ns)
+        guard = self._guards.get(key)
+        if guard is None:
+            top_ns, size_ns = self._median_size_ns(top), self._median_size_ns(size)
+            guard = self._guards[key] = sized_budget_ns(budget_ns, size, top, top_ns, size_ns)
+        return guard
 
     def _note_size_time(self, size: int, calls: int, duration_ns: int) -> None:
         """Remember one step's time under its size (a group's mean under size 1)."""
+        self._guards.clear()
         per_step = duration_ns / calls
         if size == 1:
             self._recent_step_ns.append(per_step)
@@ -192,11 +197,11 @@ class IterativeSteps(StepAccounting):
         times.append(per_step)
 
     def _step_in(
-        self, task: IterativeSideTask, bubble: Edge, start_ns: int, calls: int = 1, size: int = 1
+        self, task: IterativeSideTask, bubble: Edge, calls: int = 1, size: int = 1
     ) -> bool:
         """A step of ``size`` (or a group of ``calls`` steps of size 1) inside ``bubble``;
         False once FINISHED."""
-        progress, done = self._one_step(task, bubble.step, calls, bubble, size)
+        progress, done, start_ns = self._one_step(task, bubble.step, calls, bubble, size)
         end_ns = self.reader.now_ns()
         self._note_size_time(size, done, end_ns - start_ns)
         observed_end_ns = self._observed_end_ns(bubble, self.reader.latest())
@@ -224,14 +229,14 @@ class IterativeSteps(StepAccounting):
         assert isinstance(task, IterativeSideTask)
         duty = self._trickle_duty
         start_edge = self.reader.latest()
-        start_ns = self.reader.now_ns()
+        now_ns = self.reader.now_ns()
         if (
             start_edge is None
             or start_edge.in_bubble
-            or start_ns - start_edge.start_ns > _TRICKLE_STALE_NS
+            or now_ns - start_edge.start_ns > _TRICKLE_STALE_NS
         ):
             self._end_trickle()
-            self._trickle_next_ns = start_ns + _TRICKLE_GROUP_NS  # look again later
+            self._trickle_next_ns = now_ns + _TRICKLE_GROUP_NS  # look again later
             return
         if self.machine.state is SideTaskState.PAUSED and not self._apply(SideTaskEvent.START):
             return
@@ -240,7 +245,7 @@ class IterativeSteps(StepAccounting):
         if len(times) >= 3:
             group_ns = max(self.step_group_ns, _TRICKLE_GROUP_NS)
             calls = max(1, int(group_ns // max(statistics.median(times), 1.0)))
-        progress, done = self._one_step(task, start_edge.step, calls, start_edge)
+        progress, done, start_ns = self._one_step(task, start_edge.step, calls, start_edge)
         end_ns = self.reader.now_ns()
         self._note_size_time(1, done, end_ns - start_ns)
         end_edge = self.reader.latest()
@@ -264,10 +269,9 @@ class IterativeSteps(StepAccounting):
         deadline = time.monotonic() + _FREE_BURST_S
         while self._cmds.empty() and time.monotonic() < deadline:
             start_edge = self.reader.latest()
-            start_ns = self.reader.now_ns()
             step = start_edge.step if start_edge is not None else -1
             size = self._step_sizes(task)[-1]  # its own best pace ([Note: step sizes])
-            progress, _ = self._one_step(task, step, size=size)
+            progress, _, start_ns = self._one_step(task, step, size=size)
             end_ns = self.reader.now_ns()
             end_edge = self.reader.latest()
             step = end_edge.step if end_edge is not None else -1
@@ -289,18 +293,21 @@ class IterativeSteps(StepAccounting):
         calls: int = 1,
         bubble: Edge | None = None,
         size: int = 1,
-    ) -> tuple[float, int]:
+    ) -> tuple[float, int, int]:
         """Run ``step()`` (``step(size)`` for a size above 1) ``calls`` times (fewer if
         ``bubble`` is seen to end or the task finishes), then until its GPU work is done,
         marked in the beacon from this thread (a step that never returns leaves the mark for
-        the worker's watchdog); the progress and the number of calls made. Each call's progress
-        is added to ``task.progress`` as it returns, so ``is_finished()`` sees it."""
+        the worker's watchdog); the progress, the number of calls made and when the first call
+        was made (run clock: the step's start, after every decision that led to it). Each
+        call's progress is added to ``task.progress`` as it returns, so ``is_finished()`` sees
+        it."""
         self._where = "step"
         if self.beacon is not None:
             budget_ns = self._guard_ns(size) * calls
             self.beacon.step_started(step, budget_ns, first=self._steps_started == 0)
         self._steps_started += 1
         progress, done = 0.0, 0
+        start_ns = self.reader.now_ns()
         try:
             while True:
                 made = float(_call_step(task, size) or 0.0)
@@ -316,7 +323,7 @@ class IterativeSteps(StepAccounting):
         finally:
             if self.beacon is not None:
                 self.beacon.busy()
-        return progress, done
+        return progress, done, start_ns
 
 
 def step_sizes(task: IterativeSideTask) -> tuple[int, ...]:
