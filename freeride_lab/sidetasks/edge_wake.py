@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import secrets
 import select
@@ -32,6 +33,7 @@ from pathlib import Path
 __all__ = ["WakeReceiver", "WakeSender", "wake_dir"]
 
 _FALLBACK_POLL_S = 0.0005
+_FD_SETSIZE = 1024  # select() takes descriptors below this only
 _SUFFIX = ".fifo"
 
 
@@ -147,11 +149,22 @@ class WakeReceiver:
                 pass
 
     def sleep(self, timeout_s: float) -> None:
-        """Wait until woken, at most ``timeout_s`` (may return early)."""
+        """Wait until woken, at most ``timeout_s`` (may return early, never much later).
+
+        ``select`` takes the timeout to the microsecond; ``poll`` takes whole milliseconds
+        and rounds a fraction up, so a reader that sleeps until just before an edge it expects
+        (``EdgeReader.wait(spin_s=)``) would wake up to a millisecond late, after the edge,
+        and pay the wake-up it meant to spin past. ``poll`` is left for a descriptor beyond
+        ``select``'s reach, asked for whole milliseconds rounded down.
+        """
         if self._poll is None:
             time.sleep(min(timeout_s, _FALLBACK_POLL_S))
             return
-        self._poll.poll(max(0.0, timeout_s * 1000))  # ms, rounded up
+        timeout_s = max(0.0, timeout_s)
+        if self._read_fd < _FD_SETSIZE:
+            select.select([self._read_fd], [], [], timeout_s)
+        else:
+            self._poll.poll(math.floor(timeout_s * 1000))
 
     def poke(self) -> None:
         """Wake this reader's ``sleep`` (from another thread of its process)."""

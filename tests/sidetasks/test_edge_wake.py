@@ -104,3 +104,28 @@ def test_the_wake_up_of_a_reader_that_died_is_removed_by_the_writer(path: Path) 
     before_death.close()
     assert _fifos(path) == []
     writer.close()
+
+
+def test_a_short_sleep_is_asked_of_the_kernel_to_the_microsecond(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader sleeps until just before an edge it expects, then spins: its sleep must not
+    be rounded up to a whole millisecond (``poll``'s unit), or it wakes after the edge."""
+    import select
+
+    from freeride_lab.sidetasks import edge_wake
+
+    EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    asked: list[float] = []
+    real_select = select.select
+
+    def recording_select(r: list[int], w: list[int], x: list[int], timeout: float) -> tuple:
+        asked.append(timeout)
+        return real_select(r, w, x, 0)
+
+    monkeypatch.setattr(edge_wake.select, "select", recording_select)
+    reader._wake.sleep(0.0003)
+    reader._wake.sleep(-1.0)  # a deadline already past: no wait at all
+    assert asked == [0.0003, 0.0]
+    reader.close()
