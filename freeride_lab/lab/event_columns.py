@@ -52,6 +52,8 @@ SIDE_TASK_STEP_RAW: dict[str, str] = {
     "unit": "s",
     "overrun_ns": "z",
     "seen_ns": "z",
+    "expected_ns": "z",
+    "spin_until_ns": "z",
 }
 
 #: The raw columns of each table, by the ``kind`` of the events it is built from.

@@ -275,13 +275,18 @@ def side_task_step_event(i: int) -> dict[str, object]:
 
 
 def test_a_side_task_step_says_when_its_host_saw_the_edge_only_where_it_did() -> None:
-    first = {**side_task_step_event(0), "seen_ns": 10**18 - 250_000}  # 0.25 ms before its start
-    later = side_task_step_event(1)  # files written before hosts said so lack the field
+    first = {**side_task_step_event(0), "seen_ns": 10**18 - 250_000,  # 0.25 ms before its start
+             "expected_ns": 10**18 - 400_000, "spin_until_ns": 10**18 - 200_000}  # fmt: skip
+    later = side_task_step_event(1)  # files written before hosts said so lack the fields
     tables = EventTables()
     tables.add([first, later])
     frame = tables.side_task_steps()
-    assert frame["seen_ms"].iloc[0] == pytest.approx(frame["start_ms"].iloc[0] - 0.25)
-    assert math.isnan(frame["seen_ms"].iloc[1])
+    start = frame["start_ms"].iloc[0]
+    assert frame["seen_ms"].iloc[0] == pytest.approx(start - 0.25)
+    assert frame["expected_ms"].iloc[0] == pytest.approx(start - 0.4)
+    assert frame["spin_until_ms"].iloc[0] == pytest.approx(start - 0.2)
+    for name in ("seen_ms", "expected_ms", "spin_until_ms"):
+        assert math.isnan(frame[name].iloc[1])
     pd.testing.assert_frame_equal(frame, side_task_steps_frame([first, later], tables.t0()))
 
 

@@ -8,6 +8,7 @@ times with the edges the test wrote, never with wall-clock budgets.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,43 @@ def test_a_steps_start_is_stamped_at_its_launch_after_the_hosts_decisions(
     assert len(steps) >= 2 and len(decided) >= len(steps)
     for step, decided_ns in zip(steps, decided, strict=False):
         assert decided_ns <= step.start_ns < step.end_ns
+
+
+def test_a_spinning_host_tells_when_it_expected_the_bubble_and_how_long_it_spun(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """A host that spins for bubble starts (GPU runs) waits across its clock's spin window;
+    the bubble's first step records the start the clock expected and the window's end, the
+    data that says how many starts a spin catches. Later steps carry 0."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting(step_s=0.001, limit=None))
+    now = host.reader.now_ns()
+    expected, window = now + 2_000_000, (now + 1_000_000, now + 3_000_000)
+
+    class Clock:
+        def spin_window(self, lead_ns: int, most_ns: int) -> tuple[int, int]:
+            assert lead_ns == 300_000 and most_ns > 0
+            return window
+
+        def bubble_started(self, **edge: Any) -> int:
+            return expected
+
+    host._clock = Clock()
+    host._spin_lead_s = 300e-6
+    writer = threading.Timer(0.002, lambda: edges.bubble_start(
+        0, 0, host.reader.now_ns(), host.reader.now_ns() + 20_000_000))  # fmt: skip
+    writer.start()
+    edge = host._wait_for_edge(1.0)
+    writer.join()
+    assert edge is not None and edge.in_bubble
+    host._run_bubble(edge)
+    sink.close()
+    steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
+    assert len(steps) >= 2
+    assert (steps[0].expected_ns, steps[0].spin_until_ns) == (expected, window[1])
+    assert steps[0].seen_ns >= edge.start_ns
+    assert all((s.seen_ns, s.expected_ns, s.spin_until_ns) == (0, 0, 0) for s in steps[1:])
 
 
 @pytest.mark.usefixtures("edges")

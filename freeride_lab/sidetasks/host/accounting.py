@@ -199,9 +199,11 @@ class StepAccounting(Checkpointing):
                 unit=task.unit,
                 overrun_ns=overrun_ns,
                 seen_ns=self._seen_ns,
+                expected_ns=self._expected_ns,
+                spin_until_ns=self._spin_until_ns,
             )
         )
-        self._seen_ns = 0  # only the first step after an edge answered it
+        self._seen_ns = self._expected_ns = self._spin_until_ns = 0  # the first step's only
 
     def _apply_overrun_policy(self) -> None:
         stats = OverrunStats.of(self._window, budget_ns=self._budget_ns())

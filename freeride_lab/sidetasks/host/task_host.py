@@ -66,6 +66,7 @@ from freeride_lab.sidetasks.spec import checkpoint_path, parse_overrun_policy
 __all__ = ["TaskHost"]
 
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
+_SPIN_MOST_S = 2e-3  # the longest spin for one bubble start ([Note: spin window])
 
 
 class TaskHost(IterativeSteps):
@@ -167,38 +168,43 @@ class TaskHost(IterativeSteps):
 
     def _wait_for_edge(self, limit_s: float = _WAIT_S) -> Edge | None:
         """The next edge (None after ``limit_s``, at most ``_WAIT_S``), with a spin across the
-        moment the next bubble should start (see ``core.edge_timing``; GPU runs only: a CPU
-        run's cores belong to training)."""
+        window the next bubble should start in (``core.edge_timing`` [Note: spin window]; GPU
+        runs only: a CPU run's cores belong to training)."""
         reader = self.reader
         limit_s = min(limit_s, _WAIT_S)
-        predicted_ns = self._clock.next_start_ns() if self._spin_lead_s > 0 else None
-        self._seen_ns = 0
-        if predicted_ns is None:
-            edge, seen_ns = self._wait(timeout_s=limit_s)
+        window = None
+        if self._spin_lead_s > 0:
+            lead_ns = round(self._spin_lead_s * 1e9)
+            window = self._clock.spin_window(lead_ns, round(_SPIN_MOST_S * 1e9))
+        self._seen_ns = self._expected_ns = self._spin_until_ns = 0
+        if window is None:
+            edge, seen_ns = self._wait(limit_s)
         else:
-            sleep_s = (predicted_ns - reader.now_ns()) / 1e9 - self._spin_lead_s
-            edge, seen_ns = (
-                self._wait(timeout_s=min(sleep_s, limit_s)) if sleep_s > 0 else (None, 0)
-            )
+            sleep_s = (window[0] - reader.now_ns()) / 1e9
+            edge, seen_ns = self._wait(min(sleep_s, limit_s)) if sleep_s > 0 else (None, 0)
             if edge is None and sleep_s <= limit_s:
-                edge, seen_ns = self._wait(timeout_s=limit_s, spin_s=2 * self._spin_lead_s)
+                spin_s = (window[1] - reader.now_ns()) / 1e9
+                edge, seen_ns = self._wait(limit_s, spin_s=spin_s)
         if edge is None:
             return None
         if edge.in_bubble:
-            self._seen_ns = seen_ns  # the first step after it reports it (signal latency hops)
-            self._clock.bubble_started(
+            expected_ns = self._clock.bubble_started(
                 start_ns=edge.start_ns,
                 previous_slot=edge.previous_slot,
                 previous_end_ns=edge.previous_end_ns,
             )
+            # the first step after it reports them (the signal latency's hops)
+            self._seen_ns = seen_ns
+            self._expected_ns = expected_ns or 0
+            self._spin_until_ns = window[1] if window is not None else 0
         elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
             self._clock.bubble_ended(slot=edge.slot, end_ns=edge.observed_end_ns)
         return edge
 
-    def _wait(self, **how: float) -> tuple[Edge | None, int]:
-        """``reader.wait(**how)``, marked as a wait in the beacon, and when it returned."""
+    def _wait(self, timeout_s: float, spin_s: float = 0.0) -> tuple[Edge | None, int]:
+        """``reader.wait``, marked as a wait in the beacon, and when it returned."""
         with self._waiting():
-            edge = self.reader.wait(**how)
+            edge = self.reader.wait(timeout_s=timeout_s, spin_s=spin_s)
             return edge, self.reader.now_ns()
 
     def _wait_command(self, timeout_s: float) -> None:
