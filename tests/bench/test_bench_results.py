@@ -194,7 +194,7 @@ def test_block_overruns_count_any_step_that_ended_after_its_bubble() -> None:
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, float("nan")]
+        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, *[float("nan")] * 3]
          for ms in (0.0, 1e-6, 3.0, float("nan"))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -309,7 +309,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
 
     side = pd.DataFrame(
         [
-            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, float("nan")]
+            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 3]
             for a, b in ((1.0, 4.0), (4.5, 8.0))
         ],
         columns=list(SIDE_TASK_STEP_COLUMNS),
@@ -375,7 +375,7 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, float("nan")]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 3]
          for start in (2.0, 12.0)],  # one step in the bubble [1, 8) ms, one 4 ms after its end
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -402,7 +402,7 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
 
     nan = float("nan")
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen, nan, nan]
          for start, seen in ((2.0, 1.25), (3.5, nan), (11.0, nan))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -455,7 +455,7 @@ def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, float("nan")]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 3]
          for start in (2.0, 15.0)],  # one step in [1, 8), one in the bubble opened at 14 ms
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip

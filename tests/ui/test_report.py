@@ -58,6 +58,8 @@ def fake_run(ranks: int = 2, steps: int = 3):
                     "samples",
                     0.5 if step == 1 else 0.0,
                     float("nan"),  # seen_ms
+                    float("nan"),  # expected_ms
+                    float("nan"),  # spin_until_ms
                 )
             )
             step_rows.append((step, rank, t, t + 20, 20.0 + step, 1.0, 2.5, 512))

@@ -59,6 +59,8 @@ def fake_tables(
                                 "samples",
                                 1.5 if step == steps - 1 else 0.0,
                                 float("nan"),  # seen_ms
+                                float("nan"),  # expected_ms
+                                float("nan"),  # spin_until_ms
                             )
                         )
                     t += 10.0
