@@ -6,7 +6,11 @@ each stamped with ``time.time_ns()``; a reader process records when it sees each
 - ``wait``: ``EdgeReader.wait`` (sleeps until the writer wakes it, see sidetasks/edge_wake.py);
 - ``wait+spin``: what a GPU run's side-task host does: it predicts the next edge (a bubble's
   end from the rank's prediction, the next start from ``core.edge_timing.NextBubbleClock``),
-  sleeps until 300 µs before it, then spins across it (``wait(spin_s=)``);
+  sleeps until 300 µs before it, then spins (``wait(spin_s=)``): across a start, to the end of
+  the clock's spin window (the slot's recent lateness, at most 2 ms: ``core.edge_timing``
+  [Note: spin window]); across an end, to 300 µs after it;
+- ``wait+spin-fixed``: the same with the window the host had before it learned the lateness:
+  300 µs either side of every predicted start;
 - ``poll-1ms``: a naive reader that checks ``EdgeReader.latest()`` and sleeps 1 ms;
 - ``poll-10ms``: the same at 10 ms, the tick of FreeRide's reference manager (paper notes §5).
 
@@ -14,7 +18,14 @@ Each reader runs with three writers: one that spins between edges at random 1-3 
 rank that computes), one that sleeps instead (cold caches, an idle CPU to wake), and
 ``pipeline``: a rank computing a periodic step of four bubbles (idle 2, 1, 1.5, 3 ms, compute
 1, 2.5, 1.2, 2 ms after them, ±20 µs jitter), the shape a real pipeline stage has and the only
-one where edges can be foreseen.
+one where edges can be foreseen; ``pipeline-jitter``: the same step with each compute gap
+jittered uniformly by ±``--jitter-ms`` / 2 (0.5 ms: a step's compute varies by more than a
+fixed spin around its shortest gap covers).
+
+With ``--blocks`` B (≥ 5), each run's start edges also make B consecutive blocks: the mean over
+blocks of the start latency's p50 and p90, and of the share of starts seen within 20 µs (no
+wake-up paid), each with its 95% t-interval (``core.intervals.mean_interval``), and the reader
+process's CPU time per second of the run (what spinning costs).
 
 Latency of edge i = when the reader first saw edge i or a newer one, minus the edge's time, both
 ``time.time_ns()`` of one host (a polling reader may never see an edge that a newer one replaced
@@ -25,6 +36,8 @@ idle gaps of the run (cold caches, a reader to wake) and back to back (warm, nob
     python benchmarks/bench_edge_latency.py                  # 2000 edges per reader
     python benchmarks/bench_edge_latency.py --edges 500 --out /tmp/edge.json
     python benchmarks/bench_edge_latency.py --readers wait --writers busy sleep pipeline
+    python benchmarks/bench_edge_latency.py --readers wait+spin-fixed wait+spin \
+        --writers pipeline-jitter --edges 4000 --blocks 8
 """
 
 from __future__ import annotations
@@ -47,14 +60,17 @@ import numpy as np
 from bench_output import cpu_model, write_results
 
 from freeride_lab.core.edge_timing import NextBubbleClock
+from freeride_lab.core.intervals import mean_interval
 from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter, Phase
 
-MODES = ("wait", "wait+spin", "poll-1ms", "poll-10ms")
-WRITERS = ("busy", "sleep", "pipeline")
+MODES = ("wait", "wait+spin", "wait+spin-fixed", "poll-1ms", "poll-10ms")
+WRITERS = ("busy", "sleep", "pipeline", "pipeline-jitter")
 PIPELINE_IDLE_MS = (2.0, 1.0, 1.5, 3.0)  # bubble lengths of one step, by slot
 PIPELINE_BUSY_MS = (1.0, 2.5, 1.2, 2.0)  # compute after each bubble
 PIPELINE_JITTER_MS = 0.02
-SPIN_LEAD_S = 300e-6  # as sidetasks/host/task_host.py
+SPIN_LEAD_S = 300e-6  # as sidetasks/host/base.py
+SPIN_MOST_S = 2e-3  # as sidetasks/host/task_host.py
+NO_WAKE_US = 20.0  # a start seen within this was seen spinning, not woken
 RESULTS = Path(__file__).parent / "results" / "edge_latency.json"
 
 
@@ -69,8 +85,8 @@ def run_reader(path: Path, mode: str, out: Path) -> None:
     clock = NextBubbleClock()
     edge: Edge | None = last
     while True:
-        if mode == "wait+spin":
-            edge = _anticipate(reader, clock, edge, last_seq)
+        if mode.startswith("wait+spin"):
+            edge = _anticipate(reader, clock, edge, last_seq, fixed=mode == "wait+spin-fixed")
         elif poll_s is None:
             edge = reader.wait(timeout_s=30, after_seq=last_seq)
         else:
@@ -83,24 +99,33 @@ def run_reader(path: Path, mode: str, out: Path) -> None:
             break
         last_seq = edge.seq
         seen.append((edge.seq, seen_ns))
-    out.write_text(json.dumps(seen))
+    cpu_s = time.process_time()
+    out.write_text(json.dumps({"seen": seen, "cpu_s": cpu_s}))
 
 
 def _anticipate(
-    reader: EdgeReader, clock: NextBubbleClock, last: Edge | None, last_seq: int
+    reader: EdgeReader, clock: NextBubbleClock, last: Edge | None, last_seq: int, *, fixed: bool
 ) -> Edge | None:
-    """The next edge, sleeping until just before it is expected and spinning across it."""
+    """The next edge, sleeping until just before it is expected and spinning across it (as
+    ``TaskHost._wait_for_edge`` does for starts; ``fixed``: 300 µs either side)."""
+    lead_ns = round(SPIN_LEAD_S * 1e9)
+    window = None
     if last is not None and last.in_bubble:
-        expected = last.predicted_end_ns
-    else:
+        if last.predicted_end_ns is not None:
+            window = (last.predicted_end_ns - lead_ns, last.predicted_end_ns + lead_ns)
+    elif fixed:
         expected = clock.next_start_ns()
+        window = None if expected is None else (expected - lead_ns, expected + lead_ns)
+    else:
+        window = clock.spin_window(lead_ns, round(SPIN_MOST_S * 1e9))
     edge = None
-    if expected is not None:
-        sleep_s = (expected - reader.now_ns()) / 1e9 - SPIN_LEAD_S
+    if window is not None:
+        sleep_s = (window[0] - reader.now_ns()) / 1e9
         if sleep_s > 0:
             edge = reader.wait(timeout_s=sleep_s, after_seq=last_seq)
         if edge is None:
-            edge = reader.wait(timeout_s=30, after_seq=last_seq, spin_s=2 * SPIN_LEAD_S)
+            spin_s = (window[1] - reader.now_ns()) / 1e9
+            edge = reader.wait(timeout_s=30, after_seq=last_seq, spin_s=spin_s)
     else:
         edge = reader.wait(timeout_s=30, after_seq=last_seq)
     if edge is not None and edge.in_bubble:
@@ -111,8 +136,18 @@ def _anticipate(
     return edge
 
 
-def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -> dict[str, Any]:
-    """One writer → one reader run; latency and writer-cost statistics in µs."""
+def measure(
+    mode: str,
+    writer_mode: str,
+    edges: int,
+    workdir: Path,
+    seed: int,
+    *,
+    blocks: int = 0,
+    jitter_ms: float = 0.5,
+) -> dict[str, Any]:
+    """One writer → one reader run; latency and writer-cost statistics in µs (and, with
+    ``blocks`` ≥ 5, per-block means of the start latency with their intervals)."""
     path = workdir / f"{writer_mode}-{mode}.edge"
     out = workdir / f"{writer_mode}-{mode}.json"
     writer = EdgeWriter.create(path)
@@ -128,11 +163,14 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
     sent: dict[int, int] = {}
     cost_ns: list[int] = []
     slots = len(PIPELINE_IDLE_MS)
+    t_start = time.perf_counter()
     for i in range(edges):
         slot, starts = (i // 2) % slots, i % 2 == 0
-        if writer_mode == "pipeline":  # before a start: compute; before an end: the bubble
+        if writer_mode.startswith("pipeline"):  # before a start: compute; before an end: idle
             ms = PIPELINE_BUSY_MS[slot - 1] if starts else PIPELINE_IDLE_MS[slot]
-            gap_s = (ms + rng.uniform(-PIPELINE_JITTER_MS, PIPELINE_JITTER_MS)) / 1e3
+            jitter = jitter_ms / 2 if writer_mode == "pipeline-jitter" and starts else 0.0
+            jitter = jitter or PIPELINE_JITTER_MS
+            gap_s = (ms + rng.uniform(-jitter, jitter)) / 1e3
             step = i // (2 * slots)
         else:
             gap_s = rng.uniform(0.001, 0.003)
@@ -146,16 +184,19 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
         t_ns = time.time_ns()
         c0 = time.perf_counter_ns()
         if starts:
-            length_ns = int((PIPELINE_IDLE_MS[slot] if writer_mode == "pipeline" else 2.0) * 1e6)
+            idle_ms = PIPELINE_IDLE_MS[slot] if writer_mode.startswith("pipeline") else 2.0
+            length_ns = int(idle_ms * 1e6)
             writer.bubble_start(step=step, slot=slot, t_ns=t_ns, predicted_end_ns=t_ns + length_ns)
         else:
             writer.bubble_end(step=step, slot=slot, t_ns=t_ns)
         cost_ns.append(time.perf_counter_ns() - c0)
         sent[i + 1] = t_ns
     time.sleep(0.05)
+    wall_s = time.perf_counter() - t_start
     writer.close()
     proc.wait(timeout=60)
-    seen = json.loads(out.read_text())
+    reader_out = json.loads(out.read_text())
+    seen = reader_out["seen"]
     # Latency of edge i = when the reader first saw edge i or a later one (a polling reader
     # can miss an edge that a newer one replaced; it still learns the newer state then).
     lat_us, start_us, j = [], [], 0
@@ -167,7 +208,7 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
             if seq % 2 == 1:  # edge i = seq - 1 is a bubble start when i is even
                 start_us.append(lat_us[-1])
     observed = {seq for seq, _ in seen}
-    return {
+    result = {
         "reader": mode,
         "writer": writer_mode,
         "edges_sent": edges,
@@ -176,7 +217,29 @@ def measure(mode: str, writer_mode: str, edges: int, workdir: Path, seed: int) -
         "latency_us": _stats(np.array(lat_us)),
         "start_latency_us": _stats(np.array(start_us)),
         "writer_call_us": _stats(np.array(cost_ns) / 1e3),
+        "reader_cpu_frac": round(reader_out["cpu_s"] / wall_s, 3),
     }
+    if blocks:
+        result["start_blocks"] = _block_means(start_us[len(start_us) // 10 :], blocks)
+    return result
+
+
+def _block_means(start_us: list[float], blocks: int) -> dict[str, Any]:
+    """Per block of consecutive starts (the first tenth left out: the clock is learning):
+    p50, p90 and the share seen within ``NO_WAKE_US``; their means with 95% t-intervals."""
+    if blocks < 5:
+        raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
+    parts = [np.asarray(b) for b in np.array_split(np.asarray(start_us), blocks) if len(b)]
+    figures = {
+        "p50_us": [float(np.percentile(b, 50)) for b in parts],
+        "p90_us": [float(np.percentile(b, 90)) for b in parts],
+        "no_wake_frac": [float(np.mean(b <= NO_WAKE_US)) for b in parts],
+    }
+    out: dict[str, Any] = {"blocks": len(parts), "starts_per_block": len(parts[0])}
+    for name, values in figures.items():
+        iv = mean_interval(values)
+        out[name] = {"value": round(iv.value, 3), "lo": round(iv.lo, 3), "hi": round(iv.hi, 3)}
+    return out
 
 
 _PIPE_READER = """
@@ -275,6 +338,18 @@ def main() -> None:
     ap.add_argument("--note", default="", help="what to say about the machine in the results")
     ap.add_argument("--readers", nargs="+", choices=MODES, default=list(MODES), help="readers")
     ap.add_argument("--writers", nargs="+", choices=WRITERS, default=list(WRITERS), help="writers")
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="also block means of the start latency with intervals (>= 5 blocks)",
+    )
+    ap.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=0.5,
+        help="pipeline-jitter: the compute gaps' spread (uniform, +- half)",
+    )
     ap.add_argument("--reader", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--reader-out", type=Path, help=argparse.SUPPRESS)
@@ -285,7 +360,15 @@ def main() -> None:
     info = machine()
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         runs = {
-            f"{writer}/{mode}": measure(mode, writer, args.edges, Path(tmp), args.seed)
+            f"{writer}/{mode}": measure(
+                mode,
+                writer,
+                args.edges,
+                Path(tmp),
+                args.seed,
+                blocks=args.blocks,
+                jitter_ms=args.jitter_ms,
+            )
             for writer in args.writers
             for mode in args.readers
         }
@@ -316,6 +399,8 @@ def main() -> None:
             "sleep": "the writer sleeps between edges (cold caches and an idle vCPU to wake)",
             "pipeline": "a busy writer with a periodic step of four bubbles (idle "
             f"{PIPELINE_IDLE_MS} ms, compute {PIPELINE_BUSY_MS} ms, +-{PIPELINE_JITTER_MS} ms)",
+            "pipeline-jitter": "the pipeline's step with each compute gap jittered uniformly "
+            f"by +-{args.jitter_ms / 2} ms",
         },
         "runs": runs,
         "ratios": ratios,
@@ -333,6 +418,15 @@ def main() -> None:
             f"{lat['max']:>9.1f} {run['start_latency_us']['p50']:>10.1f} "
             f"{run['edges_superseded']:>11} {run['writer_call_us']['p50']:>13}"
         )
+    for name, run in runs.items():
+        if "start_blocks" in run:
+            b = run["start_blocks"]
+            print(
+                f"{name}: {b['blocks']} blocks of {b['starts_per_block']} starts: p50 "
+                f"{b['p50_us']['value']:.1f} [{b['p50_us']['lo']:.1f}, {b['p50_us']['hi']:.1f}]"
+                f" us, p90 {b['p90_us']['value']:.1f} us, seen within {NO_WAKE_US:g} us "
+                f"{b['no_wake_frac']['value']:.0%}, reader CPU {run['reader_cpu_frac']:.0%}"
+            )
     for name, r in ratios.items():
         print(f"{name} / wait: p50 x{r['p50_vs_wait']}, p99 x{r['p99_vs_wait']}")
     print(f"writer call back to back (warm, no waiter): p50 {hot['p50']} us, p99 {hot['p99']} us")

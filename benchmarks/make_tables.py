@@ -107,6 +107,14 @@ BOUNDARY_CPU = (
     ("cpu-2026-12-05-boundary-before-2.json", "before: opened after the writing (c4c2330)"),
     ("cpu-2026-12-05-boundary-after-2.json", "after: opened before it (7c7a65e)"),
 )
+#: Bubble-start latency of a spinning reader (bench_edge_latency.py), the package tree before
+#: the precise sleep and the spin window (2c131c0) and after them (69374cd), alternating, one
+#: CPU shell session: (file, tree).
+EDGE_LATENCY_CPU = tuple(
+    (f"edge-latency-cpu-2026-12-05-{arm}-{n}.json", label)
+    for n in (1, 2)
+    for arm, label in (("before", "before (2c131c0)"), ("after", "after (69374cd)"))
+)
 STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
      "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
@@ -831,6 +839,31 @@ def boundary_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def edge_latency_cpu() -> list[str]:
+    """Per tree, writer and reader: the bubble-start latency's per-block p50 and p90, the share
+    of starts seen within 20 µs, and the reader's CPU time (``EDGE_LATENCY_CPU``)."""
+
+    def iv(x: Mapping[str, float], digits: int, *, pct: bool = False) -> str:
+        if pct:  # a share's interval is cut to [0, 1]
+            return fmt_interval(x["value"], max(x["lo"], 0.0), min(x["hi"], 1.0), digits)
+        return fmt_interval(x["value"], x["lo"], x["hi"], digits, pct=False)
+
+    rows = []
+    for name, tree in EDGE_LATENCY_CPU:
+        data = raw(name)
+        for run in data["runs"].values():
+            b = run["start_blocks"]
+            rows.append([tree, data["date"][11:16], run["writer"], run["reader"],
+                         f"{b['blocks']} × {b['starts_per_block']}", iv(b["p50_us"], 1),
+                         iv(b["p90_us"], 1), iv(b["no_wake_frac"], 0, pct=True),
+                         fmt_pct(run["reader_cpu_frac"], 0)])  # fmt: skip
+    return md_table(
+        ["tree (CPU)", "UTC", "writer", "reader", "blocks × starts", "start → seen p50 µs",
+         "start → seen p90 µs", "starts seen within 20 µs", "reader CPU"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1249,6 +1282,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "predictor-cpu": predictor_cpu,
     "step-sizes-cpu": step_sizes_cpu,
     "boundary-cpu": boundary_cpu,
+    "edge-latency-cpu": edge_latency_cpu,
 }
 
 
