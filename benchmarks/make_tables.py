@@ -41,6 +41,8 @@ from lever_status import (
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
+    SPIN_COLUMNS,
+    SPIN_HEADERS,
     UNUSED_WHY,
     fmt_frac_interval,
     fmt_interval,
@@ -52,6 +54,7 @@ from freeride_lab.bench.markdown import (
     md_table,
     recorded,
     run_label,
+    spin_cells,
 )
 from freeride_lab.bench.results import fill_tables
 from freeride_lab.bench.stats import GATED_MODES
@@ -1076,14 +1079,16 @@ def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     announcement; where recorded) and bubble end → the last step started after it (block
     bootstrap)."""
     lag = any(isinstance(r.get("announce_p50_ms"), float) for _, r in rows)
+    spin = any(recorded(r.get(f)) for _, r in rows for f in SPIN_COLUMNS)
     names = ("latency_p50", "latency_p99", "wake_p50", "wake_p99",
              *(("announce_p50", "announce_p99") if lag else ()), "pause_p99")  # fmt: skip
     return md_table(
         ["run", "mode", "edge → step p50 ms", "edge → step p99 ms", "of which edge → host p50 ms",
          "edge → host p99 ms",
          *(("before it, device → edge p50 ms", "device → edge p99 ms") if lag else ()),
-         "end → last late step p99 ms"],
-        _first_of_run([[run_label(r["run"]), r["mode"], *(_ms(r, n) for n in names)]
+         "end → last late step p99 ms", *(SPIN_HEADERS if spin else ())],
+        _first_of_run([[run_label(r["run"]), r["mode"], *(_ms(r, n) for n in names),
+                        *(spin_cells(r) if spin else ())]
                        for _, r in rows]),
     )  # fmt: skip
 

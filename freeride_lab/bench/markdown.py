@@ -15,6 +15,8 @@ from freeride_lab.bench import stats as bs
 
 __all__ = [
     "NOT_MEASURED",
+    "SPIN_COLUMNS",
+    "SPIN_HEADERS",
     "UNUSED_WHY",
     "fmt_frac_interval",
     "fmt_interval",
@@ -26,6 +28,7 @@ __all__ = [
     "md_table",
     "recorded",
     "run_label",
+    "spin_cells",
 ]
 
 #: What a table says for a figure an older result did not record.
@@ -100,6 +103,22 @@ def fmt_calibration(records: Iterable[Mapping[str, Any]]) -> str:
         )
 
     return "; ".join(map(one, records)) or "(none)"
+
+
+#: What says why edge → host took what it did (``bench.stats.spin_catches``): the columns
+#: that record it and their headers, as the bench's markdown and the generated tables show them.
+SPIN_COLUMNS: tuple[str, ...] = ("late_p50_ms", "late_p90_ms", "spin_caught_frac")
+SPIN_HEADERS: tuple[str, ...] = (
+    "start vs expected p50 ms",
+    "start vs expected p90 ms",
+    "starts inside the spin",
+)
+
+
+def spin_cells(r: Mapping[str, Any]) -> list[str]:
+    """A pipeline row's ``SPIN_COLUMNS`` cells, under ``SPIN_HEADERS``."""
+    return [fmt_ms_interval(r, "late_p50"), fmt_ms_interval(r, "late_p90"),
+            fmt_frac_interval(r, "spin_caught", 0)]  # fmt: skip
 
 
 def fmt_ms_interval(r: Mapping[str, Any], name: str) -> str:
@@ -236,13 +255,15 @@ def markdown(result: Mapping[str, Any]) -> str:
     pipeline = result.get("pipeline", [])
     # the hop before the edge, where recorded (results before it lack the columns)
     lag = any(recorded(r.get("announce_p50_ms")) for r in pipeline)
+    # why edge → host took what it did, where hosts recorded it (``stats.spin_catches``)
+    spin = any(recorded(r.get(f)) for r in pipeline for f in SPIN_COLUMNS)
     lines += _section(
         "Pipeline: harvest, cost, latency",
         ["run", "case", "mode", "harvest", "of theory limit", "idle (measured)",
          "of measured idle", "saving published", "corrected", "edge → step p50 ms", "p99 ms",
          "of which edge → host p50 ms", "p99 ms",
          *(("before it, device → edge p50 ms", "p99 ms") if lag else ()),
-         "end → last late step p99 ms"],
+         "end → last late step p99 ms", *(SPIN_HEADERS if spin else ())],
         [
             [r["run"], r["case"], r["mode"], fmt_frac_interval(r, "harvest", 1),
              f"{fmt_frac_interval(r, 'harvest_of_theory_limit', 0)} "
@@ -252,7 +273,8 @@ def markdown(result: Mapping[str, Any]) -> str:
              fmt_frac_interval(r, "saving_corrected", 1),
              *(fmt_ms_interval(r, f)
                for f in ("latency_p50", "latency_p99", "wake_p50", "wake_p99",
-                         *(("announce_p50", "announce_p99") if lag else ()), "pause_p99"))]
+                         *(("announce_p50", "announce_p99") if lag else ()), "pause_p99")),
+             *(spin_cells(r) if spin else ())]
             for r in pipeline
         ],
     )  # fmt: skip

@@ -307,6 +307,8 @@ def block_row(
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
     wake: list[float] = []
+    late: list[float] = []
+    spun: list[float] = []
     pause: list[float] = []
     # the bubbles the rank announced, ms after t0, with their predicted end where it had one
     told: list[tuple[float, float] | tuple[float, float, float]] = []
@@ -338,6 +340,7 @@ def block_row(
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
         seen_ns = [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s["seen_ms"]]
         wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, seen_ns)
+        late, spun = bs.spin_catches(starts_ns, ends_ns, step_ns, *_spin_columns_ns(s, t0))
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
@@ -379,12 +382,27 @@ def block_row(
         "overrun_ms_total": overruns.overrun_ns_total / 1e6,
         "latency_ms": latency,
         "wake_ms": wake,
+        "late_ms": [round(x, 4) for x in late],
+        "spun": spun,
         "announce_ms": announce,
         "pause_ms": pause,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),
         "step_ms": [round(x, 4) for x in periods],
     }
+
+
+def _spin_columns_ns(s: pd.DataFrame, t0: int) -> tuple[list[float], list[tuple[float, float]]]:
+    """Per step: the start its host expected, and the spin window it waited with (ns on the
+    run clock; NaN where not recorded, also in tables from before hosts recorded them)."""
+
+    def ns(name: str) -> list[float]:
+        if name not in s.columns:
+            return [math.nan] * len(s)
+        return [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s[name]]
+
+    spins = list(zip(ns("spin_from_ms"), ns("spin_until_ms"), strict=True))
+    return ns("expected_ms"), spins
 
 
 # -- output -----------------------------------------------------------------------------------

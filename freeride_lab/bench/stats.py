@@ -66,6 +66,7 @@ __all__ = [
     "percentile",
     "pipeline_cost",
     "signal_latency_ms",
+    "spin_catches",
     "step_periods_ms",
     "wake_latency_ms",
 ]
@@ -121,6 +122,11 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     # tuple: its first hop, bubble start edge → the side task's host saw it, per bubble used
     # whose first step recorded when (``SideTaskStep.seen_ns``); the rest is the host's path
     "wake_ms",
+    # tuples, per bubble used whose first step recorded them (``spin_catches``): its start
+    # against the start its host expected, ms (late > 0); and 1.0 where the edge came inside
+    # the host's spin window, 0.0 where the host spun but the edge came outside it
+    "late_ms",
+    "spun",
     # tuple: the hop before them, the device reaching a bubble's start (the resolved
     # timeline) → the rank announcing it, per start edge (``announce_lag_ms``)
     "announce_ms",
@@ -353,6 +359,41 @@ def wake_latency_ms(
         if math.isfinite(t) and start <= t <= first:
             out.append(float(t - start) / 1e6)
     return out
+
+
+def spin_catches(
+    edge_start_ns: Sequence[int],
+    edge_end_ns: Sequence[int],
+    step_start_ns: Sequence[int],
+    step_expected_ns: Sequence[float],
+    step_spin_ns: Sequence[tuple[float, float]],
+) -> tuple[list[float], list[float]]:
+    """Why the host saw an edge when it did, for every bubble a step started in: how late the
+    bubble started against the start its host's clock expected (ms; negative: early), where
+    the first step recorded a prediction; and whether the edge came inside the spin window the
+    host waited with (1.0) or not (0.0: the host slept until woken), where it spun.
+
+    Args: as ``signal_latency_ms``, and per step start ``step_expected_ns`` (NaN or 0 where
+    not recorded) and ``step_spin_ns`` (from, until; NaN or 0 where the host did not spin).
+
+        >>> spin_catches([1_000_000, 5_000_000], [3_000_000, 9_000_000],
+        ...              [1_100_000, 5_200_000], [900_000, 4_000_000],
+        ...              [(600_000, 1_500_000), (3_700_000, 4_500_000)])
+        ([0.1, 1.0], [1.0, 0.0])
+    """
+    expected = dict(zip((int(x) for x in step_start_ns), step_expected_ns, strict=True))
+    spins = dict(zip((int(x) for x in step_start_ns), step_spin_ns, strict=True))
+    _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
+    late: list[float] = []
+    caught: list[float] = []
+    for start, _, _, first in used:
+        t = expected.get(first, math.nan)
+        if math.isfinite(t) and t > 0:
+            late.append(float(start - t) / 1e6)
+        lo, hi = spins.get(first, (math.nan, math.nan))
+        if math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi:
+            caught.append(1.0 if lo <= start <= hi else 0.0)
+    return late, caught
 
 
 def pause_latency_ms(

@@ -31,6 +31,7 @@ from freeride_lab.core.intervals import (
     Interval,
     bootstrap_percentile_interval,
     bootstrap_percentile_ratio_interval,
+    mean_interval,
     quotient_interval,
     ratio_interval,
     sum_interval,
@@ -148,11 +149,19 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
     *_with_interval("announce_p50", "ms"),
     *_with_interval("announce_p99", "ms"),
     *_with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
+    # why edge → host takes what it does (``stats.spin_catches``): a bubble's start against the
+    # start its host expected (as latency), and the share of starts that came inside the
+    # host's spin window (mean of the blocks' shares, t-interval; GPU runs: hosts spin there
+    # only). NaN in results that did not record them
+    *_with_interval("late_p50", "ms"),
+    *_with_interval("late_p90", "ms"),
+    *_with_interval("spin_caught", "frac"),
 )
 
 
 #: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
-_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, "pause_ms", "wake_ms", "announce_ms")
+_LISTS_LATER: tuple[str, ...] = ("pause_ms", "wake_ms", "announce_ms", "late_ms", "spun")
+_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, *_LISTS_LATER)
 
 
 def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -160,7 +169,7 @@ def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
     idle split, no pauses or wake-ups (an empty tuple) where a block has no list of them."""
     blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
     lists = {}
-    for name in ("pause_ms", "wake_ms", "announce_ms"):
+    for name in _LISTS_LATER:
         given = blocks[name] if name in blocks.columns else [None] * len(blocks)
         lists[name] = [tuple(x) if isinstance(x, list | tuple) else () for x in given]
     return blocks.assign(**lists)
@@ -360,6 +369,8 @@ def pipeline_summary(
         pauses = [list(t) for t in later["pause_ms"] if t]
         wakes = [list(t) for t in later["wake_ms"] if t]
         announces = [list(t) for t in later["announce_ms"] if t]
+        lates = [list(t) for t in later["late_ms"] if t]
+        caught = [sum(t) / len(t) for t in later["spun"] if t]
         rows.append(
             {
                 "run": run,
@@ -394,6 +405,9 @@ def pipeline_summary(
                     "announce_p99", "ms", bootstrap_percentile_interval(announces, 99)
                 ),
                 **_interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
+                **_interval_columns("late_p50", "ms", bootstrap_percentile_interval(lates, 50)),
+                **_interval_columns("late_p90", "ms", bootstrap_percentile_interval(lates, 90)),
+                **_interval_columns("spin_caught", "frac", mean_interval(caught)),
             }
         )
     return pd.DataFrame(rows, columns=list(PIPELINE_COLUMNS))

@@ -180,9 +180,11 @@ class SideTaskStep(Event):
     # after an edge only, else 0; edge → seen → start_ns are the hops of its signal latency
     seen_ns: int = 0
     # on that first step too: when the host's clock expected the bubble to start (0: no
-    # prediction), and the end of the spin it waited with (0: it slept until woken); see
-    # core.edge_timing [Note: spin window]
+    # prediction), and the spin window it waited with (0, 0: it slept until woken): the edge
+    # came inside [spin_from_ns, spin_until_ns] if the spin caught it; see core.edge_timing
+    # [Note: spin window]
     expected_ns: int = 0
+    spin_from_ns: int = 0
     spin_until_ns: int = 0
 
 

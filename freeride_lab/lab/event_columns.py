@@ -53,6 +53,7 @@ SIDE_TASK_STEP_RAW: dict[str, str] = {
     "overrun_ns": "z",
     "seen_ns": "z",
     "expected_ns": "z",
+    "spin_from_ns": "z",
     "spin_until_ns": "z",
 }
 

@@ -82,6 +82,7 @@ _SIDE_TASK_STEP_SCHEMA: dict[str, str] = {
     "overrun_ms": "float64",
     "seen_ms": "float64",
     "expected_ms": "float64",
+    "spin_from_ms": "float64",
     "spin_until_ms": "float64",
 }
 ACTION_COLUMNS: tuple[str, ...] = tuple(_ACTION_SCHEMA)
@@ -158,9 +159,9 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
     duration_ms, progress (in ``unit``, this step only) (float64); unit (str); overrun_ms
     (float64, how far the step ran past its bubble); seen_ms (float64: when its host saw the
     bubble edge the step answered, on the first step after an edge; NaN on the others);
-    expected_ms, spin_until_ms (float64, on that first step too: when the host expected the
-    bubble to start, and the end of the spin it waited with; NaN where it had no prediction
-    or did not spin). Sorted by start_ms.
+    expected_ms, spin_from_ms, spin_until_ms (float64, on that first step too: when the host
+    expected the bubble to start, and the spin window it waited with; NaN where it had no
+    prediction or did not spin). Sorted by start_ms.
     """
     return _frame_of_events(events, "side_task_step", t0_ns)
 
@@ -168,7 +169,7 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
 def _side_task_steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     t0 = _span_ms(f, t0_ns)
     f["overrun_ms"] = f["overrun_ns"].fillna(0) / _NS
-    for name in ("seen", "expected", "spin_until"):  # 0 or absent: not on this step
+    for name in ("seen", "expected", "spin_from", "spin_until"):  # 0 or absent: not on this step
         t = f[f"{name}_ns"].fillna(0)
         f[f"{name}_ms"] = ((t - t0) / _NS).where(t > 0)
     return _typed(f.sort_values("start_ms", kind="stable"), _SIDE_TASK_STEP_SCHEMA)

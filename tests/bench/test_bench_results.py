@@ -194,7 +194,7 @@ def test_block_overruns_count_any_step_that_ended_after_its_bubble() -> None:
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, *[float("nan")] * 3]
+        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, *[float("nan")] * 4]
          for ms in (0.0, 1e-6, 3.0, float("nan"))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -309,7 +309,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
 
     side = pd.DataFrame(
         [
-            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 3]
+            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 4]
             for a, b in ((1.0, 4.0), (4.5, 8.0))
         ],
         columns=list(SIDE_TASK_STEP_COLUMNS),
@@ -375,7 +375,7 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 3]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 4]
          for start in (2.0, 12.0)],  # one step in the bubble [1, 8) ms, one 4 ms after its end
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -401,9 +401,12 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     nan = float("nan")
+    # the first bubble's host expected it at 0.9 ms and spun over [0.6, 1.5] ms; the second's
+    # expected it at 9.0 ms and spun over [8.7, 9.5] ms, before its edge
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen, nan, nan]
-         for start, seen in ((2.0, 1.25), (3.5, nan), (11.0, nan))],
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen, *why]
+         for start, seen, why in ((2.0, 1.25, (0.9, 0.6, 1.5)), (3.5, nan, (nan,) * 3),
+                                  (11.0, nan, (9.0, 8.7, 9.5)))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
     bubbles = pd.DataFrame(
@@ -421,6 +424,8 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
     assert row is not None and row["latency_ms"] == [1.0, 1.0]
     assert row["wake_ms"] == [pytest.approx(0.25)]  # of the first 1.0 ms; the rest the host's
     assert row["announce_ms"] == [pytest.approx(0.2), pytest.approx(0.5)]  # before the edges
+    assert row["late_ms"] == [pytest.approx(0.1), pytest.approx(1.0)]  # against the expected
+    assert row["spun"] == [1.0, 0.0]  # the first edge inside its spin, the second after it
 
 
 def test_announce_lag_counts_only_edges_inside_a_measured_gap() -> None:
@@ -447,6 +452,30 @@ def test_results_from_before_hosts_said_when_they_saw_edges_read_not_measured() 
     assert not pipeline.empty
     assert all(math.isnan(r["wake_p50_ms"]) for _, r in pipeline.iterrows())
     assert all(math.isnan(r["announce_p99_ms"]) for _, r in pipeline.iterrows())
+    for name in ("late_p90_ms", "spin_caught_frac"):
+        assert all(math.isnan(r[name]) for _, r in pipeline.iterrows())
+
+
+def test_the_pipeline_says_how_many_starts_came_inside_the_hosts_spin() -> None:
+    """Per mode: the share of bubble starts inside their host's spin window, the mean of the
+    blocks' shares (a block without spins counts for nothing), and how late starts came."""
+    import pandas as pd
+
+    from freeride_lab.bench import tables as bt
+
+    spins = ([1.0, 0.0], [1.0, 1.0], [], [1.0, 1.0, 1.0, 0.0], [1.0])
+    blocks = pd.DataFrame([
+        b for i, spun in enumerate(spins)
+        for b in (_block("m4", 2 * i, "vanilla"),
+                  _block("m4", 2 * i + 1, "managed", spun=list(spun),
+                         late_ms=[0.1 * (k + 1) for k in range(len(spun))]))
+    ])  # fmt: skip
+    summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    pipeline = bt.pipeline_summary(summary, blocks, stages=4, reference_keys={})
+    managed = pipeline[pipeline["mode"] == "managed"].iloc[0]
+    assert managed["spin_caught_frac"] == pytest.approx((0.5 + 1.0 + 0.75 + 1.0) / 4)
+    assert managed["spin_caught_lo_frac"] < managed["spin_caught_frac"]
+    assert 0.1 <= managed["late_p50_ms"] <= managed["late_p90_ms"] <= 0.4
 
 
 def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None:
@@ -455,7 +484,7 @@ def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 3]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 4]
          for start in (2.0, 15.0)],  # one step in [1, 8), one in the bubble opened at 14 ms
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip

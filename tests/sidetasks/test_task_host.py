@@ -244,7 +244,7 @@ def test_a_spinning_host_tells_when_it_expected_the_bubble_and_how_long_it_spun(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
 ) -> None:
     """A host that spins for bubble starts (GPU runs) waits across its clock's spin window;
-    the bubble's first step records the start the clock expected and the window's end, the
+    the bubble's first step records the start the clock expected and the window, the
     data that says how many starts a spin catches. Later steps carry 0."""
     from tasks_for_tests import Counting
 
@@ -272,9 +272,13 @@ def test_a_spinning_host_tells_when_it_expected_the_bubble_and_how_long_it_spun(
     sink.close()
     steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
     assert len(steps) >= 2
-    assert (steps[0].expected_ns, steps[0].spin_until_ns) == (expected, window[1])
+    assert (steps[0].expected_ns, steps[0].spin_from_ns, steps[0].spin_until_ns) == (
+        expected,
+        *window,
+    )
     assert steps[0].seen_ns >= edge.start_ns
-    assert all((s.seen_ns, s.expected_ns, s.spin_until_ns) == (0, 0, 0) for s in steps[1:])
+    assert all((s.seen_ns, s.expected_ns, s.spin_from_ns, s.spin_until_ns) == (0, 0, 0, 0)
+               for s in steps[1:])  # fmt: skip
 
 
 @pytest.mark.usefixtures("edges")

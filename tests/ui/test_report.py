@@ -59,6 +59,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
                     0.5 if step == 1 else 0.0,
                     float("nan"),  # seen_ms
                     float("nan"),  # expected_ms
+                    float("nan"),  # spin_from_ms
                     float("nan"),  # spin_until_ms
                 )
             )

@@ -60,6 +60,7 @@ def fake_tables(
                                 1.5 if step == steps - 1 else 0.0,
                                 float("nan"),  # seen_ms
                                 float("nan"),  # expected_ms
+                                float("nan"),  # spin_from_ms
                                 float("nan"),  # spin_until_ms
                             )
                         )

@@ -200,10 +200,12 @@ class StepAccounting(Checkpointing):
                 overrun_ns=overrun_ns,
                 seen_ns=self._seen_ns,
                 expected_ns=self._expected_ns,
+                spin_from_ns=self._spin_from_ns,
                 spin_until_ns=self._spin_until_ns,
             )
         )
-        self._seen_ns = self._expected_ns = self._spin_until_ns = 0  # the first step's only
+        # the first step's only
+        self._seen_ns = self._expected_ns = self._spin_from_ns = self._spin_until_ns = 0
 
     def _apply_overrun_policy(self) -> None:
         stats = OverrunStats.of(self._window, budget_ns=self._budget_ns())

@@ -99,7 +99,8 @@ class HostBase:
         self._bubble: Edge | None = None
         self._seen_ns = 0  # when the newest bubble-start edge was seen; 0 once a step reported it
         self._expected_ns = 0  # when the host's clock expected that start; 0: no prediction
-        self._spin_until_ns = 0  # the end of the spin the host waited for it with; 0: no spin
+        # the spin the host waited for it with (from, until); 0, 0: it slept until woken
+        self._spin_from_ns = self._spin_until_ns = 0
         # a state change applied but not yet announced: (event, state, reason, t_ns); see
         # [Note: launch, then tell]
         self._held: tuple[str, str, str, int] | None = None

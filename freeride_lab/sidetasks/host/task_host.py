@@ -176,7 +176,7 @@ class TaskHost(IterativeSteps):
         if self._spin_lead_s > 0:
             lead_ns = round(self._spin_lead_s * 1e9)
             window = self._clock.spin_window(lead_ns, round(_SPIN_MOST_S * 1e9))
-        self._seen_ns = self._expected_ns = self._spin_until_ns = 0
+        self._seen_ns = self._expected_ns = self._spin_from_ns = self._spin_until_ns = 0
         if window is None:
             edge, seen_ns = self._wait(limit_s)
         else:
@@ -196,7 +196,7 @@ class TaskHost(IterativeSteps):
             # the first step after it reports them (the signal latency's hops)
             self._seen_ns = seen_ns
             self._expected_ns = expected_ns or 0
-            self._spin_until_ns = window[1] if window is not None else 0
+            self._spin_from_ns, self._spin_until_ns = window if window is not None else (0, 0)
         elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
             self._clock.bubble_ended(slot=edge.slot, end_ns=edge.observed_end_ns)
         return edge
