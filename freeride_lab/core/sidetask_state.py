@@ -31,6 +31,7 @@ STOP and FAIL from SUBMITTED run no hook: ``setup()`` has not completed, so ther
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -38,6 +39,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 __all__ = [
+    "HISTORY_LIMIT",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "HistoryEntry",
@@ -164,9 +166,15 @@ class HistoryEntry:
     reason: str = ""
 
 
+#: Events a machine remembers: a task host applies two per bubble it uses (START, PAUSE), for
+#: as long as training runs, so an unbounded history would grow by millions a day.
+HISTORY_LIMIT = 1024
+
+
 @dataclass(slots=True)
 class SideTaskMachine:
-    """A task's current state plus every event offered to it. No clock: callers pass ``t_ns``.
+    """A task's current state plus the latest ``HISTORY_LIMIT`` events offered to it, oldest
+    first. No clock: callers pass ``t_ns``.
 
     >>> m = SideTaskMachine()
     >>> m.apply(SideTaskEvent.CREATE, t_ns=1).new_state
@@ -178,7 +186,7 @@ class SideTaskMachine:
     """
 
     state: SideTaskState = SideTaskState.SUBMITTED
-    history: list[HistoryEntry] = field(default_factory=list)
+    history: deque[HistoryEntry] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))
 
     def apply(self, event: SideTaskEvent, *, t_ns: int) -> Transition | Rejected:
         """Offer ``event``; move if it applies, record it either way, return the outcome."""
@@ -199,7 +207,7 @@ class SideTaskMachine:
 
     @property
     def rejected(self) -> list[HistoryEntry]:
-        """The events that were refused, oldest first."""
+        """The events in ``history`` that were refused, oldest first."""
         return [h for h in self.history if not h.accepted]
 
 

@@ -159,3 +159,21 @@ def test_stale_pause_is_dropped_and_does_not_pause_the_next_run() -> None:
 def test_enum_members_print_as_their_values() -> None:
     assert str(S.PAUSED) == "PAUSED" and f"{E.PREEMPT}" == "PREEMPT"
     assert S.RUNNING == "RUNNING"
+
+
+def test_a_machine_that_runs_for_days_keeps_only_its_latest_events() -> None:
+    """Two events per bubble for as long as training runs: the history keeps the newest
+    ``HISTORY_LIMIT``, oldest first, and the state is still the last one applied."""
+    from freeride_lab.core.sidetask_state import HISTORY_LIMIT
+
+    m = SideTaskMachine()
+    m.apply(E.CREATE, t_ns=0)
+    m.apply(E.INIT, t_ns=1)
+    t = 2
+    for _ in range(3 * HISTORY_LIMIT):
+        m.apply(E.START, t_ns=t)
+        m.apply(E.PAUSE, t_ns=t + 1)
+        t += 2
+    assert m.state is S.PAUSED
+    assert len(m.history) == HISTORY_LIMIT
+    assert [h.t_ns for h in m.history] == list(range(t - HISTORY_LIMIT, t))
