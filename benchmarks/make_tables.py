@@ -118,6 +118,13 @@ EDGE_LATENCY_CPU = tuple(
     for n in (1, 2)
     for arm, label in (("before", "before (2c131c0)"), ("after", "after (69374cd)"))
 )
+#: The task host's own path, edge → step() (bench_host_path.py), the package tree before the
+#: host's path was trimmed (2c131c0) and after (706c8d3), alternating, one CPU shell session.
+HOST_PATH_CPU = tuple(
+    (f"host-path-cpu-2026-12-05-{arm}-{n}.json", label)
+    for n in (1, 2)
+    for arm, label in (("before", "before (2c131c0)"), ("after", "after (706c8d3)"))
+)
 STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
      "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
@@ -867,6 +874,26 @@ def edge_latency_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def host_path_cpu() -> list[str]:
+    """Per tree: the host's own path from a bubble's start edge to its step() call, and to the
+    start its step records (``HOST_PATH_CPU``; means of block percentiles, t-intervals)."""
+
+    def iv(x: Mapping[str, float]) -> str:
+        return fmt_interval(x["value"], x["lo"], x["hi"], 1, pct=False)
+
+    rows = []
+    for name, tree in HOST_PATH_CPU:
+        data = raw(name)
+        call, start = data["edge_to_call_us"], data["edge_to_recorded_start_us"]
+        rows.append([tree, data["date"][11:16], f"{call['blocks']} × {call['per_block']}",
+                     *(iv(x[q]) for x in (call, start) for q in ("p50", "p90"))])  # fmt: skip
+    return md_table(
+        ["tree (CPU)", "UTC", "blocks × bubbles", "edge → step() called p50 µs", "p90 µs",
+         "edge → the step's recorded start p50 µs", "p90 µs"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1288,6 +1315,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "step-sizes-cpu": step_sizes_cpu,
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
+    "host-path-cpu": host_path_cpu,
 }
 
 

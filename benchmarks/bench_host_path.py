@@ -1,0 +1,179 @@
+"""The task host's own path: a bubble's start edge → its first ``step()`` call, nothing else.
+
+Edge → step, the signal latency, has two hops: the edge reaching the task's host (a wake-up or
+a spin, ``bench_edge_latency.py``) and the host's own path from seeing the edge to calling
+``step()``: reading the edge, deciding the bubble is worth a step, the state machine's START,
+the step's size and group, the watchdog's mark. This benchmark times that second hop alone, in
+one process: a real ``TaskHost`` (its edge reader, event sink and beacon), as a managed task's
+after its profile, drives a task with step sizes 1, 2 and 4 whose steps cost nothing. Each
+bubble's start edge is published just before the host looks, so no wake-up is paid; the task's
+step publishes the bubble's end (stamped a millisecond later, so the step does not overrun), so
+every bubble gets one step.
+
+Per bubble: the edge's stamp → ``step()`` called (what the host adds to the signal latency),
+and the edge's stamp → the step's recorded start (what the bench's signal latency ends at).
+The bubbles make ``--blocks`` consecutive blocks (≥ 5): the mean over blocks of each figure's
+p50 and p90 with its 95% t-interval (``core.intervals.mean_interval``).
+
+    python benchmarks/bench_host_path.py --bubbles 4000 --blocks 8 --out host-path.json
+
+Run it with ``PYTHONPATH`` naming another tree of the package to time that tree's host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_output import command_line, cpu_model, write_results
+
+from freeride_lab.core.budget import Profile
+from freeride_lab.core.intervals import mean_interval
+from freeride_lab.core.sidetask_state import SideTaskEvent
+from freeride_lab.io.sink import EventSink
+from freeride_lab.sidetasks.api import IterativeSideTask
+from freeride_lab.sidetasks.edges import EdgeWriter, edge_path
+from freeride_lab.sidetasks.heartbeat import TaskBeacon
+from freeride_lab.sidetasks.host.task_host import TaskHost
+from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
+
+STEP_S = 0.004  # the profile's median step: FreeRide's guard, 10 ms x 1.2, as managed
+PREDICTED_NS = 200_000_000  # each bubble is predicted long enough for any step
+END_AFTER_NS = 1_000_000  # a bubble's end edge is stamped this long after it is published
+
+
+class Instant(IterativeSideTask):
+    """A task with step sizes 1, 2 and 4 whose step costs nothing but ending its bubble."""
+
+    unit = "steps"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+        self.end_bubble = lambda: None
+
+    @property
+    def step_sizes(self) -> tuple[int, ...]:
+        return (1, 2, 4)
+
+    def step(self, size: int = 1) -> float:
+        self.calls.append(time.time_ns())
+        self.end_bubble()
+        return float(size)
+
+
+def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
+    """Drive ``bubbles`` bubbles through one in-process host; per-block statistics in µs."""
+    if blocks < 5:
+        raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
+    writer = EdgeWriter.create(edge_path(workdir, 0))
+    spec = TaskSpec.from_dict({"task": "bench_host_path:Instant", "task_id": "t1"})
+    beacon = TaskBeacon.create()
+    sink = EventSink(workdir / "task.jsonl")
+    host = TaskHost(HostSpec(task=spec, run_dir=str(workdir), rank=0, stage=0), conn=None,
+                    sink=sink, beacon=TaskBeacon.attach(beacon.fd))  # fmt: skip
+    task = Instant()
+    host.task = task
+    for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
+        host._apply(event)
+    if not host._open_reader():
+        raise RuntimeError("the host could not open its edge file")
+    # a managed task after its profile: the guard from the profile, every size timed
+    host.profile = Profile(median_step_s=STEP_S, p95_step_s=STEP_S, peak_memory_bytes=0,
+                           n_steps=5)  # fmt: skip
+    for size in (1, 2, 4):
+        for _ in range(3):
+            host._note_size_time(size, 1, round(STEP_S * 1e9 * size / 4))
+    call_us, start_us = [], []
+    warm_up = max(20, bubbles // 20)
+    for i in range(warm_up + bubbles):
+        # the end is published during the step, stamped after it: the host steps once, and
+        # the step does not overrun (no overrun policy at work after it)
+        task.end_bubble = lambda i=i: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
+        t_ns = time.time_ns()
+        writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
+        n = len(task.calls)
+        edge = host._wait_for_edge(0.1)
+        if edge is None or not edge.in_bubble:
+            raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
+        host._run_bubble(edge)
+        if len(task.calls) != n + 1:
+            raise RuntimeError(f"bubble {i}: {len(task.calls) - n} steps, expected 1")
+        if i >= warm_up:
+            call_us.append((task.calls[n] - t_ns) / 1e3)
+            start_us.append(t_ns)
+    sink.close()
+    starts = _step_starts(workdir / "task.jsonl")[-bubbles:]
+    start_us = [(s - t) / 1e3 for s, t in zip(starts, start_us, strict=True)]
+    writer.close()
+    beacon.close()
+    return {
+        "bubbles": bubbles,
+        "warm_up_bubbles": warm_up,
+        "edge_to_call_us": _blocks(call_us, blocks),
+        "edge_to_recorded_start_us": _blocks(start_us, blocks),
+    }
+
+
+def _step_starts(path: Path) -> list[int]:
+    """The recorded start of every step in a task's event file, in order."""
+    import json
+
+    return [
+        int(event["start_ns"])
+        for event in (json.loads(line) for line in path.read_text().splitlines() if line)
+        if event.get("kind") == "side_task_step"
+    ]
+
+
+def _blocks(values_us: list[float], blocks: int) -> dict[str, Any]:
+    parts = [np.asarray(b) for b in np.array_split(np.asarray(values_us), blocks)]
+    out: dict[str, Any] = {"blocks": len(parts), "per_block": len(parts[0])}
+    for q in (50, 90):
+        iv = mean_interval([float(np.percentile(b, q)) for b in parts])
+        out[f"p{q}"] = {"value": round(iv.value, 2), "lo": round(iv.lo, 2), "hi": round(iv.hi, 2)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bubbles", type=int, default=4000, help="bubbles measured")
+    ap.add_argument("--blocks", type=int, default=8, help="blocks (>= 5) for the intervals")
+    ap.add_argument("--out", type=Path, required=True, help="results JSON")
+    ap.add_argument("--note", default="", help="what to say about the machine or the tree")
+    args = ap.parse_args()
+    sys.modules.setdefault("bench_host_path", sys.modules[__name__])  # the spec's reference
+    with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
+        figures = measure(args.bubbles, args.blocks, Path(tmp))
+    result = {
+        "benchmark": "host_path",
+        "command": command_line(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+            "python": platform.python_version(),
+        },
+        "note": args.note,
+        **figures,
+    }
+    for name in ("edge_to_call_us", "edge_to_recorded_start_us"):
+        b = result[name]
+        print(f"{name}: {b['blocks']} blocks of {b['per_block']}: p50 {b['p50']['value']:.1f} "
+              f"[{b['p50']['lo']:.1f}, {b['p50']['hi']:.1f}] us, p90 {b['p90']['value']:.1f} "
+              f"[{b['p90']['lo']:.1f}, {b['p90']['hi']:.1f}] us")  # fmt: skip
+    write_results(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
