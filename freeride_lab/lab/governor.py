@@ -4,8 +4,11 @@
     session.governor_log                        # one row per decision (also after a restart)
     session.disable_governor()
 
-Each tick the loop reads the training steps that every rank has finished (one step behind the
-newest, so the side-task steps of a step have arrived), turns each into a
+Each tick the loop folds in the run's events that arrived since the last one (never the whole
+run again: a tick costs what arrived, not what the run has done), keeping per training step
+its window across ranks and the side tasks that stepped in it until the step is observed.
+It observes the steps that every rank has finished (one step behind the newest, so the
+side-task steps of a step have arrived), turns each into a
 ``StepObservation`` (the step's window across ranks; the side tasks that stepped in its
 bubbles; on CUDA, from ``gpu.nvml``, the power and power cap of the GPU nearest its cap and
 the lowest SM clock) and applies the
@@ -26,7 +29,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +108,7 @@ class GovernorLoop:
         self,
         manager: SideTaskManager,
         *,
-        steps: Callable[[], pd.DataFrame],
-        side_task_steps: Callable[[], pd.DataFrame],
+        events: Callable[[int], Sequence[Mapping[str, Any]]],
         live: Callable[[], bool],
         governor: OverheadGovernor,
         ranks: int,
@@ -130,11 +132,14 @@ class GovernorLoop:
         self.interval_s = interval_s
         self.task_ids = None if task_ids is None else frozenset(task_ids)
         self._base_budget_s = manager.base_budget_s if base_budget_s is None else base_budget_s
-        self._steps = steps
-        self._side_task_steps = side_task_steps
+        self._events = events
         self._live = live
         self._governed: set[str] = set()
         self._last_step = -1
+        self._cursor = 0  # events folded so far
+        # per step not yet observed: [earliest start, latest end (ns), the ranks that ended it]
+        self._windows: dict[int, list[Any]] = {}
+        self._active: dict[int, set[str]] = {}  # per step not yet observed: the tasks in it
         self._thread = BackgroundThread(self._run, name="freeride-governor")
         self.errors = 0
 
@@ -161,6 +166,7 @@ class GovernorLoop:
     def skip_to(self, step: int) -> None:
         """Observe no step before ``step`` (steps run under other conditions)."""
         self._last_step = max(self._last_step, step - 1)
+        self._forget_observed()
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.wait(self.interval_s):
@@ -175,30 +181,21 @@ class GovernorLoop:
 
     def tick(self) -> list[dict[str, Any]]:
         """One pass: observe the newly complete steps and apply decisions; the log records."""
-        steps = self._steps()
-        if steps.empty:
-            return []
-        counts = steps.groupby("step")["rank"].nunique()
-        complete = sorted(int(s) for s, n in counts.items() if n >= self.ranks)
-        if len(complete) < 2:
-            return []
-        ready = [s for s in complete[:-1] if s > self._last_step]  # one step behind
+        self._fold()
+        complete = sorted(s for s, w in self._windows.items() if len(w[2]) >= self.ranks)
+        ready = complete[:-1]  # one step behind the newest; every step here is unobserved
         if not ready:
             return []
         self._sync_tasks()
-        side = self._side_task_steps()
-        active_by_step: dict[int, set[str]] = {}
-        for step, task_id in zip(side["step"], side["task_id"], strict=True):
-            active_by_step.setdefault(int(step), set()).add(str(task_id))
         power_w, cap_w, clock_mhz = self._gpu_reading()
-        times = step_times_s(steps)
         records: list[dict[str, Any]] = []
         for step in ready:
             self._last_step = step
-            step_s = times.get(step, math.nan)
+            start_ns, end_ns, _ = self._windows[step]
+            step_s = (end_ns - start_ns) / 1e9
             if not step_s > 0:
                 continue
-            active = tuple(sorted(active_by_step.get(step, set()) & self._governed))
+            active = tuple(sorted(self._active.get(step, set()) & self._governed))
             obs = StepObservation(
                 step_s=step_s,
                 baseline_step_s=self.baseline_step_s,
@@ -210,7 +207,41 @@ class GovernorLoop:
             overhead = self.governor.overhead_ewma_frac
             for decision in self.governor.observe(obs):
                 records.append(self._apply(step, decision, overhead))
+        self._forget_observed()
         return records
+
+    def _fold(self) -> None:
+        """Take in the events that arrived since the last fold: each rank's step window and
+        the side-task steps, for the steps not yet observed. A malformed event is left out."""
+        new = self._events(self._cursor)
+        self._cursor += len(new)
+        for e in new:
+            kind = e.get("kind")
+            if kind not in ("step", "side_task_step"):
+                continue
+            try:
+                step = int(e["step"])
+                if step <= self._last_step:
+                    continue
+                if kind == "side_task_step":
+                    self._active.setdefault(step, set()).add(str(e["task_id"]))
+                    continue
+                rank, start_ns, end_ns = int(e["rank"]), int(e["start_ns"]), int(e["end_ns"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            window = self._windows.get(step)
+            if window is None:
+                self._windows[step] = [start_ns, end_ns, {rank}]
+            else:
+                window[0], window[1] = min(window[0], start_ns), max(window[1], end_ns)
+                window[2].add(rank)
+
+    def _forget_observed(self) -> None:
+        """Drop what is kept of the steps observed (or skipped) already."""
+        last = self._last_step
+        for kept in (self._windows, self._active):
+            for step in [s for s in kept if s <= last]:
+                del kept[step]
 
     def _sync_tasks(self) -> None:
         """Govern exactly the live tasks."""

@@ -335,8 +335,7 @@ class SideTaskControls:
         nproc = len(self._side_tasks().ranks)
         return GovernorLoop(
             self._side_tasks(),
-            steps=lambda: self.steps,
-            side_task_steps=lambda: self.side_task_steps,
+            events=self._events_since,
             live=self._is_live,
             governor=governor,
             ranks=nproc,

@@ -494,17 +494,31 @@ def test_ledger_takes_throughput_over_training_wall_time() -> None:
 # -- governor --------------------------------------------------------------------------------
 
 
+def _events_of(steps: pd.DataFrame, side: pd.DataFrame) -> list[dict[str, Any]]:
+    """The ``step`` and ``side_task_step`` events the rows of ``steps`` and ``side`` stand for,
+    step by step."""
+    events: list[dict[str, Any]] = []
+    for step, rows in steps.groupby("step"):
+        events += [{"kind": "step", "rank": int(r["rank"]), "step": int(step),
+                    "start_ns": round(r["start_ms"] * 1e6), "end_ns": round(r["end_ms"] * 1e6)}
+                   for _, r in rows.iterrows()]  # fmt: skip
+        events += [{"kind": "side_task_step", "step": int(step), "task_id": str(t)}
+                   for t in side.loc[side["step"] == step, "task_id"]]  # fmt: skip
+    return events
+
+
 def _governor_loop(
     run: Run, steps: pd.DataFrame, side: pd.DataFrame, **options: Any
 ) -> GovernorLoop:
-    """A live loop over fixed ``steps`` and ``side`` tables of a 4-rank run, whose governor
-    targets 1% overhead, decides on windows of 2 steps and leaves the SM share alone;
-    ``options`` add to the loop's (``log_path`` is the run's governor.jsonl unless given)."""
+    """A live loop over the events of fixed ``steps`` and ``side`` tables of a 4-rank run,
+    whose governor targets 1% overhead, decides on windows of 2 steps and leaves the SM share
+    alone; ``options`` add to the loop's (``log_path`` is the run's governor.jsonl unless
+    given)."""
     options.setdefault("log_path", run.run_dir.path / "governor.jsonl")
+    events = _events_of(steps, side)
     return GovernorLoop(
         run.manager,
-        steps=lambda: steps,
-        side_task_steps=lambda: side,
+        events=lambda start: events[start:],
         live=lambda: True,
         governor=OverheadGovernor(
             target_frac=0.01, window=2, settle_steps=0, sm_min_pct=100, sm_max_pct=100
@@ -538,6 +552,36 @@ def test_governor_scales_the_budget_when_training_slows_and_logs_it(run: Run) ->
     assert tuple(frame.columns) == GOVERNOR_LOG_COLUMNS
     assert frame["task_id"].tolist() == [tid] * len(records)
     assert math.isclose(frame["budget_ms"].iloc[0], 25.0)
+
+
+def test_a_governor_loop_reads_only_new_events_and_keeps_only_unobserved_steps(run: Run) -> None:
+    """A run that goes on for hours: each tick folds the events that arrived since the last
+    (it never asks for the run from the start again) and forgets each step once observed, so
+    neither a tick's cost nor the loop's memory grows with the run. Malformed events are left
+    out."""
+    tid = run.manager.attach(COUNTING, stage=1, budget_ms=20)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    events = _events_of(_steps([1.0] * 400, ranks=4), _side_steps(list(range(400))).assign(
+        task_id=tid))  # fmt: skip
+    events.insert(17, {"kind": "step", "rank": 0, "step": "seven"})
+    events.insert(40, {"kind": "side_task_step"})
+    arrived: list[dict[str, Any]] = []
+    asked: list[int] = []
+
+    def since(start: int) -> list[dict[str, Any]]:
+        asked.append(start)
+        return arrived[start:]
+
+    loop = _governor_loop(run, _steps([1.0], ranks=4), _side_steps([0]), baseline_step_s=0.8)
+    loop._events = since
+    kept = []
+    for chunk in range(0, len(events), 100):
+        arrived += events[chunk : chunk + 100]
+        loop.tick()
+        kept.append(len(loop._windows) + len(loop._active))
+    assert asked == list(range(0, len(events), 100))  # each tick from where the last ended
+    assert loop._last_step == 398  # every step but the newest observed
+    assert max(kept) <= 4  # the newest step and one in progress, never the run's
 
 
 def test_the_governor_backs_off_when_one_of_the_runs_gpus_nears_its_power_cap(
