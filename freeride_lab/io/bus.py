@@ -55,7 +55,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BusAddress", "BusBatch", "BusPublisher", "BusServer"]
+__all__ = ["QUEUED_BATCHES", "BusAddress", "BusBatch", "BusPublisher", "BusServer"]
 
 BusAddress = tuple[str, int]
 WIRE_VERSION = 1
@@ -132,6 +132,10 @@ def _shutdown(conn: Connection) -> None:
         sock.close()
 
 
+#: Batches a ``BusServer`` without ``on_batch`` keeps for its reader.
+QUEUED_BATCHES = 10_000
+
+
 class BusServer:
     """Receives batches from many publishers; delivers them to ``on_batch`` or ``self.batches``.
 
@@ -139,7 +143,8 @@ class BusServer:
         secret: the run's secret; peers must prove they hold it (HMAC challenge both ways).
         host, port: where to listen; port 0 picks a free one (see ``address``).
         on_batch: called from a connection thread for every batch; None queues them in
-            ``batches`` instead. It must be quick and must not raise.
+            ``batches`` instead (the newest ``QUEUED_BATCHES``; older ones are dropped and
+            counted in ``dropped``). It must be quick and must not raise.
         handshake_timeout_s: a peer that has not authenticated by then is disconnected.
     """
 
@@ -159,7 +164,8 @@ class BusServer:
         self._port = port
         self._on_batch = on_batch
         self._handshake_timeout_s = handshake_timeout_s
-        self.batches: collections.deque[BusBatch] = collections.deque()
+        self.batches: collections.deque[BusBatch] = collections.deque(maxlen=QUEUED_BATCHES)
+        self.dropped = 0  # queued batches pushed out unread (no on_batch, nobody reading)
         self.refused = 0  # peers that failed the handshake
         self.received = 0  # batches delivered
         self._listener: Listener | None = None
@@ -282,6 +288,8 @@ class BusServer:
                 continue
             self.received += 1
             if self._on_batch is None:
+                if len(self.batches) == QUEUED_BATCHES:
+                    self.dropped += 1
                 self.batches.append(batch)
                 continue
             try:

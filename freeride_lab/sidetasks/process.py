@@ -148,7 +148,9 @@ class TaskProcess:
         self.continued_ns = 0  # monotonic time of our last SIGCONT (the watchdog counts from it)
         self.beacon: TaskBeacon | None = None  # the host's marks (sidetasks.heartbeat)
         self.log: TaskLog | None = None
-        self._acks: collections.deque[dict[str, Any]] = collections.deque()
+        # acks not yet taken by a request; those of plain sends (activate, preempt) pile up
+        # until the next request clears them, so only the latest are kept
+        self._acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
 
     @property
     def task_id(self) -> str:

@@ -26,6 +26,7 @@ its tasks (see ``worker_exit`` [Note: worker death] for deaths it cannot report 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -71,6 +72,7 @@ _TICK_S = 0.2  # main-loop wake-up without any message (reaping, parent check)
 _REPLY_FLUSH_S = 2.0  # at exit, how long the acks already given may take to be sent
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLimits))
 _COMMANDS = "attach, tune, detach, resume, status, stop"
+_ENDED_KEPT = 100  # tasks that left the worker, the latest, that status replies list
 
 
 class Worker:
@@ -107,7 +109,8 @@ class Worker:
         self.mps_active = mps_active
         self.exit_on_close = exit_on_close
         self._tasks: dict[str, TaskProcess] = {}  # FIFO order = insertion order
-        self._ended: list[dict[str, Any]] = []
+        # the latest tasks that left this worker, for status replies
+        self._ended: collections.deque[dict[str, Any]] = collections.deque(maxlen=_ENDED_KEPT)
         self._active: TaskProcess | None = None
         self._preempting = ""  # the active task asked to make way (core.task_queue)
         self._commands: queue.Queue[tuple[dict[str, Any], Reply]] = queue.Queue()

@@ -65,6 +65,27 @@ def test_authenticated_publisher_batches_arrive_in_order(server: BusServer) -> N
     assert [e["i"] for e in second.events()] == [1]
 
 
+def test_a_server_nobody_reads_keeps_only_the_newest_batches_and_counts_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from freeride_lab.io import bus
+
+    monkeypatch.setattr(bus, "QUEUED_BATCHES", 3)
+    srv = BusServer(SECRET).start()
+    try:
+        pub = BusPublisher(srv.address, SECRET, source="rank-0.jsonl")
+        offset = 0
+        for i in range(5):
+            assert pub.publish(offset, line(i))
+            offset += len(line(i))
+        wait_until(lambda: srv.received == 5, timeout_s=10, what="five batches")
+        pub.close()
+        assert [b.events()[0]["i"] for b in srv.batches] == [2, 3, 4]
+        assert srv.dropped == 2
+    finally:
+        srv.stop()
+
+
 def test_silent_peer_does_not_hold_up_other_publishers(server: BusServer) -> None:
     with socket.create_connection(server.address):  # connects, never answers the challenge
         pub = BusPublisher(server.address, SECRET, source="rank-0.jsonl")

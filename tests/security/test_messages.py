@@ -180,6 +180,19 @@ def send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(struct.pack("!i", len(payload)) + payload)
 
 
+def test_a_task_that_floods_acks_leaves_its_worker_only_the_latest(
+    channel: tuple[TaskProcess, socket.socket],
+) -> None:
+    """Acks nobody asked for (a task's code writing to its channel, or the acks of plain
+    sends) are kept only up to a bound: the worker's memory does not follow the flood."""
+    handle, theirs = channel
+    for i in range(1_000):
+        send_frame(theirs, b'{"type": "ack", "cmd": "activate", "ok": true, "message": "%d"}' % i)
+        assert handle.receive() is not None
+    assert 0 < len(handle._acks) <= 64
+    assert handle._acks[-1]["message"] == "999"
+
+
 @pytest.mark.parametrize(
     "raw",
     [
