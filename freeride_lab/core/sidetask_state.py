@@ -126,6 +126,12 @@ class Rejected:
     reason: str
 
 
+# One Transition per entry, made once: a task host looks one up twice per bubble it uses.
+_ACCEPTED: Mapping[tuple[SideTaskState, SideTaskEvent], Transition] = MappingProxyType(
+    {key: Transition(new_state=new, hooks=hooks) for key, (new, hooks) in TRANSITIONS.items()}
+)
+
+
 def is_terminal(state: SideTaskState) -> bool:
     """True for FINISHED, STOPPED and FAILED, which accept no event."""
     return SideTaskState(state) in TERMINAL_STATES
@@ -145,9 +151,9 @@ def transition(state: SideTaskState, event: SideTaskEvent) -> Transition | Rejec
     """
     state = _coerce(SideTaskState, state)
     event = _coerce(SideTaskEvent, event)
-    entry = TRANSITIONS.get((state, event))
-    if entry is not None:
-        return Transition(new_state=entry[0], hooks=entry[1])
+    accepted = _ACCEPTED.get((state, event))
+    if accepted is not None:
+        return accepted
     if state in TERMINAL_STATES:
         return Rejected(f"{event} does not apply to {state}: already terminal, accepts nothing")
     valid = ", ".join(str(e) for e in accepted_events(state))
@@ -212,6 +218,8 @@ class SideTaskMachine:
 
 
 def _coerce(enum: type[_EnumT], value: object) -> _EnumT:
+    if type(value) is enum:  # a member already (the usual case): no lookup
+        return value
     try:
         return enum(value)
     except ValueError:
