@@ -113,6 +113,7 @@ def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
     sink.close()
     starts = _step_starts(workdir / "task.jsonl")[-bubbles:]
     start_us = [(s - t) / 1e3 for s, t in zip(starts, start_us, strict=True)]
+    host.reader.close()
     writer.close()
     beacon.close()
     return {

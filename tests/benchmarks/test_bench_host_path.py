@@ -1,0 +1,36 @@
+"""The host-path benchmark: a real task host in one process, one step per bubble."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bench_scripts import load_script
+
+
+def test_each_bubble_gets_one_step_and_its_start_is_stamped_before_the_call(
+    tmp_path: Path,
+) -> None:
+    bench = load_script("bench_host_path")
+    figures = bench.measure(200, 5, tmp_path)
+    assert figures["bubbles"] == 200
+    call, start = figures["edge_to_call_us"], figures["edge_to_recorded_start_us"]
+    assert (call["blocks"], call["per_block"]) == (5, 40)
+    for q in ("p50", "p90"):
+        assert 0 < start[q]["value"] <= call[q]["value"]  # the start comes right before the call
+        assert call[q]["lo"] <= call[q]["value"] <= call[q]["hi"]
+
+
+def test_an_interval_needs_five_blocks(tmp_path: Path) -> None:
+    bench = load_script("bench_host_path")
+    with pytest.raises(SystemExit, match="at least 5 blocks"):
+        bench.measure(100, 4, tmp_path)
+
+
+def test_edge_latency_blocks_give_each_figure_an_interval() -> None:
+    bench = load_script("bench_edge_latency")
+    starts = [10.0] * 50 + [30.0] * 50 + [100.0] * 100  # the first tenth is left out by callers
+    out = bench._block_means(starts, 5)
+    assert (out["blocks"], out["starts_per_block"]) == (5, 40)
+    assert out["no_wake_frac"]["value"] == pytest.approx((1 + 0.25) / 5)
+    assert out["p50_us"]["lo"] <= out["p50_us"]["value"] <= out["p50_us"]["hi"]
