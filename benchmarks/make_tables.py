@@ -959,12 +959,14 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
         for r in result(name)["summary"]
         if r["case"] == "mix" and r["mode"] in ("managed", "governed")
     ]
-    split = any(recorded(r.get("idle_unused_short_frac")) for _, r in picked)
+    # the columns of the unused bubbles' split that some row records (each came in its own
+    # result version)
+    why = [(c, h) for c, h in UNUSED_WHY if any(recorded(r.get(c)) for _, r in picked)]
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
                                       "idle_tail_frac", "idle_unused_frac")),
-         *((fmt_pct(r.get(c, float("nan")), 1) for c, _ in UNUSED_WHY) if split else ()),
+         *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in why),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
@@ -973,7 +975,7 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     return md_table(
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
          "after the last step", "unused bubbles",
-         *((header for _, header in UNUSED_WHY) if split else ()),
+         *(header for _, header in why),
          "throughput in bubbles", "harvest of measured idle [95%]", "overhead [95%]"],
         _first_of_run(rows),
     )  # fmt: skip

@@ -336,6 +336,7 @@ UNUSED_WHY: tuple[tuple[str, str], ...] = (
     ("idle_unused_fit_frac", "of which the shortest step fitted"),
     ("idle_unused_silent_frac", "of those never announced"),
     ("idle_unused_short_frac", "announced, predicted too short for it"),
+    ("idle_unused_guard_frac", "announced, predicted within the guard"),
 )
 
 

@@ -18,6 +18,7 @@ goal_checks (``goal_checks``).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ import os
 import platform
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -311,7 +312,7 @@ def block_row(
     spun: list[float] = []
     pause: list[float] = []
     # the bubbles the rank announced, ms after t0, with their predicted end where it had one
-    told: list[tuple[float, float] | tuple[float, float, float]] = []
+    told: list[tuple[float, ...]] = []
     announce: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
         lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
@@ -329,10 +330,11 @@ def block_row(
                 predictions.append(predicted)
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
+        guard_at = _guards_of_steps(s)
         told = [
             ((a - t0) / 1e6, (e - t0) / 1e6)
             if p is None
-            else ((a - t0) / 1e6, (e - t0) / 1e6, (int(p) - t0) / 1e6)
+            else ((a - t0) / 1e6, (e - t0) / 1e6, (int(p) - t0) / 1e6, *guard_at((a - t0) / 1e6))
             for (a, e), p in zip(pairs, predictions, strict=True)
         ]
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
@@ -376,6 +378,9 @@ def block_row(
         "idle_unused_fit_ms": use.unused_fit_ms,
         "idle_unused_silent_ms": use.unused_silent_ms,
         "idle_unused_short_ms": use.unused_short_ms,
+        "idle_unused_guard_ms": (
+            use.unused_guard_ms if any(len(t) > 3 for t in told) else math.nan
+        ),
         "bubbles": use.bubbles,
         "unused_bubbles": use.unused_bubbles,
         "overruns": overruns.overruns,
@@ -390,6 +395,28 @@ def block_row(
         "power_w": bs.median(x.power_w for x in window),
         "step_ms": [round(x, 4) for x in periods],
     }
+
+
+def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], tuple[float, ...]]:
+    """For a time (ms after t0): the guard in force then, as a 1-tuple (the guard recorded by
+    the latest bubble step that started by then, else by the first after it), or () where no
+    step recorded one (hosts before they did, or a task that took no bubble step)."""
+    if "guard_ms" not in s.columns:
+        return lambda t: ()
+    known = sorted(
+        (float(a), float(g))
+        for a, g in zip(s["start_ms"], s["guard_ms"], strict=True)
+        if math.isfinite(g) and g > 0
+    )
+    starts = [a for a, _ in known]
+
+    def at(t: float) -> tuple[float, ...]:
+        if not known:
+            return ()
+        i = bisect.bisect_right(starts, t)
+        return (known[i - 1][1] if i > 0 else known[0][1],)
+
+    return at
 
 
 def _spin_columns_ns(s: pd.DataFrame, t0: int) -> tuple[list[float], list[tuple[float, float]]]:

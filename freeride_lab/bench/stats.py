@@ -82,8 +82,9 @@ SegmentKey = tuple[str, str, int, str]
 #: a bubble's first step, between its steps, after its last step, in bubbles where no step ran;
 #: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in; the
 #: unused ones a step as short as the block's shortest would have fitted, of those the ones
-#: the rank never announced, and the announced ones predicted too short for that step. Results
-#: recorded before each split lack its columns.
+#: the rank never announced, the announced ones predicted too short for that step, and of
+#: the rest those predicted within the guard the host held them to (NaN where no step of the
+#: block recorded its guard). Results recorded before each split lack its columns.
 IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_lead_ms",
     "idle_between_ms",
@@ -92,6 +93,7 @@ IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_unused_fit_ms",
     "idle_unused_silent_ms",
     "idle_unused_short_ms",
+    "idle_unused_guard_ms",
     "bubbles",
     "unused_bubbles",
 )

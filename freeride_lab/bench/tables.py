@@ -78,11 +78,12 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "idle_tail_frac",
     "idle_unused_frac",
     # of the unused: bubbles a step as short as the task's shortest would have fitted, of
-    # those the ones the rank never announced, and the announced ones predicted too short for
-    # that step (core.idle_use)
+    # those the ones the rank never announced, the announced ones predicted too short for
+    # that step, and of the rest those predicted within the guard (core.idle_use)
     "idle_unused_fit_frac",
     "idle_unused_silent_frac",
     "idle_unused_short_frac",
+    "idle_unused_guard_frac",
     "unused_bubbles_frac",  # bubbles no step ran in ÷ bubbles
     "idle_frac",  # the real rank's *measured* bubble time ÷ wall time in these blocks
     # the same in the segment's vanilla blocks: the idle time training leaves, measured

@@ -186,6 +186,10 @@ class SideTaskStep(Event):
     expected_ns: int = 0
     spin_from_ns: int = 0
     spin_until_ns: int = 0
+    # the guard the bubble's predicted remainder had to exceed for any step of the task (its
+    # smallest step's; ns) when this step was taken in a bubble; 0 outside bubbles or while
+    # profiling. The bench reads it for the bubbles the task left (core.idle_use)
+    guard_ns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

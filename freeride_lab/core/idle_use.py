@@ -20,8 +20,11 @@ them), and ``unused_silent`` the part of those no announcement overlapped (the r
 told the host: a lower announce threshold or a better prediction reaches them; the announced
 rest the host saw and left). Where the announcements carry their predicted end, ``unused_short``
 is the part of the announced ones whose prediction left less than the shortest step (the
-predictor stands in the way); the announced rest was predicted long enough for the shortest
-step and left for a guard above it (the task's slower steps) or a paused task.
+predictor stands in the way). Where they also carry the guard the host held them to (the
+smallest step's, which a bubble's predicted length must exceed for any step),
+``unused_guard`` is the part of the rest whose every prediction left no more than that guard:
+the guard, not the predictor, stands in the way. The announced rest was predicted long enough
+for a step and its guard, and left by the host (a paused task, a command, an edge seen late).
 
     >>> use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
     >>> use.covered_ms, use.lead_ms, use.between_ms, use.tail_ms, use.unused_ms
@@ -36,6 +39,10 @@ step and left for a guard above it (the task's slower steps) or a paused task.
     >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told)
     >>> use.unused_fit_ms, use.unused_silent_ms, use.unused_short_ms
     (20.0, 0.0, 10.0)
+    >>> told = [(29.5, 39.0, 31.5, 4.0), (50.5, 60.0, 58.0, 8.0)]  # ..., the guard held to
+    >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told)
+    >>> use.unused_short_ms, use.unused_guard_ms
+    (10.0, 10.0)
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class IdleUse:
     unused_fit_ms: float = 0.0  # unused bubbles at least ``fit_ms`` long
     unused_silent_ms: float = 0.0  # ... of which no announced bubble overlapped
     unused_short_ms: float = 0.0  # ... announced, every prediction under ``fit_ms``
+    unused_guard_ms: float = 0.0  # ... not those, every prediction within its guard
 
     @property
     def total_ms(self) -> float:
@@ -121,7 +129,7 @@ def idle_use(
     steps: Iterable[tuple[float, float]],
     *,
     fit_ms: float | None = None,
-    announced: Iterable[tuple[float, float] | tuple[float, float, float]] = (),
+    announced: Iterable[tuple[float, ...]] = (),
 ) -> IdleUse:
     """Split the bubbles' time by what the side-task ``steps`` made of it (all in ms).
 
@@ -131,10 +139,12 @@ def idle_use(
             straddles a bubble's edge counts only inside it.
         fit_ms: the task's shortest step; unused bubbles at least this long count in
             ``unused_fit_ms`` (None: that split is not made).
-        announced: the bubbles the rank announced to the host, as (start, end) or (start, end,
-            predicted end); unused bubbles of ``unused_fit_ms`` that none overlaps count in
-            ``unused_silent_ms``, and those whose overlapping announcements all predicted an
-            end sooner than ``fit_ms`` after their start in ``unused_short_ms``.
+        announced: the bubbles the rank announced to the host, as (start, end), (start, end,
+            predicted end) or (start, end, predicted end, guard); unused bubbles of
+            ``unused_fit_ms`` that none overlaps count in ``unused_silent_ms``, those whose
+            overlapping announcements all predicted an end sooner than ``fit_ms`` after their
+            start in ``unused_short_ms``, and of the rest those whose overlapping announcements
+            all carry a guard and predicted no more than it in ``unused_guard_ms``.
     """
     work = merge_intervals(steps)
     starts = [s for s, _ in work]
@@ -144,10 +154,12 @@ def idle_use(
     # announcements with a prediction, as (start, end) spans and whether it fitted a step
     predicted = [(a[0], a[1]) for a in told_all if len(a) > 2]
     predicted_fit = [fit_ms is not None and a[2] - a[0] >= fit_ms for a in told_all if len(a) > 2]
+    # and whether it left room past the guard the host held it to (True where none is known)
+    past_guard = [len(a) < 4 or a[2] - a[0] > a[3] for a in told_all if len(a) > 2]
     predicted_starts = [s for s, _ in predicted]
     reach = list(itertools.accumulate((e for _, e in predicted), max))  # the latest end so far
     parts = dict.fromkeys(PARTS, 0.0)
-    fit = silent = short = 0.0
+    fit = silent = short = guard = 0.0
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
@@ -161,6 +173,8 @@ def idle_use(
                     silent += hi - lo
                 elif _predicted_short(predicted, predicted_starts, reach, predicted_fit, lo, hi):
                     short += hi - lo
+                elif _predicted_short(predicted, predicted_starts, reach, past_guard, lo, hi):
+                    guard += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
         parts["covered"] += covered
@@ -174,6 +188,7 @@ def idle_use(
         unused_fit_ms=fit,
         unused_silent_ms=silent,
         unused_short_ms=short,
+        unused_guard_ms=guard,
     )
 
 

@@ -55,6 +55,7 @@ SIDE_TASK_STEP_RAW: dict[str, str] = {
     "expected_ns": "z",
     "spin_from_ns": "z",
     "spin_until_ns": "z",
+    "guard_ns": "z",
 }
 
 #: The raw columns of each table, by the ``kind`` of the events it is built from.

@@ -84,6 +84,7 @@ _SIDE_TASK_STEP_SCHEMA: dict[str, str] = {
     "expected_ms": "float64",
     "spin_from_ms": "float64",
     "spin_until_ms": "float64",
+    "guard_ms": "float64",
 }
 ACTION_COLUMNS: tuple[str, ...] = tuple(_ACTION_SCHEMA)
 STEP_COLUMNS: tuple[str, ...] = tuple(_STEP_SCHEMA)
@@ -161,7 +162,9 @@ def side_task_steps_frame(events: Iterable[Event], t0_ns: int | None = None) -> 
     bubble edge the step answered, on the first step after an edge; NaN on the others);
     expected_ms, spin_from_ms, spin_until_ms (float64, on that first step too: when the host
     expected the bubble to start, and the spin window it waited with; NaN where it had no
-    prediction or did not spin). Sorted by start_ms.
+    prediction or did not spin); guard_ms (float64, a duration: the guard the bubble's
+    predicted remainder had to exceed for any step when this one was taken; NaN outside
+    bubbles). Sorted by start_ms.
     """
     return _frame_of_events(events, "side_task_step", t0_ns)
 
@@ -172,6 +175,8 @@ def _side_task_steps_of(f: pd.DataFrame, t0_ns: int | None) -> pd.DataFrame:
     for name in ("seen", "expected", "spin_from", "spin_until"):  # 0 or absent: not on this step
         t = f[f"{name}_ns"].fillna(0)
         f[f"{name}_ms"] = ((t - t0) / _NS).where(t > 0)
+    guard = f["guard_ns"].fillna(0)
+    f["guard_ms"] = (guard / _NS).where(guard > 0)
     return _typed(f.sort_values("start_ms", kind="stable"), _SIDE_TASK_STEP_SCHEMA)
 
 

@@ -194,7 +194,7 @@ def test_block_overruns_count_any_step_that_ended_after_its_bubble() -> None:
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, *[float("nan")] * 4]
+        [["t1", "counting", 0, 0, 1, 10.0, 12.0, 2.0, 1.0, "it", ms, *[float("nan")] * 5]
          for ms in (0.0, 1e-6, 3.0, float("nan"))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -297,6 +297,48 @@ def test_host_log_tables_task_board_report_and_bench_count_the_same_overruns(
     assert (bench["overruns"], bench["side_steps"]) == host
 
 
+@pytest.mark.parametrize("guard_ms", [4.0, 2.0, None])
+def test_an_announced_bubble_predicted_within_the_guard_is_the_guards(
+    guard_ms: float | None,
+) -> None:
+    """Steps 1-4 ms in bubble 0-10 (the block's shortest step: 3 ms) record the guard their
+    bubble had to clear; bubble 15-19 was announced predicted to end at 18.5 ms (3.5 ms: room
+    for the step): within a 4 ms guard it is the guard's, past a 2 ms one the host's, and
+    without a recorded guard the split is not made (NaN)."""
+    import math
+
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    nan = float("nan")
+    side = pd.DataFrame(
+        [["t1", "counting", 0, 0, 1, 1.0, 4.0, 3.0, 1.0, "it", 0.0, *[nan] * 4,
+          nan if guard_ms is None else guard_ms]],
+        columns=list(SIDE_TASK_STEP_COLUMNS),
+    )  # fmt: skip
+    bubbles = pd.DataFrame(
+        [[0, 0, a, b, b - a] for a, b in ((0.0, 10.0), (15.0, 19.0))],
+        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
+    )
+    edges = [
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
+         **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
+        for slot, (a, b, end) in enumerate(((0.0, 10.0, 9.0), (15.0, 19.0, 18.5)))
+        for edge, ms in (("start", a), ("end", b))
+    ]  # fmt: skip
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
+    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
+                                  edges, [], 0)  # fmt: skip
+    assert row is not None
+    assert (row["idle_unused_fit_ms"], row["idle_unused_short_ms"]) == (4.0, 0.0)
+    if guard_ms is None:
+        assert math.isnan(row["idle_unused_guard_ms"])
+    else:
+        assert row["idle_unused_guard_ms"] == (4.0 if guard_ms >= 3.5 else 0.0)
+
+
 def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_shares() -> None:
     """Bubble 0-10 ms: wake-up 1 ms, steps 1-4 and 4.5-8, 2 ms left; bubbles 12-14 (shorter
     than the shortest step, 3 ms), 15-19 (announced, left by the host) and 21-25 (never
@@ -309,7 +351,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
 
     side = pd.DataFrame(
         [
-            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 4]
+            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 5]
             for a, b in ((1.0, 4.0), (4.5, 8.0))
         ],
         columns=list(SIDE_TASK_STEP_COLUMNS),
@@ -375,7 +417,7 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 4]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 5]
          for start in (2.0, 12.0)],  # one step in the bubble [1, 8) ms, one 4 ms after its end
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip
@@ -404,7 +446,7 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
     # the first bubble's host expected it at 0.9 ms and spun over [0.6, 1.5] ms; the second's
     # expected it at 9.0 ms and spun over [8.7, 9.5] ms, before its edge
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen, *why]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, seen, *why, nan]
          for start, seen, why in ((2.0, 1.25, (0.9, 0.6, 1.5)), (3.5, nan, (nan,) * 3),
                                   (11.0, nan, (9.0, 8.7, 9.5)))],
         columns=list(SIDE_TASK_STEP_COLUMNS),
@@ -484,7 +526,7 @@ def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
     side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 4]
+        [["t1", "counting", 0, 0, 1, start, start + 1.0, 1.0, 1.0, "it", 0.0, *[float("nan")] * 5]
          for start in (2.0, 15.0)],  # one step in [1, 8), one in the bubble opened at 14 ms
         columns=list(SIDE_TASK_STEP_COLUMNS),
     )  # fmt: skip

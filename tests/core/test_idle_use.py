@@ -76,15 +76,34 @@ def test_announced_unused_bubbles_split_by_whether_their_prediction_fitted_a_ste
     assert (use + use).unused_short_ms == 20.0
 
 
+def test_announced_bubbles_predicted_within_their_guard_were_left_for_the_guard() -> None:
+    # shortest step 3 ms; unused 10 ms bubbles announced with the guard the host held them to:
+    # predicted 8 ms against a 9 ms guard (the guard stood in the way), 8 ms against 5 ms (room:
+    # the host left it), and one announced without a guard (not split: results before it)
+    gaps = [(0.0, 10.0), (20.0, 30.0), (40.0, 50.0)]
+    told = [(0.2, 9.0, 8.2, 9.0), (20.2, 29.0, 28.2, 5.0), (40.2, 49.0, 48.2)]
+    use = idle_use(gaps, [], fit_ms=3.0, announced=told)
+    assert (use.unused_fit_ms, use.unused_short_ms, use.unused_guard_ms) == (30.0, 0.0, 10.0)
+    # a prediction too short for the step counts as the predictor's, whatever the guard
+    short = idle_use(gaps[:1], [], fit_ms=3.0, announced=[(0.2, 9.0, 2.2, 9.0)])
+    assert (short.unused_short_ms, short.unused_guard_ms) == (10.0, 0.0)
+    assert (use + use).unused_guard_ms == 20.0
+
+
 _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], t[0] + t[1]))
 
 
 @given(st.lists(_span, max_size=30), st.lists(_span, max_size=60))
 def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -> None:
-    told = [(s, e, s + (e - s) * (i % 3) / 2) for i, (s, e) in enumerate(steps[::2])]
+    told = [(s, e, s + (e - s) * (i % 3) / 2, *((e - s) / 2,) * (i % 2))
+            for i, (s, e) in enumerate(steps[::2])]  # fmt: skip
     use = idle_use(bubbles, steps, fit_ms=5.0, announced=told)
     assert 0.0 <= use.unused_silent_ms <= use.unused_fit_ms <= use.unused_ms + 1e-9
     assert 0.0 <= use.unused_short_ms <= use.unused_fit_ms - use.unused_silent_ms + 1e-9
+    assert use.unused_guard_ms >= 0.0
+    assert use.unused_short_ms + use.unused_guard_ms <= (
+        use.unused_fit_ms - use.unused_silent_ms + 1e-9
+    )
     merged: list[tuple[float, float]] = []
     for s, e in sorted(bubbles):
         if merged and s <= merged[-1][1]:

@@ -277,7 +277,7 @@ def side_task_step_event(i: int) -> dict[str, object]:
 def test_a_side_task_step_says_when_its_host_saw_the_edge_only_where_it_did() -> None:
     first = {**side_task_step_event(0), "seen_ns": 10**18 - 250_000,  # 0.25 ms before its start
              "expected_ns": 10**18 - 400_000, "spin_from_ns": 10**18 - 700_000,
-             "spin_until_ns": 10**18 - 200_000}  # fmt: skip
+             "spin_until_ns": 10**18 - 200_000, "guard_ns": 3_000_000}  # fmt: skip
     later = side_task_step_event(1)  # files written before hosts said so lack the fields
     tables = EventTables()
     tables.add([first, later])
@@ -287,7 +287,8 @@ def test_a_side_task_step_says_when_its_host_saw_the_edge_only_where_it_did() ->
     assert frame["expected_ms"].iloc[0] == pytest.approx(start - 0.4)
     assert frame["spin_from_ms"].iloc[0] == pytest.approx(start - 0.7)
     assert frame["spin_until_ms"].iloc[0] == pytest.approx(start - 0.2)
-    for name in ("seen_ms", "expected_ms", "spin_from_ms", "spin_until_ms"):
+    assert frame["guard_ms"].iloc[0] == pytest.approx(3.0)  # a duration, not a time
+    for name in ("seen_ms", "expected_ms", "spin_from_ms", "spin_until_ms", "guard_ms"):
         assert math.isnan(frame[name].iloc[1])
     pd.testing.assert_frame_equal(frame, side_task_steps_frame([first, later], tables.t0()))
 

@@ -238,6 +238,8 @@ def test_a_steps_start_is_stamped_at_its_launch_after_the_hosts_decisions(
     assert len(steps) >= 2 and len(decided) >= len(steps)
     for step, decided_ns in zip(steps, decided, strict=False):
         assert decided_ns <= step.start_ns < step.end_ns
+    # each records the guard its bubble had to clear: the smallest step's, at most the budget
+    assert all(0 < step.guard_ns <= 4_000_000 for step in steps)
 
 
 def test_a_spinning_host_tells_when_it_expected_the_bubble_and_how_long_it_spun(

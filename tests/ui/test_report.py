@@ -61,6 +61,7 @@ def fake_run(ranks: int = 2, steps: int = 3):
                     float("nan"),  # expected_ms
                     float("nan"),  # spin_from_ms
                     float("nan"),  # spin_until_ms
+                    float("nan"),  # guard_ms
                 )
             )
             step_rows.append((step, rank, t, t + 20, 20.0 + step, 1.0, 2.5, 512))

@@ -62,6 +62,7 @@ def fake_tables(
                                 float("nan"),  # expected_ms
                                 float("nan"),  # spin_from_ms
                                 float("nan"),  # spin_until_ms
+                                float("nan"),  # guard_ms
                             )
                         )
                     t += 10.0

@@ -43,7 +43,7 @@ BUBBLES = pd.DataFrame(
     columns=list(BUBBLE_COLUMNS),
 )
 SIDE = pd.DataFrame(
-    [("t1", "resnet18", 0, 0, 0, 1.6, 3.6, 2.0, 32.0, "samples", 0.0, *[float("nan")] * 4)],
+    [("t1", "resnet18", 0, 0, 0, 1.6, 3.6, 2.0, 32.0, "samples", 0.0, *[float("nan")] * 5)],
     columns=list(SIDE_TASK_STEP_COLUMNS),
 )
 

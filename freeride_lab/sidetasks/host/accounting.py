@@ -202,8 +202,10 @@ class StepAccounting(Checkpointing):
                 expected_ns=self._expected_ns,
                 spin_from_ns=self._spin_from_ns,
                 spin_until_ns=self._spin_until_ns,
+                guard_ns=self._entry_guard_ns,
             )
         )
+        self._entry_guard_ns = 0
         # the first step's only
         self._seen_ns = self._expected_ns = self._spin_from_ns = self._spin_until_ns = 0
 

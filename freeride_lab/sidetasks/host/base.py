@@ -101,6 +101,8 @@ class HostBase:
         self._expected_ns = 0  # when the host's clock expected that start; 0: no prediction
         # the spin the host waited for it with (from, until); 0, 0: it slept until woken
         self._spin_from_ns = self._spin_until_ns = 0
+        # the guard a bubble had to clear for the step being taken in it (0: not in a bubble)
+        self._entry_guard_ns = 0
         # a state change applied but not yet announced: (event, state, reason, t_ns); see
         # [Note: launch, then tell]
         self._held: tuple[str, str, str, int] | None = None

@@ -131,6 +131,7 @@ class IterativeSteps(StepAccounting):
             size, too_large = self._fitting_size(sizes, remaining_ns, too_large)
             grouped = not profiling and len(sizes) == 1
             calls = self._group_size(remaining_ns, budget_ns) if grouped else 1
+            self._entry_guard_ns = budget_ns  # the step's record tells the guard it cleared
             if not self._step_in(task, bubble, calls, size):
                 return  # finished
             if self.machine.terminal or self._policy_paused or profiling:
