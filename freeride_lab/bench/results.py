@@ -340,9 +340,12 @@ def block_row(
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
         announce = bs.announce_lag_ms(gaps_ns, starts_ns)
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
-        seen_ns = [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s["seen_ms"]]
-        wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, seen_ns)
-        late, spun = bs.spin_catches(starts_ns, ends_ns, step_ns, *_spin_columns_ns(s, t0))
+        wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, _times_ns(s, "seen_ms", t0))
+        spin_from, spin_until = _times_ns(s, "spin_from_ms", t0), _times_ns(s, "spin_until_ms", t0)
+        late, spun = bs.spin_catches(
+            starts_ns, ends_ns, step_ns, _times_ns(s, "expected_ms", t0),
+            list(zip(spin_from, spin_until, strict=True)),
+        )  # fmt: skip
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
@@ -419,17 +422,13 @@ def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], tuple[float, ...]]:
     return at
 
 
-def _spin_columns_ns(s: pd.DataFrame, t0: int) -> tuple[list[float], list[tuple[float, float]]]:
-    """Per step: the start its host expected, and the spin window it waited with (ns on the
-    run clock; NaN where not recorded, also in tables from before hosts recorded them)."""
-
-    def ns(name: str) -> list[float]:
-        if name not in s.columns:
-            return [math.nan] * len(s)
-        return [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s[name]]
-
-    spins = list(zip(ns("spin_from_ms"), ns("spin_until_ms"), strict=True))
-    return ns("expected_ms"), spins
+def _times_ns(s: pd.DataFrame, column: str, t0: int) -> list[float]:
+    """A time column of the side-task steps (ms after t0) on the run clock in ns, per step:
+    NaN where a step did not record it, and for every step of a table from before hosts
+    recorded that column."""
+    if column not in s.columns:
+        return [math.nan] * len(s)
+    return [x * 1e6 + t0 if math.isfinite(x) else math.nan for x in s[column]]
 
 
 # -- output -----------------------------------------------------------------------------------
