@@ -297,6 +297,35 @@ def test_host_log_tables_task_board_report_and_bench_count_the_same_overruns(
     assert (bench["overruns"], bench["side_steps"]) == host
 
 
+def _managed_block_row(
+    steps: list[list[object]],
+    bubbles_ms: list[tuple[float, float]],
+    announced: list[tuple[float, float, float]],
+) -> dict[str, Any] | None:
+    """``block_row`` of a managed block of task t1 on stage 0 (training step 0, 0-30 ms): its
+    side-task ``steps`` (rows of ``SIDE_TASK_STEP_COLUMNS``), the rank's measured bubbles and
+    the bubbles it announced as (start, end, predicted end), all in ms."""
+    import pandas as pd
+
+    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
+
+    side = pd.DataFrame(steps, columns=list(SIDE_TASK_STEP_COLUMNS))
+    bubbles = pd.DataFrame(
+        [[0, 0, a, b, b - a] for a, b in bubbles_ms],
+        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
+    )
+    edges = [
+        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
+         **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
+        for slot, (a, b, end) in enumerate(announced)
+        for edge, ms in (("start", a), ("end", b))
+    ]  # fmt: skip
+    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
+    return bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
+                                   edges, [], 0)  # fmt: skip
+
+
 @pytest.mark.parametrize("guard_ms", [4.0, 2.0, None])
 def test_an_announced_bubble_predicted_within_the_guard_is_the_guards(
     guard_ms: float | None,
@@ -307,30 +336,11 @@ def test_an_announced_bubble_predicted_within_the_guard_is_the_guards(
     without a recorded guard the split is not made (NaN)."""
     import math
 
-    import pandas as pd
-
-    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
-
     nan = float("nan")
-    side = pd.DataFrame(
-        [["t1", "counting", 0, 0, 1, 1.0, 4.0, 3.0, 1.0, "it", 0.0, *[nan] * 4,
-          nan if guard_ms is None else guard_ms]],
-        columns=list(SIDE_TASK_STEP_COLUMNS),
-    )  # fmt: skip
-    bubbles = pd.DataFrame(
-        [[0, 0, a, b, b - a] for a, b in ((0.0, 10.0), (15.0, 19.0))],
-        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
-    )
-    edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
-         **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
-        for slot, (a, b, end) in enumerate(((0.0, 10.0, 9.0), (15.0, 19.0, 18.5)))
-        for edge, ms in (("start", a), ("end", b))
-    ]  # fmt: skip
-    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
-             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
-    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
-                                  edges, [], 0)  # fmt: skip
+    step = ["t1", "counting", 0, 0, 1, 1.0, 4.0, 3.0, 1.0, "it", 0.0, *[nan] * 4,
+            nan if guard_ms is None else guard_ms]  # fmt: skip
+    row = _managed_block_row([step], [(0.0, 10.0), (15.0, 19.0)],
+                             [(0.0, 10.0, 9.0), (15.0, 19.0, 18.5)])  # fmt: skip
     assert row is not None
     assert (row["idle_unused_fit_ms"], row["idle_unused_short_ms"]) == (4.0, 0.0)
     if guard_ms is None:
@@ -347,30 +357,12 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
 
     from freeride_lab.bench import stats as bs
     from freeride_lab.bench import tables as bt
-    from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
 
-    side = pd.DataFrame(
-        [
-            ["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 5]
-            for a, b in ((1.0, 4.0), (4.5, 8.0))
-        ],
-        columns=list(SIDE_TASK_STEP_COLUMNS),
-    )
-    bubbles = pd.DataFrame(
-        [[0, 0, a, b, b - a] for a, b in ((0.0, 10.0), (12.0, 14.0), (15.0, 19.0), (21.0, 25.0))],
-        columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
-    )
+    steps = [["t1", "counting", 0, 0, 1, a, b, b - a, 1.0, "it", 0.0, *[float("nan")] * 5]
+             for a, b in ((1.0, 4.0), (4.5, 8.0))]  # fmt: skip
     # the 15-19 bubble was announced predicted to end at 16.5 ms: 1.5 ms, too short for 3 ms
-    edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
-         **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
-        for slot, (a, b, end) in enumerate(((0.0, 10.0, 9.0), (15.0, 19.0, 16.5)))
-        for edge, ms in (("start", a), ("end", b))
-    ]  # fmt: skip
-    block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
-             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
-    row = bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
-                                  edges, [], 0)  # fmt: skip
+    row = _managed_block_row(steps, [(0.0, 10.0), (12.0, 14.0), (15.0, 19.0), (21.0, 25.0)],
+                             [(0.0, 10.0, 9.0), (15.0, 19.0, 16.5)])  # fmt: skip
     assert row is not None
     assert (row["idle_lead_ms"], row["idle_between_ms"], row["idle_tail_ms"]) == (1.0, 0.5, 2.0)
     assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (10.0, 4, 3)
