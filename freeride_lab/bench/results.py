@@ -497,6 +497,9 @@ def machine() -> dict[str, Any]:
         "host": platform.node(),
         # the board's power cap, which the board power of each block is judged against
         "power_limit_w": nvml.power_limit_w(),
+        # the product's settings from the environment the run's processes inherit (a task
+        # host's spin lead, say): two results that differ only there must say so
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FREERIDE_")},
     }
 
 

@@ -547,3 +547,15 @@ def test_a_results_source_digest_tells_apart_the_code_that_measured(tmp_path: Pa
     assert bench_results.source_digest(tree("three", "x = 2\n")) != same
     recorded = bench_results.versions()
     assert len(recorded["freeride_lab_source"]) == 16 and "freeride_lab_commit" in recorded
+
+
+def test_a_result_records_the_product_settings_its_processes_inherited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two calls that differ only in, say, the task hosts' spin lead must say so in their
+    results: the FREERIDE_ settings of the environment are kept, nothing else of it."""
+    monkeypatch.setenv("FREERIDE_SPIN_LEAD_US", "0")
+    monkeypatch.setenv("SOME_SECRET_TOKEN", "not for the results")
+    environment = bench_results.machine()["environment"]
+    assert environment["FREERIDE_SPIN_LEAD_US"] == "0"
+    assert all(name.startswith("FREERIDE_") for name in environment)
