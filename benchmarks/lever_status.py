@@ -437,7 +437,9 @@ LEVERS: tuple[Lever, ...] = (
           "and the spin's end",
           "no GPU A/B yet. The path alone on the CPU (table `edge-latency-cpu`): a spinning "
           "reader's start latency p50 44-63 µs before, 18-24 µs after; the learned window "
-          "against the fixed one, no clear effect there"),
+          "against the fixed one, no clear effect there. The spin's worth on the GPU: two "
+          f"invocations in one call, `FREERIDE_SPIN_LEAD_US=0 {_BENCH} --real-stage 1,2,3` "
+          "(hosts never spin; the result records the setting), then the same without it"),
     Lever("inference", "seventh built-in task: inference",
           "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
           "switch)", ""),
