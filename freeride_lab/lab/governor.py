@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +138,7 @@ class GovernorLoop:
         self._governed: set[str] = set()
         self._last_step = -1
         self._cursor = 0  # events folded so far
-        # per step not yet observed: [earliest start, latest end (ns), the ranks that ended it]
-        self._windows: dict[int, list[Any]] = {}
+        self._windows: dict[int, _StepWindow] = {}  # per step not yet observed
         self._active: dict[int, set[str]] = {}  # per step not yet observed: the tasks in it
         self._thread = BackgroundThread(self._run, name="freeride-governor")
         self.errors = 0
@@ -182,7 +182,7 @@ class GovernorLoop:
     def tick(self) -> list[dict[str, Any]]:
         """One pass: observe the newly complete steps and apply decisions; the log records."""
         self._fold()
-        complete = sorted(s for s, w in self._windows.items() if len(w[2]) >= self.ranks)
+        complete = sorted(s for s, w in self._windows.items() if len(w.ranks) >= self.ranks)
         ready = complete[:-1]  # one step behind the newest; every step here is unobserved
         if not ready:
             return []
@@ -191,8 +191,8 @@ class GovernorLoop:
         records: list[dict[str, Any]] = []
         for step in ready:
             self._last_step = step
-            start_ns, end_ns, _ = self._windows[step]
-            step_s = (end_ns - start_ns) / 1e9
+            window = self._windows[step]
+            step_s = (window.end_ns - window.start_ns) / 1e9
             if not step_s > 0:
                 continue
             active = tuple(sorted(self._active.get(step, set()) & self._governed))
@@ -229,12 +229,12 @@ class GovernorLoop:
                 rank, start_ns, end_ns = int(e["rank"]), int(e["start_ns"]), int(e["end_ns"])
             except (KeyError, TypeError, ValueError):
                 continue
-            window = self._windows.get(step)
-            if window is None:
-                self._windows[step] = [start_ns, end_ns, {rank}]
-            else:
-                window[0], window[1] = min(window[0], start_ns), max(window[1], end_ns)
-                window[2].add(rank)
+            window = self._windows.setdefault(step, _StepWindow(start_ns, end_ns))
+            window.start_ns, window.end_ns = (
+                min(window.start_ns, start_ns),
+                max(window.end_ns, end_ns),
+            )
+            window.ranks.add(rank)
 
     def _forget_observed(self) -> None:
         """Drop what is kept of the steps observed (or skipped) already."""
@@ -338,6 +338,16 @@ class GovernorLoop:
                 f.write(line + "\n")
         except OSError as exc:
             log.warning("governor: could not append to %s: %s", self.log_path, exc)
+
+
+@dataclass(slots=True)
+class _StepWindow:
+    """A training step across the ranks that have ended it so far: its earliest start and
+    latest end (ns), and those ranks."""
+
+    start_ns: int
+    end_ns: int
+    ranks: set[int] = field(default_factory=set)
 
 
 def nearest_cap(
