@@ -331,12 +331,12 @@ def block_row(
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         guard_at = _guards_of_steps(s)
-        told = [
-            ((a - t0) / 1e6, (e - t0) / 1e6)
-            if p is None
-            else ((a - t0) / 1e6, (e - t0) / 1e6, (int(p) - t0) / 1e6, *guard_at((a - t0) / 1e6))
-            for (a, e), p in zip(pairs, predictions, strict=True)
-        ]
+        for (a, e), p in zip(pairs, predictions, strict=True):
+            announced: tuple[float, ...] = ((a - t0) / 1e6, (e - t0) / 1e6)
+            if p is not None:  # its predicted end, and the guard it was held to where known
+                guard = guard_at(announced[0])
+                announced += ((int(p) - t0) / 1e6,) + (() if guard is None else (guard,))
+            told.append(announced)
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
         announce = bs.announce_lag_ms(gaps_ns, starts_ns)
         latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
@@ -400,12 +400,12 @@ def block_row(
     }
 
 
-def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], tuple[float, ...]]:
-    """For a time (ms after t0): the guard in force then, as a 1-tuple (the guard recorded by
-    the latest bubble step that started by then, else by the first after it), or () where no
-    step recorded one (hosts before they did, or a task that took no bubble step)."""
+def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], float | None]:
+    """For a time (ms after t0): the guard in force then (the guard recorded by the latest
+    bubble step that started by then, else by the first after it), or None where no step
+    recorded one (hosts before they did, or a task that took no bubble step)."""
     if "guard_ms" not in s.columns:
-        return lambda t: ()
+        return lambda t: None
     known = sorted(
         (float(a), float(g))
         for a, g in zip(s["start_ms"], s["guard_ms"], strict=True)
@@ -413,11 +413,11 @@ def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], tuple[float, ...]]:
     )
     starts = [a for a, _ in known]
 
-    def at(t: float) -> tuple[float, ...]:
+    def at(t: float) -> float | None:
         if not known:
-            return ()
+            return None
         i = bisect.bisect_right(starts, t)
-        return (known[i - 1][1] if i > 0 else known[0][1],)
+        return known[i - 1][1] if i > 0 else known[0][1]
 
     return at
 
