@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from freeride_lab.bench import resume
+from freeride_lab.bench.blocks import RunDriver
 from freeride_lab.bench.profiles import PROFILES, RunPlan, bench_profile, run_segments
 from freeride_lab.bench.results import jsonable, machine, versions
 from freeride_lab.cli.app import main
@@ -232,6 +234,34 @@ def test_a_result_with_nothing_left_to_measure_is_kept_and_the_call_listed(
     assert again["runs"] == result["runs"]
     (call,) = again["resumed"]
     assert "--resume" in call["command"] and call["elapsed_s"] >= 0
+
+
+class _SteppingSession:
+    """A session whose four ranks have run ``n`` steps ``gap_ms`` apart (its first one late)."""
+
+    def __init__(self, n: int, gap_ms: float) -> None:
+        rows = [(rank, 5_000.0 + s * gap_ms + (0 if s else -3_000.0))
+                for s in range(n) for rank in range(4)]  # fmt: skip
+        self.steps = pd.DataFrame(rows, columns=["rank", "start_ms"])
+        self.steps_done = n
+
+
+def test_a_continuation_estimates_its_first_segment_from_the_runs_own_steps(
+    tmp_path: Path,
+) -> None:
+    """A continuation whose instrumentation is measured starts with a task segment: its
+    estimate comes from the run's step time, not a placeholder that makes a 0.42 s step's
+    segment look 2.4 times as long and skips it though it fits the time budget."""
+    profile = bench_profile("quick", "cuda")
+    plan = profile.runs[0]
+    done = frozenset({("instrumentation", 1)})
+    driver = RunDriver(profile, plan, tmp_path, deadline=0.0, say=lambda _: None, done=done)
+    driver.session = _SteppingSession(n=8, gap_ms=420.0)
+    driver._time_steps()
+    assert driver.step_ms_estimate == pytest.approx(420.0)
+    blocks = len(plan.modes or profile.modes) * profile.repeats + 1
+    steps = blocks * (profile.drop_steps + profile.block_steps + 2)
+    assert driver._segment_estimate_s() < steps * 0.42 + 30.0
 
 
 @pytest.mark.slow
