@@ -50,6 +50,7 @@ from freeride_lab.bench.markdown import (
     fmt_num,
     fmt_pct,
     fmt_rate,
+    goal_figure,
     markdown,
     md_table,
     recorded,
@@ -435,13 +436,7 @@ def h200_goals(results: list[dict[str, Any]] | None = None) -> list[str]:
             if c["case"] != "mix":
                 continue
             sign = "≤" if c["kind"] == "max" else "≥"
-            if c["lo"] is None and c["hi"] is not None:  # the worst stage
-                figure = (
-                    f"{fmt_pct(c['value'], 2, signed=True)} (highest stage upper bound "
-                    f"{fmt_pct(c['hi'], 2, signed=True)})"
-                )
-            else:
-                figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
+            figure = goal_figure(c)
             met = "**yes**" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
             rows.append(
                 [run_label(c["run"]), c["mode"], f"{c['goal']} {sign} {fmt_pct(c['threshold'], 1)}",

@@ -24,6 +24,7 @@ __all__ = [
     "fmt_num",
     "fmt_pct",
     "fmt_rate",
+    "goal_figure",
     "markdown",
     "md_table",
     "recorded",
@@ -140,17 +141,25 @@ def _overhead_cells(r: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def goal_figure(c: Mapping[str, Any]) -> str:
+    """A goal check's figure: its value and 95% interval, or for a goal about every stage the
+    deciding stage's value and the bound that decides (its other bound is not the goal's)."""
+    signed = c["kind"] == "max"
+    if (c["lo"] is None) == (c["hi"] is None):
+        return fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=signed)
+    side, bound = ("upper", c["hi"]) if c["hi"] is not None else ("lower", c["lo"])
+    where = f"stage {c['stage']} · {c['task']}" if c.get("task") else "its stage"
+    return (f"{fmt_pct(c['value'], 2, signed=signed)} ({where}, {side} bound "
+            f"{fmt_pct(bound, 2, signed=signed)})")  # fmt: skip
+
+
 def _goal_cells(c: Mapping[str, Any]) -> list[str]:
-    """A goal check's cells; the worst stage (an upper bound only) shows that bound."""
+    """A goal check's cells."""
     sign = "≤" if c["kind"] == "max" else "≥"
-    figure = fmt_interval(c["value"], c["lo"], c["hi"], 2, signed=c["kind"] == "max")
-    if c["lo"] is None and c["hi"] is not None:
-        figure = f"{fmt_pct(c['value'], 2, signed=True)} (highest upper bound " \
-            f"{fmt_pct(c['hi'], 2, signed=True)})"  # fmt: skip
     met = "yes" if c["met"] else ("no" if not c["note"] else f"no ({c['note']})")
     return [
         c["run"], c["case"], c["mode"], f"{c['goal']} {sign} {fmt_pct(c['threshold'], 1)}",
-        figure, met,
+        goal_figure(c), met,
     ]  # fmt: skip
 
 
