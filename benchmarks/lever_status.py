@@ -387,7 +387,9 @@ LEVERS: tuple[Lever, ...] = (
           "host gains (table `step-sizes-cpu`). The second: the image task in 64 bands, 1, 2 or "
           "4 a step (`step_bands`), against 16 bands a band a step, its size alone changed; the "
           "vision tasks' arms there also differ by graphs (eager whole batches off), so their "
-          "rows measure both; the harvest is a share of the idle time, not of work done", ""),
+          "rows measure both; the harvest is a share of the idle time, not of work done. The third: "
+          "8 graphed slices against 4, ResNet-18 only, arms from two calls back to back on one "
+          "machine", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),
@@ -401,12 +403,10 @@ LEVERS: tuple[Lever, ...] = (
           backed_out=True),
     Lever("power", "4. power-aware governor",
           "NVML board power (above 95% of the board's power cap) and SM clock (10% below the "
-          "highest seen) count as overload to the overhead governor before the step time moves",
-          "on in every governed block since the governor reads each GPU's cap (the H100 "
-          "results of 2026-12-05 too: no gated block came within 10% of the cap, table "
-          "`h100-goals-now`); no committed result runs governed blocks with the device signals "
-          f"off beside on. Two invocations in one call: `{_BENCH} --real-stage 3 --modes "
-          "vanilla,governed --repeats 8 --governor-signals off`, then `on`"),
+          "highest seen) count as overload to the overhead governor before the step time moves "
+          "(off: `--governor-signals off`, the step time alone). No gated block of the H100 "
+          "results came within 10% of the board's cap (table `h100-goals-now`), so the signals "
+          "had little to act on there", ""),
     Lever("trickle", "5. trickle gating",
           "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "
           "training keeps its pace (the off arm: governed blocks)", ""),
@@ -433,13 +433,10 @@ LEVERS: tuple[Lever, ...] = (
           "the GPU task host sleeps until 300 µs before a predicted bubble start in `select` "
           "(to the microsecond) instead of `poll` (whole milliseconds, rounded up: it woke after "
           "most edges), and spins to the slot's 90th percentile of lateness (at most 2 ms) "
-          "instead of 300 µs past the prediction; each first step records the start expected "
-          "and the spin's end",
-          "no GPU A/B yet. The path alone on the CPU (table `edge-latency-cpu`): a spinning "
-          "reader's start latency p50 44-63 µs before, 18-24 µs after; the learned window "
-          "against the fixed one, no clear effect there. The spin's worth on the GPU: two "
-          f"invocations in one call, `FREERIDE_SPIN_LEAD_US=0 {_BENCH} --real-stage 1,2,3` "
-          "(hosts never spin; the result records the setting), then the same without it"),
+          "instead of 300 µs past the prediction. Its worth is in the signal latency (table "
+          "`h100-12-05d-latency`: the off arm sets `FREERIDE_SPIN_LEAD_US=0`, hosts never "
+          "spin); the harvest and overhead columns say what it cost. The path alone on the CPU: "
+          "table `edge-latency-cpu`", ""),
     Lever("inference", "seventh built-in task: inference",
           "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
           "switch)", ""),

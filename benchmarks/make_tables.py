@@ -241,6 +241,31 @@ H100_SIZES = (
     ("h100-2026-12-05c-sizes-off-s123.json", "whole steps"),
     ("h100-2026-12-05c-sizes-on-s123.json", "steps sized per bubble"),
 )
+#: Lever 7 on an H100 (stages 1-3, the task options of ``H100_SIZES``' on arm; one call, the
+#: first arm first): hosts that sleep in ``select`` and spin over each slot's learned window,
+#: against the same tree with ``FREERIDE_SPIN_LEAD_US=0`` (hosts never spin).
+H100_SPIN = (
+    ("h100-2026-12-05d-spin-on-s123.json", "spin into predicted starts"),
+    ("h100-2026-12-05d-spin-off-s123.json", "hosts never spin"),
+)
+#: Lever 4 on that H100, the next call: governed blocks on stage 3 (VGG-19, the bench's default
+#: options) with the governor's device signals off, then on; 8 repeats each.
+H100_SIGNALS = (
+    ("h100-2026-12-05d-signals-off-s3.json", "device signals off"),
+    ("h100-2026-12-05d-signals-on-s3.json", "device signals on"),
+)
+#: The same call, before the signals: the vision tasks' batches in 8 graphed slices, 1, 2, 4 or
+#: 8 a step (stage 3's VGG-19 segment did not fit the call's time budget).
+H100_SLICES8 = (("h100-2026-12-05d-slices8-s123.json", "8 graphed slices"),)
+#: M = 8 and InterleavedZeroBubble (chunks 2, stage 3, then stages 1-2 in the next call) with the
+#: options of ``H100_SPIN``, the calls after it on the same machine.
+H100_M8_SIZED = (("h100-2026-12-05d-m8-s123.json", "M = 8, sized steps"),)
+H100_ZB_SIZED = (
+    ("h100-2026-12-05d-zb-s3.json", "InterleavedZeroBubble, sized steps, stage 3"),
+    ("h100-2026-12-05d-zb-s12.json", "InterleavedZeroBubble, sized steps, stages 1, 2"),
+)
+#: Everything the H100 calls of this tree measured, for the per-stage and idle tables.
+H100_SPIN_TREE = (*H100_SPIN, *H100_SLICES8, *H100_M8_SIZED, *H100_ZB_SIZED)
 _H100_IDLE = "table `h100-12-05-idle-split`"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
@@ -1111,9 +1136,9 @@ def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
          "edge → host p99 ms",
          *(("before it, device → edge p50 ms", "device → edge p99 ms") if lag else ()),
          "end → last late step p99 ms", *(SPIN_HEADERS if spin else ())],
-        _first_of_run([[run_label(r["run"]), r["mode"], *(_ms(r, n) for n in names),
+        _first_of_run([[label or run_label(r["run"]), r["mode"], *(_ms(r, n) for n in names),
                         *(spin_cells(r) if spin else ())]
-                       for _, r in rows]),
+                       for label, r in rows]),
     )  # fmt: skip
 
 
@@ -1126,7 +1151,15 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_FIT_SLICES, *H100_M8)),
         source(*(n for n, _ in (*H100_ZB, *H100_ZB_S3))),
         *(source(n) for n, _ in H100_SIZES),
+        *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED)),
+        source(*(n for n, _ in H100_ZB_SIZED)),
     ]
+
+
+def _pipeline_rows(files: Sequence[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
+    """Each file's pipeline rows of the mix case, labelled by the file's label."""
+    return [(label, r) for name, label in files for r in result(name)["pipeline"]
+            if r["case"] == "mix"]  # fmt: skip
 
 
 def goal_sources() -> list[Source]:
@@ -1214,7 +1247,9 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
         "predictor": _predictor(),
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
-                       *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`")],
+                       *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
+                       *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`")],
+        "power": _on_off(H100_SIGNALS[1], H100_SIGNALS[0], "table `h100-12-05d-stages`"),
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
                    *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
         "trickle": [*(c for name, _ in H200_TRICKLE
@@ -1235,6 +1270,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                      _timing_quiet("compute", "one-stage GPT, d_model 2048 (compute-bound)")],
         "inference": bench_comparisons(Arm(source(tokens[0]), "governed", tokens[1]), None,
                                        "table `h200-12-04f-inference`"),
+        "spin_window": _on_off(H100_SPIN[0], H100_SPIN[1],
+                               "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
         "zero_bubble": _on_off(zero_bubble, interleaved, "table `h200-12-04f-schedules`"),
     }  # fmt: skip
 
@@ -1262,6 +1299,14 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-05b-zb": lambda: schedules((*H100_ZB, *H100_ZB_S3)),
     "h100-12-05b-zb-idle-split": lambda: _idle_split((*H100_ZB, *H100_ZB_S3)),
     "h100-12-05c-sizes": lambda: _idle_split(H100_SIZES),
+    "h100-12-05d-latency": lambda: signal_latency(
+        _pipeline_rows(((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN, *H100_SLICES8,
+                        *H100_M8_SIZED, *H100_ZB_SIZED, *H100_SIGNALS))
+    ),
+    "h100-12-05d-stages": lambda: _side_by_side(
+        (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
+    ),
+    "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,
