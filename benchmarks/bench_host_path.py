@@ -13,7 +13,9 @@ every bubble gets one step.
 Per bubble: the edge's stamp → ``step()`` called (what the host adds to the signal latency),
 and the edge's stamp → the step's recorded start (what the bench's signal latency ends at).
 The bubbles make ``--blocks`` consecutive blocks (≥ 5): the mean over blocks of each figure's
-p50 and p90 with its 95% t-interval (``core.intervals.mean_interval``).
+p50, p90 and p99 with its 95% t-interval (``core.intervals.mean_interval``), and the share of
+bubbles whose edge → step took over a millisecond (a thread of the host that takes the GIL
+while the host makes a system call can keep it for the interpreter's 5 ms switch interval).
 
     python benchmarks/bench_host_path.py --bubbles 4000 --blocks 8 --out host-path.json
 
@@ -48,6 +50,7 @@ from freeride_lab.sidetasks.spec import HostSpec, TaskSpec
 STEP_S = 0.004  # the profile's median step: FreeRide's guard, 10 ms x 1.2, as managed
 PREDICTED_NS = 200_000_000  # each bubble is predicted long enough for any step
 END_AFTER_NS = 1_000_000  # a bubble's end edge is stamped this long after it is published
+SLOW_US = 1000.0  # a bubble whose edge → step took longer is counted apart (``over_1ms_frac``)
 
 
 class Instant(IterativeSideTask):
@@ -138,10 +141,18 @@ def _step_starts(path: Path) -> list[int]:
 def _blocks(values_us: list[float], blocks: int) -> dict[str, Any]:
     parts = [np.asarray(b) for b in np.array_split(np.asarray(values_us), blocks)]
     out: dict[str, Any] = {"blocks": len(parts), "per_block": len(parts[0])}
-    for q in (50, 90):
+    for q in (50, 90, 99):
         iv = mean_interval([float(np.percentile(b, q)) for b in parts])
         out[f"p{q}"] = {"value": round(iv.value, 2), "lo": round(iv.lo, 2), "hi": round(iv.hi, 2)}
+    # the tail a thread that takes the GIL gives: the interpreter's switch interval is 5 ms
+    iv = mean_interval([float(np.mean(b > SLOW_US)) for b in parts])
+    out["over_1ms_frac"] = {"value": round(iv.value, 5), "lo": round(iv.lo, 5),
+                            "hi": round(iv.hi, 5)}  # fmt: skip
     return out
+
+
+def _pct_interval(iv: dict[str, float]) -> str:
+    return f"{100 * iv['value']:.2f}% [{100 * iv['lo']:.2f}, {100 * iv['hi']:.2f}]"
 
 
 def main() -> None:
@@ -172,7 +183,9 @@ def main() -> None:
         b = result[name]
         print(f"{name}: {b['blocks']} blocks of {b['per_block']}: p50 {b['p50']['value']:.1f} "
               f"[{b['p50']['lo']:.1f}, {b['p50']['hi']:.1f}] us, p90 {b['p90']['value']:.1f} "
-              f"[{b['p90']['lo']:.1f}, {b['p90']['hi']:.1f}] us")  # fmt: skip
+              f"[{b['p90']['lo']:.1f}, {b['p90']['hi']:.1f}] us, p99 {b['p99']['value']:.1f} "
+              f"[{b['p99']['lo']:.1f}, {b['p99']['hi']:.1f}] us, over 1 ms "
+              + _pct_interval(b["over_1ms_frac"]))  # fmt: skip
     write_results(result, args.out)
 
 

@@ -387,9 +387,9 @@ LEVERS: tuple[Lever, ...] = (
           "host gains (table `step-sizes-cpu`). The second: the image task in 64 bands, 1, 2 or "
           "4 a step (`step_bands`), against 16 bands a band a step, its size alone changed; the "
           "vision tasks' arms there also differ by graphs (eager whole batches off), so their "
-          "rows measure both; the harvest is a share of the idle time, not of work done. The third: "
-          "8 graphed slices against 4, ResNet-18 only, arms from two calls back to back on one "
-          "machine", ""),
+          "rows measure both; the harvest is a share of the idle time, not of work done. The "
+          "third: 8 graphed slices against 4, ResNet-18 only, arms from two calls back to back "
+          "on one machine", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),

@@ -266,6 +266,8 @@ H100_ZB_SIZED = (
 )
 #: Everything the H100 calls of this tree measured, for the per-stage and idle tables.
 H100_SPIN_TREE = (*H100_SPIN, *H100_SLICES8, *H100_M8_SIZED, *H100_ZB_SIZED)
+#: The signal latency of those calls beside the evening's tree, whose host slept in ``poll``.
+H100_LATENCY = ((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN_TREE, *H100_SIGNALS)
 _H100_IDLE = "table `h100-12-05-idle-split`"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
@@ -1299,10 +1301,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-05b-zb": lambda: schedules((*H100_ZB, *H100_ZB_S3)),
     "h100-12-05b-zb-idle-split": lambda: _idle_split((*H100_ZB, *H100_ZB_S3)),
     "h100-12-05c-sizes": lambda: _idle_split(H100_SIZES),
-    "h100-12-05d-latency": lambda: signal_latency(
-        _pipeline_rows(((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN, *H100_SLICES8,
-                        *H100_M8_SIZED, *H100_ZB_SIZED, *H100_SIGNALS))
-    ),
+    "h100-12-05d-latency": lambda: signal_latency(_pipeline_rows(H100_LATENCY)),
     "h100-12-05d-stages": lambda: _side_by_side(
         (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
     ),

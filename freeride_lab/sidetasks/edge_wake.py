@@ -6,12 +6,14 @@ under a temporary name, opens it for reading, renames it into place (so the writ
 one that no reader holds yet) and then stores a fresh random token in the file's ``readers``
 word. After each record the writer writes one byte to every reader's FIFO, never blocking; it
 lists the FIFOs again only when the ``readers`` word differs from the one it saw at its last
-listing. A reader drains its FIFO, checks the record and, if nothing is new, waits in
-``poll`` until its FIFO is readable: a byte written after the drain stays there until the
-next drain, so no wake-up is lost. A full FIFO (a reader that has not waited for a long while)
-still wakes its reader; one whose reader has gone (EPIPE, or ENXIO when opened) is closed and
-removed by the writer. ``interrupt`` writes a byte to the reader's own FIFO, waking that reader
-only. Where no FIFO can be made (a file system without them) a reader checks every 0.5 ms.
+listing. A reader checks the record; if nothing is new, it drains its FIFO, checks again and,
+if still nothing is new, waits in ``select`` until its FIFO is readable: a byte written after
+the drain stays there until the next drain, so no wake-up is lost (a new edge is returned
+before any drain: ``edges`` [Note: no syscall before the edge]). A full FIFO (a reader that
+has not waited for a long while) still wakes its reader; one whose reader has gone (EPIPE, or
+ENXIO when opened) is closed and removed by the writer. ``interrupt`` writes a byte to the
+reader's own FIFO, waking that reader only. Where no FIFO can be made (a file system without
+them) a reader checks every 0.5 ms.
 
 Plain POSIX (``os.mkfifo``, ``poll``), so no system call numbers and no ``ctypes``; a pipe
 wakes one reader, so each reader has its own and the writer pays one non-blocking ``write``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -152,6 +153,32 @@ def test_a_spinning_wait_sees_an_edge_without_sleeping(
     thread.join()
     assert edge is not None and (edge.seq, edge.slot) == (1, 1)
     assert slept == []
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 2.0])
+def test_a_new_edge_is_returned_before_any_system_call_and_its_wake_up_drained_later(
+    path: Path, monkeypatch: pytest.MonkeyPatch, spin_s: float
+) -> None:
+    """A system call releases the GIL, which another thread of the host may then keep for the
+    interpreter's switch interval: a wait that finds a new edge returns it without draining
+    its FIFO. The edge's wake-up byte is drained at the next wait that finds nothing new,
+    before it sleeps, so that sleep is not ended by it."""
+    writer = EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    calls: list[str] = []
+    real_drain, real_sleep = reader._wake.drain, reader._wake.sleep
+    monkeypatch.setattr(reader._wake, "drain", lambda: (calls.append("drain"), real_drain())[1])
+    monkeypatch.setattr(reader._wake, "sleep",
+                        lambda s: (calls.append("sleep"), real_sleep(s))[1])  # fmt: skip
+    writer.bubble_start(step=0, slot=0, t_ns=1, predicted_end_ns=2)
+    edge = reader.wait(timeout_s=5, spin_s=spin_s)
+    assert edge is not None and edge.seq == 1
+    assert calls == []
+    assert reader.wait(timeout_s=0.05) is None
+    assert calls[:2] == ["drain", "sleep"]
+    assert reader._wake._read_fd >= 0
+    with pytest.raises(BlockingIOError):  # the byte was drained before the sleep
+        os.read(reader._wake._read_fd, 1)
 
 
 def test_a_wait_whose_spin_sees_nothing_sleeps_until_the_edge(path: Path) -> None:
