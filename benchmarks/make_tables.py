@@ -126,6 +126,13 @@ HOST_PATH_CPU = tuple(
     for n in (1, 2)
     for arm, label in (("before", "before (2c131c0)"), ("after", "after (706c8d3)"))
 )
+#: The same path before and after the reader stopped draining its FIFO ahead of a new edge
+#: (bench_host_path.py with p99 and the share over 1 ms; alternating, three rounds).
+HOST_PATH_TAIL_CPU = tuple(
+    (f"host-path-cpu-2026-12-06-{arm}-{n}.json", label)
+    for n in (1, 2, 3)
+    for arm, label in (("before", "before (47593ff)"), ("after", "after (175adda)"))
+)
 STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
      "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
@@ -916,6 +923,28 @@ def host_path_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def host_path_tail_cpu() -> list[str]:
+    """Per tree: the host's path from a bubble's start edge to its step() call, its tail too
+    (``HOST_PATH_TAIL_CPU``; means of block percentiles and shares, t-intervals)."""
+
+    def iv(x: Mapping[str, float], scale: float = 1.0, digits: int = 1) -> str:
+        return fmt_interval(x["value"] * scale, x["lo"] * scale, x["hi"] * scale, digits,
+                            pct=False)  # fmt: skip
+
+    rows = []
+    for name, tree in HOST_PATH_TAIL_CPU:
+        data = raw(name)
+        call = data["edge_to_call_us"]
+        rows.append([tree, data["date"][11:16], f"{call['blocks']} × {call['per_block']}",
+                     *(iv(call[q]) for q in ("p50", "p90", "p99")),
+                     iv(call["over_1ms_frac"], 100.0, 2)])  # fmt: skip
+    return md_table(
+        ["tree (CPU)", "UTC", "blocks × bubbles", "edge → step() called p50 µs", "p90 µs",
+         "p99 µs", "bubbles over 1 ms, %"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1357,6 +1386,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
     "host-path-cpu": host_path_cpu,
+    "host-path-tail-cpu": host_path_tail_cpu,
 }
 
 
