@@ -209,9 +209,10 @@ def _headline(summary: pd.DataFrame, pipeline: pd.DataFrame) -> dict[str, Any]:
 #: The goals and the figure each is judged on: (goal key in ``result["goals"]``, name, figure,
 #: "max" (met when the interval's upper bound is under it) or "min" (lower bound over it), and
 #: where the figure comes from: "pipeline" (the run's pipeline row) or "every stage" (each
-#: covered stage's own interval must clear the goal: the deciding stage is the one whose bound
-#: is furthest from it). A pipeline figure counts stages a run did not cover as harvesting
-#: nothing, so a goal about every stage is judged stage by stage.
+#: covered stage's own interval must clear the goal; the stage with the highest upper bound of
+#: a maximum, the lowest lower bound of a minimum, decides). A pipeline figure counts stages a
+#: run did not cover as harvesting nothing, so a goal about every stage is judged stage by
+#: stage.
 GOAL_FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
     ("overhead_mean_frac_max", "overhead, one stage at a time: mean", "overhead_one_stage_mean",
      "max", "pipeline"),
@@ -292,14 +293,11 @@ def _deciding_stage(
         for s in summary
         if (s["run"], s["case"], s["mode"]) == (row["run"], row["case"], row["mode"]) and s["task"]
     ]
-    side = "_hi" if kind == "max" else "_lo"
+    side, pick = ("_hi", max) if kind == "max" else ("_lo", min)
     bounds = [s.get(f"{figure}{side}_frac") for s in stages]
     if not stages or any(b is None or b != b for b in bounds):
-        pick = max if kind == "max" else min
-        value = pick((s[f"{figure}_frac"] for s in stages), default=None)
-        return value, None, None, {}
-    pick_stage = max if kind == "max" else min
-    worst = pick_stage(stages, key=lambda s: s[f"{figure}{side}_frac"])
+        return pick((s[f"{figure}_frac"] for s in stages), default=None), None, None, {}
+    worst = pick(stages, key=lambda s: s[f"{figure}{side}_frac"])
     bound = worst[f"{figure}{side}_frac"]
     lo, hi = (None, bound) if kind == "max" else (bound, None)
     return worst[f"{figure}_frac"], lo, hi, {"stage": worst["stage"], "task": worst["task"]}
