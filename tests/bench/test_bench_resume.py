@@ -237,7 +237,7 @@ def test_a_result_with_nothing_left_to_measure_is_kept_and_the_call_listed(
 
 
 class _SteppingSession:
-    """A session whose four ranks have run ``n`` steps ``gap_ms`` apart (its first one late)."""
+    """A session whose four ranks have run ``n`` steps ``gap_ms`` apart (the first gap 3 s)."""
 
     def __init__(self, n: int, gap_ms: float) -> None:
         rows = [(rank, 5_000.0 + s * gap_ms + (0 if s else -3_000.0))
