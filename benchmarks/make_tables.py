@@ -811,13 +811,25 @@ def fidelity_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def _record_interval(
+    x: Mapping[str, float],
+    digits: int,
+    *,
+    pct: bool = False,
+    signed: bool = False,
+    scale: float = 1.0,
+) -> str:
+    """A benchmark's ``{"value", "lo", "hi"}`` figure with its interval, times ``scale``."""
+    return fmt_interval(x["value"] * scale, x["lo"] * scale, x["hi"] * scale, digits, pct=pct,
+                        signed=signed)  # fmt: skip
+
+
 def predictor_cpu() -> list[str]:
     data = raw(PREDICTOR_CPU)
     ref = data["reference"]
 
     def iv(e: Mapping[str, Any], name: str, *, signed: bool = False) -> str:
-        x = e[name]
-        return fmt_interval(x["value"], x["lo"], x["hi"], 1, signed=signed)
+        return _record_interval(e[name], 1, pct=True, signed=signed)
 
     rows = []
     for run in data["runs"]:
@@ -835,9 +847,6 @@ def predictor_cpu() -> list[str]:
 
 
 def step_sizes_cpu() -> list[str]:
-    def iv(x: Mapping[str, float], digits: int, *, pct: bool, signed: bool = False) -> str:
-        return fmt_interval(x["value"], x["lo"], x["hi"], digits, pct=pct, signed=signed)
-
     rows = []
     for name, task, policy in STEP_SIZES_CPU:
         data = raw(name)
@@ -847,8 +856,9 @@ def step_sizes_cpu() -> list[str]:
                 f"{task} (rank {run['rank']})", policy,
                 f"{run['blocks']} × {run['bubbles_per_block']}",
                 f"{data['fixed']} of 4",
-                iv(fixed["images_per_s"], 0, pct=False), iv(fit["images_per_s"], 0, pct=False),
-                iv(diff["images_per_s"], 0, pct=False, signed=True),
+                _record_interval(fixed["images_per_s"], 0),
+                _record_interval(fit["images_per_s"], 0),
+                _record_interval(diff["images_per_s"], 0, signed=True),
                 f"{fmt_pct(fixed['under_steps_frac']['value'], 0)} / "
                 f"{fmt_pct(fit['under_steps_frac']['value'], 0)}",
             ])  # fmt: skip
@@ -907,15 +917,13 @@ def host_path_cpu() -> list[str]:
     """Per tree: the host's own path from a bubble's start edge to its step() call, and to the
     start its step records (``HOST_PATH_CPU``; means of block percentiles, t-intervals)."""
 
-    def iv(x: Mapping[str, float]) -> str:
-        return fmt_interval(x["value"], x["lo"], x["hi"], 1, pct=False)
-
     rows = []
     for name, tree in HOST_PATH_CPU:
         data = raw(name)
         call, start = data["edge_to_call_us"], data["edge_to_recorded_start_us"]
         rows.append([tree, data["date"][11:16], f"{call['blocks']} × {call['per_block']}",
-                     *(iv(x[q]) for x in (call, start) for q in ("p50", "p90"))])  # fmt: skip
+                     *(_record_interval(x[q], 1) for x in (call, start)
+                       for q in ("p50", "p90"))])  # fmt: skip
     return md_table(
         ["tree (CPU)", "UTC", "blocks × bubbles", "edge → step() called p50 µs", "p90 µs",
          "edge → the step's recorded start p50 µs", "p90 µs"],
@@ -927,17 +935,13 @@ def host_path_tail_cpu() -> list[str]:
     """Per tree: the host's path from a bubble's start edge to its step() call, its tail too
     (``HOST_PATH_TAIL_CPU``; means of block percentiles and shares, t-intervals)."""
 
-    def iv(x: Mapping[str, float], scale: float = 1.0, digits: int = 1) -> str:
-        return fmt_interval(x["value"] * scale, x["lo"] * scale, x["hi"] * scale, digits,
-                            pct=False)  # fmt: skip
-
     rows = []
     for name, tree in HOST_PATH_TAIL_CPU:
         data = raw(name)
         call = data["edge_to_call_us"]
         rows.append([tree, data["date"][11:16], f"{call['blocks']} × {call['per_block']}",
-                     *(iv(call[q]) for q in ("p50", "p90", "p99")),
-                     iv(call["over_1ms_frac"], 100.0, 2)])  # fmt: skip
+                     *(_record_interval(call[q], 1) for q in ("p50", "p90", "p99")),
+                     _record_interval(call["over_1ms_frac"], 2, scale=100.0)])  # fmt: skip
     return md_table(
         ["tree (CPU)", "UTC", "blocks × bubbles", "edge → step() called p50 µs", "p90 µs",
          "p99 µs", "bubbles over 1 ms, %"],
