@@ -171,9 +171,9 @@ def idle_use(
                 fit += hi - lo
                 if not _clipped(told, told_starts, lo, hi):
                     silent += hi - lo
-                elif _predicted_short(predicted, predicted_starts, reach, predicted_fit, lo, hi):
+                elif _no_room_predicted(predicted, predicted_starts, reach, predicted_fit, lo, hi):
                     short += hi - lo
-                elif _predicted_short(predicted, predicted_starts, reach, past_guard, lo, hi):
+                elif _no_room_predicted(predicted, predicted_starts, reach, past_guard, lo, hi):
                     guard += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
@@ -192,22 +192,23 @@ def idle_use(
     )
 
 
-def _predicted_short(
+def _no_room_predicted(
     spans: list[tuple[float, float]],
     starts: list[float],
     reach: list[float],
-    fitted: list[bool],
+    room: list[bool],
     lo: float,
     hi: float,
 ) -> bool:
     """Whether some announcement with a prediction overlaps (lo, hi) and none of those
-    predicted room for the shortest step (``spans`` sorted by start, ``reach`` their running
-    latest end; not merged, since two announcements of one bubble may predict differently)."""
+    predicted room (``room``, per announcement: for the shortest step, or past its guard;
+    ``spans`` sorted by start, ``reach`` their running latest end; not merged, since two
+    announcements of one bubble may predict differently)."""
     i = bisect.bisect_left(starts, lo)
     while i > 0 and reach[i - 1] > lo:  # an earlier start may still reach into the bubble
         i -= 1
     seen = False
-    for (s, e), fits in zip(spans[i:], fitted[i:], strict=True):
+    for (s, e), fits in zip(spans[i:], room[i:], strict=True):
         if s >= hi:
             break
         if e > lo:
