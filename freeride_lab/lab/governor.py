@@ -343,7 +343,7 @@ class GovernorLoop:
 @dataclass(slots=True)
 class _StepWindow:
     """A training step across the ranks that have ended it so far: its earliest start and
-    latest end (ns), and those ranks."""
+    latest end (ns), and those ranks; ``step_times_s`` over a table once every rank has."""
 
     start_ns: int
     end_ns: int
@@ -371,7 +371,9 @@ def nearest_cap(
 
 def step_times_s(steps: pd.DataFrame) -> dict[int, float]:
     """Each step's time in s as the governor sees it: its window across ranks (the earliest
-    start to the latest end in the steps table)."""
+    start to the latest end in the steps table). The loop keeps the same window from the
+    events as they arrive (``_StepWindow``); this is it over a whole table, for readers of a
+    run's tables (the bench's baselines)."""
     if steps.empty:
         return {}
     windows = steps.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
