@@ -256,14 +256,14 @@ def test_a_spinning_host_tells_when_it_expected_the_bubble_and_how_long_it_spun(
 
     class Clock:
         def spin_window(self, lead_ns: int, most_ns: int) -> tuple[int, int]:
-            assert lead_ns == 300_000 and most_ns > 0
+            assert (lead_ns, most_ns) == (300_000, 4_000_000)
             return window
 
         def bubble_started(self, **edge: Any) -> int:
             return expected
 
     host._clock = Clock()
-    host._spin_lead_s = 300e-6
+    host._spin_lead_s, host._spin_most_s = 300e-6, 4e-3  # as FREERIDE_SPIN_MOST_US=4000 sets
     writer = threading.Timer(0.002, lambda: edges.bubble_start(
         0, 0, host.reader.now_ns(), host.reader.now_ns() + 20_000_000))  # fmt: skip
     writer.start()
@@ -483,6 +483,7 @@ def test_a_cuda_step_waits_for_its_queued_kernels(
         ("cuda:0", "0", 0.0),
         ("cpu", "150", 150e-6),
         ("cuda:0", "many", 300e-6),
+        ("cuda:0", "inf", 300e-6),
     ],
 )
 def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
@@ -491,6 +492,19 @@ def test_only_gpu_runs_spin_for_bubble_starts_unless_told(
     from freeride_lab.sidetasks.host import base
 
     assert base._spin_lead_s(device, override) == pytest.approx(lead_s)
+
+
+@pytest.mark.parametrize(("override", "most_s"), [(None, 2e-3), ("4000", 4e-3), ("x", 2e-3)])
+def test_the_spin_cap_comes_from_the_environment_when_set(
+    monkeypatch: pytest.MonkeyPatch, override: str | None, most_s: float
+) -> None:
+    from freeride_lab.sidetasks.host import base
+
+    if override is None:
+        monkeypatch.delenv(base.SPIN_MOST_ENV, raising=False)
+    else:
+        monkeypatch.setenv(base.SPIN_MOST_ENV, override)
+    assert base._env_us(base.SPIN_MOST_ENV, 2e-3) == pytest.approx(most_s)
 
 
 # -- step groups ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -36,12 +37,16 @@ from freeride_lab.sidetasks.spec import HostSpec
 
 log = logging.getLogger("freeride_lab.sidetasks.host")
 
-__all__ = ["OVERRUN_WINDOW", "SPIN_LEAD_ENV", "HostBase", "failure_reason"]
+__all__ = ["OVERRUN_WINDOW", "SPIN_LEAD_ENV", "SPIN_MOST_ENV", "HostBase", "failure_reason"]
 
 OVERRUN_WINDOW = 100  # steps the overrun policy looks at
 _SPIN_LEAD_S = 300e-6  # GPU runs: spin from this long before a predicted bubble start
 #: Overrides ``_SPIN_LEAD_S`` in µs (0 = never spin, also on GPU runs; > 0 = spin on CPU too).
 SPIN_LEAD_ENV = "FREERIDE_SPIN_LEAD_US"
+#: The longest spin for one bubble start (``core.edge_timing`` [Note: spin window]).
+_SPIN_MOST_S = 2e-3
+#: Overrides ``_SPIN_MOST_S`` in µs (0 = never spin past the prediction's lead).
+SPIN_MOST_ENV = "FREERIDE_SPIN_MOST_US"
 
 
 class HostBase:
@@ -112,6 +117,7 @@ class HostBase:
         self._last_report_ns = 0
         self._clock = NextBubbleClock()  # predicts bubble starts from the edges seen
         self._spin_lead_s = _spin_lead_s(spec.device, os.environ.get(SPIN_LEAD_ENV))
+        self._spin_most_s = _env_us(SPIN_MOST_ENV, _SPIN_MOST_S)
 
     # -- outside world --
 
@@ -282,9 +288,25 @@ def failure_reason(exc: BaseException, where: str) -> str:
 def _spin_lead_s(device: str, override_us: str | None) -> float:
     """How long before a predicted bubble start the host spins: GPU runs only, unless the
     environment says otherwise (a CPU run's cores belong to training)."""
-    if override_us:
+    default = _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0
+    return _us_or(SPIN_LEAD_ENV, override_us, default)
+
+
+def _env_us(name: str, default_s: float) -> float:
+    """The environment's ``name`` (µs) in seconds, or ``default_s``."""
+    return _us_or(name, os.environ.get(name), default_s)
+
+
+def _us_or(name: str, value_us: str | None, default_s: float) -> float:
+    """``value_us`` (µs, from the environment's ``name``) in seconds, at least 0; ``default_s``
+    when unset or not a number (with a warning)."""
+    if value_us:
         try:
-            return max(0.0, float(override_us)) / 1e6
+            us = float(value_us)
         except ValueError:
-            log.warning("%s=%r is not a number of µs; ignored", SPIN_LEAD_ENV, override_us)
-    return _SPIN_LEAD_S if str(device).startswith("cuda") else 0.0
+            log.warning("%s=%r is not a number of µs; ignored", name, value_us)
+        else:
+            if math.isfinite(us):
+                return max(0.0, us) / 1e6
+            log.warning("%s=%r is not a finite number of µs; ignored", name, value_us)
+    return default_s

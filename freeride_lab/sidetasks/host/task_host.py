@@ -66,7 +66,6 @@ from freeride_lab.sidetasks.spec import checkpoint_path, parse_overrun_policy
 __all__ = ["TaskHost"]
 
 _WAIT_S = 0.5  # longest sleep of the host's loop without a bubble or a command
-_SPIN_MOST_S = 2e-3  # the longest spin for one bubble start ([Note: spin window])
 
 
 class TaskHost(IterativeSteps):
@@ -175,7 +174,7 @@ class TaskHost(IterativeSteps):
         window = None
         if self._spin_lead_s > 0:
             lead_ns = round(self._spin_lead_s * 1e9)
-            window = self._clock.spin_window(lead_ns, round(_SPIN_MOST_S * 1e9))
+            window = self._clock.spin_window(lead_ns, round(self._spin_most_s * 1e9))
         self._seen_ns = self._expected_ns = self._spin_from_ns = self._spin_until_ns = 0
         if window is None:
             edge, seen_ns = self._wait(limit_s)
