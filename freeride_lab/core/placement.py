@@ -249,18 +249,36 @@ def place(
 
 
 def place_all(
-    tasks: Iterable[TaskRequest], stages: Sequence[StageInfo]
+    tasks: Iterable[TaskRequest],
+    stages: Sequence[StageInfo],
+    *,
+    policy: PlacementPolicy | str = PlacementPolicy.FREERIDE,
 ) -> tuple[list[Placement | NoPlacement], tuple[StageInfo, ...]]:
     """Place submissions in order, queueing each placed task; returns outcomes and new stages.
 
     This reproduces FreeRide's evaluation policy: submitting the same task once per eligible
-    stage spreads the copies, because each placed copy lengthens that stage's queue.
+    stage spreads the copies, because each placed copy lengthens that stage's queue. Under
+    ``policy="harvest"`` a queued task halves what a stage offers the next one, so tasks
+    spread unless one stage fills far more for them than the rest.
+
+        >>> stages = [StageInfo(stage=0, free_bytes=1, bubble_ms=(30.0, 30.0, 30.0)),
+        ...           StageInfo(stage=1, free_bytes=1, bubble_ms=(90.0,))]  # 51 vs 85 ms
+        >>> tasks = [TaskRequest(name=n, memory_bytes=0, budget_s=0.02, step_s=0.017)
+        ...          for n in ("a", "b")]
+        >>> [o.stage for o in place_all(tasks, stages)[0]]
+        [0, 1]
+        >>> [o.stage for o in place_all(tasks, stages, policy="harvest")[0]]  # 85 / 2 < 51
+        [1, 0]
+
+    Raises:
+        ValueError: an unknown ``policy``.
     """
+    policy = placement_policy(policy)
     current = list(stages)
     by_stage = {info.stage: i for i, info in enumerate(current)}
     outcomes: list[Placement | NoPlacement] = []
     for index, task in enumerate(tasks):
-        outcome = place(task, current)
+        outcome = place(task, current, policy=policy)
         outcomes.append(outcome)
         if isinstance(outcome, Placement):
             i = by_stage[outcome.stage]
