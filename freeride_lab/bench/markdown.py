@@ -15,6 +15,7 @@ from freeride_lab.bench import stats as bs
 
 __all__ = [
     "NOT_MEASURED",
+    "PLACEMENT_HEADERS",
     "SPIN_COLUMNS",
     "SPIN_HEADERS",
     "UNUSED_WHY",
@@ -27,6 +28,7 @@ __all__ = [
     "goal_figure",
     "markdown",
     "md_table",
+    "placement_cells",
     "recorded",
     "run_label",
     "spin_cells",
@@ -120,6 +122,20 @@ def spin_cells(r: Mapping[str, Any]) -> list[str]:
     """A pipeline row's ``SPIN_COLUMNS`` cells, under ``SPIN_HEADERS``."""
     return [fmt_ms_interval(r, "late_p50"), fmt_ms_interval(r, "late_p90"),
             fmt_frac_interval(r, "spin_caught", 0)]  # fmt: skip
+
+
+#: The headers of a placement row's cells (``placement_cells``).
+PLACEMENT_HEADERS: tuple[str, ...] = (
+    "run", "mode", "placement", "stage:task", "fill predicted ms / step", "harvest",
+    "of measured idle",
+)  # fmt: skip
+
+
+def placement_cells(r: Mapping[str, Any]) -> list[str]:
+    """A ``bench.placement`` row's cells, under ``PLACEMENT_HEADERS``."""
+    return [str(r["run"]), str(r["mode"]), str(r["policy"]), str(r["tasks"]),
+            fmt_num(r["fill_predicted_ms"], ".1f"), fmt_frac_interval(r, "harvest", 1),
+            fmt_frac_interval(r, "harvest_of_measured_idle", 0)]  # fmt: skip
 
 
 def fmt_ms_interval(r: Mapping[str, Any], name: str) -> str:
@@ -291,6 +307,14 @@ def markdown(result: Mapping[str, Any]) -> str:
         "Goals (met only when the 95% interval clears the goal)",
         ["run", "case", "mode", "goal", "figure [95%]", "met"],
         [_goal_cells(c) for c in result.get("goal_checks", [])],
+        omit_empty=True,
+    )
+    lines += _section(
+        "Placement: each policy's assignment, its harvest read off the measured cells",
+        PLACEMENT_HEADERS,
+        [placement_cells(r) for r in result.get("placement", [])],
+        note="A run that measured every task on every stage; the hindsight rows are chosen on "
+        "the same blocks (the best is an optimistic bound, not a policy).",
         omit_empty=True,
     )
     lines += _section(

@@ -2,7 +2,9 @@
 
 Every number of ``freeride-lab bench`` comes from the run directory after (or, for a solo
 phase, during) the run: ``collect_blocks`` turns the driver's blocks into rows
-(``bench.stats.BLOCK_COLUMNS``), ``stage_memory`` and ``task_steps`` read single event kinds.
+(``bench.stats.BLOCK_COLUMNS``) and notes each segment's stage bubbles as the lab's placer
+predicts them (``predicted_bubbles_ms``), ``stage_memory`` and ``task_steps`` read single
+event kinds.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from freeride_lab.bench.results import block_row
-from freeride_lab.core.bubbles import extract_bubbles
+from freeride_lab.core.bubbles import extract_bubbles, predict_bubbles
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.config import RunConfig
 from freeride_lab.lab.tables import (
@@ -25,7 +29,13 @@ from freeride_lab.lab.tables import (
     steps_frame,
 )
 
-__all__ = ["collect_blocks", "read_calibration", "stage_memory", "task_steps"]
+__all__ = [
+    "collect_blocks",
+    "predicted_bubbles_ms",
+    "read_calibration",
+    "stage_memory",
+    "task_steps",
+]
 
 
 def collect_blocks(
@@ -39,7 +49,9 @@ def collect_blocks(
     """The blocks table of one run, from its event files (``bench.stats.BLOCK_COLUMNS``).
 
     Also fills ``record``: its ``stage_memory`` and, per segment with a task, the task's step
-    and overrun counts over the whole run.
+    and overrun counts over the whole run and ``stage_bubbles_ms``, the stage's bubbles as the
+    lab's placer predicts them from the segment's vanilla blocks (``bench.placement`` places
+    tasks on them).
     """
     if not blocks or not run_dir.exists():
         return []
@@ -63,12 +75,33 @@ def collect_blocks(
             mine = side[side["task_id"] == rec["task_id"]]
             stats = OverrunStats.of(mine["overrun_ms"] * 1e6)
             rec.update(task_steps_total=stats.steps, task_overruns_total=stats.overruns)
+            vanilla = [
+                b for b in blocks if b.get("task_id") == rec["task_id"] and b["mode"] == "vanilla"
+            ]
+            rec["stage_bubbles_ms"] = predicted_bubbles_ms(bubbles, vanilla, int(rec["stage"]))
     rows = []
     for b in blocks:
         row = block_row(dict(b), run_name, starts, bubbles, side, edges, list(samples), t0)
         if row is not None:
             rows.append(row)
     return rows
+
+
+def predicted_bubbles_ms(
+    bubbles: pd.DataFrame, blocks: Sequence[Mapping[str, Any]], rank: int
+) -> list[float]:
+    """``rank``'s bubbles per slot (slot order) predicted as the lab's placer does (the
+    minimum of each slot's last five, ``core.bubbles.predict_bubbles``) from the measured
+    steps of ``blocks``; [] when they hold none."""
+    steps = {
+        s
+        for b in blocks
+        for s in range(int(b["first_step"]), int(b["first_step"]) + int(b["steps"]))
+    }
+    mine = bubbles[(bubbles["rank"] == rank) & bubbles["step"].isin(steps)]
+    if mine.empty:
+        return []
+    return [round(float(v), 3) for v in predict_bubbles(mine)["predicted_ms"]]
 
 
 def read_calibration(control_dir: Path, stages: int) -> list[dict[str, Any]]:

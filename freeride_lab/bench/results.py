@@ -36,6 +36,7 @@ import pandas as pd
 from freeride_lab.bench import stats as bs
 from freeride_lab.bench import tables as bt
 from freeride_lab.bench.markdown import markdown
+from freeride_lab.bench.placement import placement_summary
 from freeride_lab.core.accounting import CostModel
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.idle_use import idle_use
@@ -90,7 +91,9 @@ def fill_tables(result: dict[str, Any], *, stages: int) -> None:
     blocks = pd.DataFrame(result["blocks"], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
     dedicated = segment_speeds(result["runs"])
     if blocks.empty:
-        result.update(summary=[], pipeline=[], dedicated=dedicated, headline={}, goal_checks=[])
+        result.update(
+            summary=[], pipeline=[], placement=[], dedicated=dedicated, headline={}, goal_checks=[]
+        )
         return
     blocks["latency_ms"] = [tuple(x) for x in blocks["latency_ms"]]
     speeds: dict[bs.SegmentKey, float] = {
@@ -110,6 +113,7 @@ def fill_tables(result: dict[str, Any], *, stages: int) -> None:
     result["dedicated"] = dedicated
     result["summary"] = _records(summary)
     result["pipeline"] = _records(pipeline)
+    result["placement"] = _records(placement_summary(summary, result["runs"], stages=stages))
     result["headline"] = _headline(summary, pipeline)
     result["goal_checks"] = goal_checks(result["pipeline"], result["summary"], result.get("goals"))
 

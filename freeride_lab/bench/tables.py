@@ -10,7 +10,7 @@ intervals in ``core.intervals``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -37,10 +37,18 @@ from freeride_lab.core.intervals import (
     sum_interval,
 )
 
-__all__ = ["PIPELINE_COLUMNS", "SUMMARY_COLUMNS", "pipeline_summary", "summarize_blocks"]
+__all__ = [
+    "PIPELINE_COLUMNS",
+    "SUMMARY_COLUMNS",
+    "interval_columns",
+    "pipeline_harvest",
+    "pipeline_summary",
+    "summarize_blocks",
+    "with_interval",
+]
 
 
-def _with_interval(name: str, unit: str) -> tuple[str, ...]:
+def with_interval(name: str, unit: str) -> tuple[str, ...]:
     """``name_unit`` and its 95% bounds ``name_lo_unit``, ``name_hi_unit``."""
     return (f"{name}_{unit}", f"{name}_lo_{unit}", f"{name}_hi_{unit}")
 
@@ -59,7 +67,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "ratio_vs_vanilla",  # 1 + overhead_frac
     # the mean of the per-block paired differences (see [Note: paired ratios]), one stage
     # harvesting at a time
-    *_with_interval("overhead", "frac"),
+    *with_interval("overhead", "frac"),
     "overhead_se_frac",
     "overhead_df",
     "overhead_median_frac",  # median of the paired ratios - 1 (the estimate before intervals)
@@ -91,12 +99,12 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "vanilla_idle_se_frac",
     "vanilla_idle_df",
     "dedicated_per_s",  # this segment's own dedicated speed (its solo phases)
-    *_with_interval("harvest", "frac"),  # work at that speed ÷ wall time
+    *with_interval("harvest", "frac"),  # work at that speed ÷ wall time
     "harvest_se_frac",
     "harvest_df",
     "bubble_limit_frac",  # theory: (S-1)/(M+S-1)
-    *_with_interval("harvest_of_theory_limit", "frac"),  # harvest ÷ bubble_limit_frac
-    *_with_interval("harvest_of_measured_idle", "frac"),  # harvest ÷ vanilla_idle_frac
+    *with_interval("harvest_of_theory_limit", "frac"),  # harvest ÷ bubble_limit_frac
+    *with_interval("harvest_of_measured_idle", "frac"),  # harvest ÷ vanilla_idle_frac
     "overruns",  # side-task steps that started in the blocks and overran (core.budget)
     "side_steps",
     "latency_p50_ms",
@@ -106,7 +114,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "pause_p99_ms",  # bubble end → the last side-task step started after it (pooled)
     # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
     # bootstrap interval): the tail a training job feels, which a mean hides
-    *_with_interval("step_p99_inflation", "frac"),
+    *with_interval("step_p99_inflation", "frac"),
     "sm_clock_mhz",
     "power_w",
     # board energy above the vanilla blocks' per unit of side work: (median power - vanilla's
@@ -124,39 +132,39 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
     "blocks_min",  # fewest blocks behind any stage's figures
     # every stage harvesting at once, *estimated* from one-stage-at-a-time runs: the sum of
     # the per-stage slowdowns (their variances add); the figure comparable to FreeRide's
-    *_with_interval("overhead_all_stages_estimate", "frac"),
+    *with_interval("overhead_all_stages_estimate", "frac"),
     # one stage harvesting at a time: the mean over stages (not comparable to FreeRide's)
-    *_with_interval("overhead_one_stage_mean", "frac"),
-    *_with_interval("overhead_one_stage_worst", "frac"),  # the stage with the highest estimate
+    *with_interval("overhead_one_stage_mean", "frac"),
+    *with_interval("overhead_one_stage_worst", "frac"),  # the stage with the highest estimate
     "worst_stage",
     "worst_task",
-    *_with_interval("harvest", "frac"),  # mean over the S stages (uncovered ones count 0)
+    *with_interval("harvest", "frac"),  # mean over the S stages (uncovered ones count 0)
     "bubble_limit_frac",
-    *_with_interval("harvest_of_theory_limit", "frac"),
+    *with_interval("harvest_of_theory_limit", "frac"),
     "idle_frac",  # measured in the vanilla blocks, mean over the covered stages
-    *_with_interval("harvest_of_measured_idle", "frac"),
+    *with_interval("harvest_of_measured_idle", "frac"),
     "reference_gpus",  # FreeRide's x: RTX 3080s' worth of work
-    *_with_interval("saving_published", "frac"),
+    *with_interval("saving_published", "frac"),
     # published - overhead_all_stages_estimate_frac
-    *_with_interval("saving_corrected", "frac"),
-    *_with_interval("latency_p50", "ms"),  # pooled over blocks; block bootstrap interval
-    *_with_interval("latency_p99", "ms"),
+    *with_interval("saving_corrected", "frac"),
+    *with_interval("latency_p50", "ms"),  # pooled over blocks; block bootstrap interval
+    *with_interval("latency_p99", "ms"),
     # latency's first hop (bubble start → the task's host saw it); the rest is the host's path
     # to its step. As latency; NaN in results that did not record when hosts saw edges
-    *_with_interval("wake_p50", "ms"),
-    *_with_interval("wake_p99", "ms"),
+    *with_interval("wake_p50", "ms"),
+    *with_interval("wake_p99", "ms"),
     # the hop before the edge: the device reaching a bubble's start → the rank announcing it
     # (``stats.announce_lag_ms``); NaN in results that did not record it
-    *_with_interval("announce_p50", "ms"),
-    *_with_interval("announce_p99", "ms"),
-    *_with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
+    *with_interval("announce_p50", "ms"),
+    *with_interval("announce_p99", "ms"),
+    *with_interval("pause_p99", "ms"),  # as latency; NaN in results that did not time pauses
     # why edge → host takes what it does (``stats.spin_catches``): a bubble's start against the
     # start its host expected (as latency), and the share of starts that came inside the
     # host's spin window (mean of the blocks' shares, t-interval; GPU runs: hosts spin there
     # only). NaN in results that did not record them
-    *_with_interval("late_p50", "ms"),
-    *_with_interval("late_p90", "ms"),
-    *_with_interval("spin_caught", "frac"),
+    *with_interval("late_p50", "ms"),
+    *with_interval("late_p90", "ms"),
+    *with_interval("spin_caught", "frac"),
 )
 
 
@@ -256,7 +264,7 @@ def summarize_blocks(
                     "blocks": len(b),
                     "step_ms_median": median(b["step_ms_median"]),
                     "ratio_vs_vanilla": 1.0 + over.value,
-                    **_interval_columns("overhead", "frac", over, spread=True),
+                    **interval_columns("overhead", "frac", over, spread=True),
                     "overhead_median_frac": median(ratios) - 1.0,
                     "overhead_min_frac": min(ratios) - 1.0 if ratios else math.nan,
                     "overhead_max_frac": max(ratios) - 1.0 if ratios else math.nan,
@@ -276,12 +284,12 @@ def summarize_blocks(
                     "vanilla_idle_se_frac": vanilla_idle.se,
                     "vanilla_idle_df": vanilla_idle.df,
                     "dedicated_per_s": theta,
-                    **_interval_columns("harvest", "frac", harvest, spread=True),
+                    **interval_columns("harvest", "frac", harvest, spread=True),
                     "bubble_limit_frac": limit,
-                    **_interval_columns(
+                    **interval_columns(
                         "harvest_of_theory_limit", "frac", _per_limit(harvest, limit)
                     ),
-                    **_interval_columns(
+                    **interval_columns(
                         "harvest_of_measured_idle", "frac", quotient_interval(harvest, vanilla_idle)
                     ),
                     "overruns": int(b["overruns"].sum()),
@@ -291,7 +299,7 @@ def summarize_blocks(
                     "wake_p50_ms": percentile((x for t in b["wake_ms"] for x in t), 50),
                     "announce_p50_ms": percentile((x for t in b["announce_ms"] for x in t), 50),
                     "pause_p99_ms": percentile((x for t in b["pause_ms"] for x in t), 99),
-                    **_interval_columns(
+                    **interval_columns(
                         "step_p99_inflation",
                         "frac",
                         bootstrap_percentile_ratio_interval(_step_groups(b), ref_steps, 99),
@@ -351,17 +359,7 @@ def pipeline_summary(
             if worst_row is not None
             else Interval.point(math.nan, 0)
         )
-        harvests = [_interval_of(r, "harvest", "frac") for _, r in g.iterrows()]
-        if all(math.isfinite(h.value) for h in harvests):
-            harvest = sum_interval(harvests).scaled(1 / stages)
-        else:
-            harvest = Interval.point(math.nan, 0)
-        idles = [
-            Interval.of(float(r["vanilla_idle_frac"]), float(r["vanilla_idle_se_frac"]),
-                        float(r["vanilla_idle_df"]), int(r["blocks"]))
-            for _, r in g.iterrows()
-        ]  # fmt: skip
-        idle = sum_interval(idles).scaled(1 / len(idles))
+        harvest, idle = pipeline_harvest([r for _, r in g.iterrows()], stages=stages)
         limit = float(g["bubble_limit_frac"].iloc[0])
         published, corrected, x = _cost_intervals(g, all_stages, reference_keys, model)
         b = blocks[(blocks["run"] == run) & (blocks["case"] == case) & (blocks["mode"] == mode)]
@@ -380,38 +378,62 @@ def pipeline_summary(
                 "stages_covered": int(g["stage"].nunique()),
                 "tasks": ", ".join(f"{s}:{t}" for s, t in zip(g["stage"], g["task"], strict=True)),
                 "blocks_min": int(g["blocks"].min()),
-                **_interval_columns("overhead_all_stages_estimate", "frac", all_stages),
-                **_interval_columns("overhead_one_stage_mean", "frac", one_mean),
-                **_interval_columns("overhead_one_stage_worst", "frac", worst),
+                **interval_columns("overhead_all_stages_estimate", "frac", all_stages),
+                **interval_columns("overhead_one_stage_mean", "frac", one_mean),
+                **interval_columns("overhead_one_stage_worst", "frac", worst),
                 "worst_stage": int(worst_row["stage"]) if worst_row is not None else -1,
                 "worst_task": str(worst_row["task"]) if worst_row is not None else "",
-                **_interval_columns("harvest", "frac", harvest),
+                **interval_columns("harvest", "frac", harvest),
                 "bubble_limit_frac": limit,
-                **_interval_columns("harvest_of_theory_limit", "frac", _per_limit(harvest, limit)),
+                **interval_columns("harvest_of_theory_limit", "frac", _per_limit(harvest, limit)),
                 "idle_frac": idle.value,
-                **_interval_columns(
+                **interval_columns(
                     "harvest_of_measured_idle", "frac", quotient_interval(harvest, idle)
                 ),
                 "reference_gpus": x,
-                **_interval_columns("saving_published", "frac", published),
-                **_interval_columns("saving_corrected", "frac", corrected),
-                **_interval_columns("latency_p50", "ms", bootstrap_percentile_interval(groups, 50)),
-                **_interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
-                **_interval_columns("wake_p50", "ms", bootstrap_percentile_interval(wakes, 50)),
-                **_interval_columns("wake_p99", "ms", bootstrap_percentile_interval(wakes, 99)),
-                **_interval_columns(
+                **interval_columns("saving_published", "frac", published),
+                **interval_columns("saving_corrected", "frac", corrected),
+                **interval_columns("latency_p50", "ms", bootstrap_percentile_interval(groups, 50)),
+                **interval_columns("latency_p99", "ms", bootstrap_percentile_interval(groups, 99)),
+                **interval_columns("wake_p50", "ms", bootstrap_percentile_interval(wakes, 50)),
+                **interval_columns("wake_p99", "ms", bootstrap_percentile_interval(wakes, 99)),
+                **interval_columns(
                     "announce_p50", "ms", bootstrap_percentile_interval(announces, 50)
                 ),
-                **_interval_columns(
+                **interval_columns(
                     "announce_p99", "ms", bootstrap_percentile_interval(announces, 99)
                 ),
-                **_interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
-                **_interval_columns("late_p50", "ms", bootstrap_percentile_interval(lates, 50)),
-                **_interval_columns("late_p90", "ms", bootstrap_percentile_interval(lates, 90)),
-                **_interval_columns("spin_caught", "frac", mean_interval(caught)),
+                **interval_columns("pause_p99", "ms", bootstrap_percentile_interval(pauses, 99)),
+                **interval_columns("late_p50", "ms", bootstrap_percentile_interval(lates, 50)),
+                **interval_columns("late_p90", "ms", bootstrap_percentile_interval(lates, 90)),
+                **interval_columns("spin_caught", "frac", mean_interval(caught)),
             }
         )
     return pd.DataFrame(rows, columns=list(PIPELINE_COLUMNS))
+
+
+def pipeline_harvest(
+    rows: Sequence[Mapping[str, object] | pd.Series], *, stages: int
+) -> tuple[Interval, Interval]:
+    """A pipeline's harvest from its stages' summary rows, one row a stage, and the idle
+    share it is measured against.
+
+    Harvest is the mean over the S stages (each stage is one GPU; a stage without a row
+    harvests nothing), NaN if a row's is unknown; the idle share is the mean over the rows of
+    their vanilla blocks' (the segments' measured idle). Independent stages: variances add.
+    """
+    harvests = [_interval_of(r, "harvest", "frac") for r in rows]
+    if harvests and all(math.isfinite(h.value) for h in harvests):
+        harvest = sum_interval(harvests).scaled(1 / stages)
+    else:
+        harvest = Interval.point(math.nan, 0)
+    idles = [
+        Interval.of(_num(r, "vanilla_idle_frac"), _num(r, "vanilla_idle_se_frac"),
+                    _num(r, "vanilla_idle_df"), int(_num(r, "blocks")))
+        for r in rows
+    ]  # fmt: skip
+    idle = sum_interval(idles).scaled(1 / len(idles)) if idles else Interval.point(math.nan, 0)
+    return harvest, idle
 
 
 def _cost_intervals(
@@ -475,7 +497,7 @@ def _per_limit(harvest: Interval, limit: float) -> Interval:
     return harvest.scaled(1 / limit) if limit > 0 else Interval.point(math.nan, harvest.n)
 
 
-def _interval_columns(
+def interval_columns(
     name: str, unit: str, iv: Interval, *, spread: bool = False
 ) -> dict[str, float]:
     """``{name}_{unit}`` and its bounds (and, with ``spread``, ``_se_`` and ``_df``)."""
@@ -487,17 +509,18 @@ def _interval_columns(
 
 
 def _interval_of(row: Mapping[str, object] | pd.Series, name: str, unit: str) -> Interval:
-    """The ``Interval`` a summary row holds under ``name`` (see ``_interval_columns``)."""
-
-    def num(col: str) -> float:
-        v = row[col]
-        return math.nan if v is None else float(v)  # type: ignore[arg-type]
-
+    """The ``Interval`` a summary row holds under ``name`` (see ``interval_columns``)."""
     return Interval(
-        num(f"{name}_{unit}"),
-        num(f"{name}_lo_{unit}"),
-        num(f"{name}_hi_{unit}"),
-        num(f"{name}_se_{unit}"),
-        num(f"{name}_df"),
-        int(num("blocks")),
+        _num(row, f"{name}_{unit}"),
+        _num(row, f"{name}_lo_{unit}"),
+        _num(row, f"{name}_hi_{unit}"),
+        _num(row, f"{name}_se_{unit}"),
+        _num(row, f"{name}_df"),
+        int(_num(row, "blocks")),
     )
+
+
+def _num(row: Mapping[str, object] | pd.Series, col: str) -> float:
+    """``row[col]`` as a float (None: NaN)."""
+    v = row[col]
+    return math.nan if v is None else float(v)  # type: ignore[arg-type]
