@@ -263,6 +263,37 @@ def pipeline_comparisons(on: Arm, off: Arm, shown: str) -> list[Comparison]:
     return out
 
 
+def placement_comparisons(source: Source, shown: str) -> list[Comparison]:
+    """Lever 6 from a result that measured every task on every stage (``bench.placement``):
+    per run and mode, the harvest-aware placement's pipeline harvest of the measured idle
+    and all-stage overhead estimate beside FreeRide's placement. Both are read off the same
+    cells, so the arms stand side by side; where the two placed the tasks alike, they are one
+    measurement and differ by exactly nothing."""
+    rows = {(r["run"], r["mode"], r["policy"]): r for r in source.data.get("placement", [])}
+    out = []
+    for (run, mode, policy), on in rows.items():
+        off = rows.get((run, mode, "freeride"))
+        if policy != "harvest" or off is None:
+            continue
+
+        def effect(name: str, on: Mapping[str, Any] = on, off: Mapping[str, Any] = off) -> Effect:
+            a, b = _bounds_only(on, name), _bounds_only(off, name)
+            alike = on["tasks"] == off["tasks"] and math.isfinite(a.value)
+            return Effect(a, b, Interval(0.0, 0.0, 0.0, 0.0, math.inf, 0) if alike else None)
+
+        out.append(
+            Comparison(
+                f"`{source.name}`: harvest-aware ({on['tasks']}) vs FreeRide's placement "
+                f"({off['tasks']}); {shown}",
+                f"{on['stages_covered']} stages: pipeline, {mode} ({run_label(run)})",
+                effect("harvest_of_measured_idle"),
+                effect("overhead_all_stages_estimate"),
+                (source,),
+            )
+        )
+    return out
+
+
 def paired_comparison(
     ab: str, where: str, on: Mapping[str, Any], off: Mapping[str, Any], sources: tuple[Source, ...]
 ) -> Comparison:

@@ -37,10 +37,12 @@ from lever_status import (
     lever_table,
     paired_comparison,
     pipeline_comparisons,
+    placement_comparisons,
 )
 
 from freeride_lab.bench.markdown import (
     NOT_MEASURED,
+    PLACEMENT_HEADERS,
     SPIN_COLUMNS,
     SPIN_HEADERS,
     UNUSED_WHY,
@@ -53,10 +55,12 @@ from freeride_lab.bench.markdown import (
     goal_figure,
     markdown,
     md_table,
+    placement_cells,
     recorded,
     run_label,
     spin_cells,
 )
+from freeride_lab.bench.placement import predicted_fill_ms
 from freeride_lab.bench.results import fill_tables
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.intervals import Interval
@@ -276,6 +280,20 @@ H100_SPIN_TREE = (*H100_SPIN, *H100_SLICES8, *H100_M8_SIZED, *H100_ZB_SIZED)
 #: The signal latency of those calls beside the evening's tree, whose host slept in ``poll``.
 H100_LATENCY = ((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN_TREE, *H100_SIGNALS)
 _H100_IDLE = "table `h100-12-05-idle-split`"
+#: Lever 6 on an H100: each of the mix's four tasks on each of the four stages (M = 4,
+#: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
+#: every placement's harvest is read off its cells (``bench.placement``).
+H100_PLACEMENT = "h100-2026-12-06-placement.json"
+#: The host's path without a drain before its look (175adda), on an H100, stages 1-3 with the
+#: options of ``H100_SPIN``: the spin capped at 2 ms (as before), then at 4 ms
+#: (``FREERIDE_SPIN_MOST_US=4000``), then at 2 ms again, three invocations of two calls.
+H100_SPIN_CAP = (
+    ("h100-2026-12-06-spin2-s123.json", "spin at most 2 ms"),
+    ("h100-2026-12-06-spin4-s123.json", "spin at most 4 ms"),
+    ("h100-2026-12-06-spin2b-s123.json", "spin at most 2 ms, again"),
+)
+#: Their signal latency beside the same options on the tree that drained before each look.
+H100_NO_DRAIN = ((H100_SPIN[0][0], "before: a drain before each look"), *H100_SPIN_CAP)
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
@@ -1307,8 +1325,40 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                                        "table `h200-12-04f-inference`"),
         "spin_window": _on_off(H100_SPIN[0], H100_SPIN[1],
                                "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
+        "placement": placement_comparisons(source(H100_PLACEMENT),
+                                           "tables `h100-12-06-placement`, `-placement-cells`"),
         "zero_bubble": _on_off(zero_bubble, interleaved, "table `h200-12-04f-schedules`"),
     }  # fmt: skip
+
+
+def placement_policies(name: str = H100_PLACEMENT) -> list[str]:
+    """Each placement policy's assignment of the run's tasks and the harvest read off its
+    cells, beside the best and worst assignment in hindsight."""
+    rows = [placement_cells(r)[1:] for r in result(name)["placement"]]
+    return md_table(PLACEMENT_HEADERS[1:], rows)
+
+
+def placement_cells_table(name: str = H100_PLACEMENT, mode: str = "governed") -> list[str]:
+    """The cells a placement's harvest is read off: each task's harvest of the measured idle
+    and overhead on each stage, and the bubble time per training step its steps should fill
+    there by the placer's prediction (``core.placement.usable_ms``)."""
+    data = result(name)
+    cells = {(r["task"], int(r["stage"])): r for r in data["summary"]
+             if r["mode"] == mode and r["case"] == r["task"]}  # fmt: skip
+    stages = sorted({s for _, s in cells})
+    tasks = list(dict.fromkeys(t for t, _ in cells))
+    fill = {k: v for run in data["runs"] for k, v in predicted_fill_ms(run, mode).items()}
+
+    def cell(task: str, stage: int) -> str:
+        r = cells.get((task, stage))
+        if r is None:
+            return "—"
+        return (f"{fmt_frac_interval(r, 'harvest_of_measured_idle', 0)} · "
+                f"{fmt_frac_interval(r, 'overhead', 2, signed=True)} · "
+                f"{fmt_num(fill.get((task, stage)), '.0f')} ms")  # fmt: skip
+
+    return md_table(["task", *(f"stage {s}" for s in stages)],
+                    [[t, *(cell(t, s) for s in stages)] for t in tasks])  # fmt: skip
 
 
 def levers_now() -> list[str]:
@@ -1339,6 +1389,10 @@ TABLES: dict[str, Callable[[], list[str]]] = {
         (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
     ),
     "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
+    "h100-12-06-placement": placement_policies,
+    "h100-12-06-placement-cells": placement_cells_table,
+    "h100-12-06-latency": lambda: signal_latency(_pipeline_rows(H100_NO_DRAIN)),
+    "h100-12-06-stages": lambda: _side_by_side(H100_SPIN_CAP, ("managed", "governed")),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,

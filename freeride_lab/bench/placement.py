@@ -2,6 +2,7 @@
 stage (lever 6: harvest-aware placement against FreeRide's rule).
 
     rows = placement_summary(summary, result["runs"], stages=4)   # PLACEMENT_COLUMNS
+    fill = predicted_fill_ms(result["runs"][0], "governed")        # {(task, stage): ms}
 
 The harness computes on one real stage at a time, so a pipeline's harvest under a placement
 of its side tasks is the mean over the stages of the (task, stage) harvests measured in that
@@ -42,8 +43,13 @@ from typing import Any
 import pandas as pd
 
 from freeride_lab.bench.stats import REFERENCE_MODE
-from freeride_lab.bench.tables import interval_columns, pipeline_harvest, with_interval
-from freeride_lab.core.intervals import Interval, quotient_interval
+from freeride_lab.bench.tables import (
+    interval_columns,
+    interval_of,
+    pipeline_harvest,
+    with_interval,
+)
+from freeride_lab.core.intervals import Interval, quotient_interval, sum_interval
 from freeride_lab.core.placement import (
     Placement,
     PlacementPolicy,
@@ -53,7 +59,7 @@ from freeride_lab.core.placement import (
     usable_ms,
 )
 
-__all__ = ["HINDSIGHT", "PLACEMENT_COLUMNS", "placement_summary"]
+__all__ = ["HINDSIGHT", "PLACEMENT_COLUMNS", "placement_summary", "predicted_fill_ms"]
 
 #: The assignments chosen in hindsight, on the measured harvests themselves.
 HINDSIGHT: tuple[str, ...] = ("best in hindsight", "worst in hindsight")
@@ -69,6 +75,8 @@ PLACEMENT_COLUMNS: tuple[str, ...] = (
     "fill_predicted_ms",  # bubble time per training step the tasks' steps should fill
     *with_interval("harvest", "frac"),  # mean over the S stages, as the pipeline rows
     *with_interval("harvest_of_measured_idle", "frac"),
+    # the assigned cells' slowdowns summed: every stage harvesting at once, as the pipeline rows
+    *with_interval("overhead_all_stages_estimate", "frac"),
 )
 
 
@@ -87,7 +95,7 @@ def placement_summary(
     rows: list[dict[str, object]] = []
     for run in runs:
         name = str(run.get("name", ""))
-        segments = [s for s in run.get("segments", []) if s.get("task") and s["case"] == s["task"]]
+        segments = _task_segments(run)
         tasks = list(dict.fromkeys(str(s["task"]) for s in segments))
         mine = summary[
             (summary["run"] == name)
@@ -104,6 +112,7 @@ def placement_summary(
                 continue
             requests = [_request(t, segments, str(mode)) for t in tasks]
             infos = [_stage(s, segments) for s in covered]
+            fill = _fills(requests, infos)
             arms = {
                 str(p): _placed(place_all(requests, infos, policy=p)[0], tasks)
                 for p in PlacementPolicy
@@ -112,8 +121,10 @@ def placement_summary(
             for policy, assignment in arms.items():
                 picked = [cells[(t, s)] for s, t in sorted(assignment.items())]
                 harvest, _ = pipeline_harvest(picked, stages=stages)
+                overhead = sum_interval([interval_of(r, "overhead", "frac") for r in picked])
                 if not picked:  # no task placed anywhere: nothing runs
                     harvest = Interval(0.0, 0.0, 0.0, 0.0, math.inf, 0)
+                    overhead = Interval(0.0, 0.0, 0.0, 0.0, math.inf, 0)
                 # the idle each covered stage leaves, from the assigned task's segment (or the
                 # first task's, where none was placed)
                 idle_rows = [cells[(assignment.get(s, tasks[0]), s)] for s in covered]
@@ -126,14 +137,49 @@ def placement_summary(
                         "tasks": ", ".join(f"{s}:{t}" for s, t in sorted(assignment.items()))
                         or "none placed",
                         "stages_covered": len(covered),
-                        "fill_predicted_ms": _fill_ms(assignment, requests, infos),
+                        "fill_predicted_ms": math.fsum(
+                            fill.get((t, s), math.nan) for s, t in assignment.items()
+                        ),
                         **interval_columns("harvest", "frac", harvest),
                         **interval_columns(
                             "harvest_of_measured_idle", "frac", quotient_interval(harvest, idle)
                         ),
+                        **interval_columns("overhead_all_stages_estimate", "frac", overhead),
                     }
                 )
     return pd.DataFrame(rows, columns=list(PLACEMENT_COLUMNS))
+
+
+def predicted_fill_ms(run: Mapping[str, Any], mode: str) -> dict[tuple[str, int], float]:
+    """Bubble time per training step each task's whole steps should fill on each stage, by
+    the placer's prediction (``core.placement.usable_ms``) from the run's segments, keyed
+    (task, stage); a stage whose bubbles were not recorded is left out."""
+    segments = _task_segments(run)
+    tasks = list(dict.fromkeys(str(s["task"]) for s in segments))
+    stages = sorted({int(s["stage"]) for s in segments})
+    return _fills(
+        [_request(t, segments, mode) for t in tasks], [_stage(s, segments) for s in stages]
+    )
+
+
+def _task_segments(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The run's segments of single-task cases (a built-in task on each of its stages)."""
+    return [s for s in run.get("segments", []) if s.get("task") and s["case"] == s["task"]]
+
+
+def _fills(
+    requests: Sequence[TaskRequest], infos: Sequence[StageInfo]
+) -> dict[tuple[str, int], float]:
+    """usable_ms of each (task, stage) whose bubbles and step are known (0 where the task's
+    budget exceeds every bubble there)."""
+    return {
+        (req.name, info.stage): round(
+            usable_ms(info.bubble_ms, req.budget_s * 1e3, req.step_s * 1e3), 3
+        )
+        for req in requests
+        for info in infos
+        if info.bubble_ms is not None and req.step_s is not None
+    }
 
 
 def _request(task: str, segments: Sequence[Mapping[str, Any]], mode: str) -> TaskRequest:
@@ -198,22 +244,6 @@ def _hindsight(
 
     ranked = sorted(options, key=harvest)  # stable: ties keep submission order
     return {HINDSIGHT[0]: ranked[-1], HINDSIGHT[1]: ranked[0]}
-
-
-def _fill_ms(
-    assignment: Mapping[int, str], requests: Sequence[TaskRequest], infos: Sequence[StageInfo]
-) -> float:
-    """Bubble time per training step the assigned tasks' whole steps should fill, by the
-    placer's prediction (``usable_ms``); NaN where a stage's bubbles or a step are unknown."""
-    by_task = {r.name: r for r in requests}
-    by_stage = {i.stage: i for i in infos}
-    total = 0.0
-    for stage, task in assignment.items():
-        info, req = by_stage[stage], by_task[task]
-        if info.bubble_ms is None or req.step_s is None:
-            return math.nan
-        total += usable_ms(info.bubble_ms, req.budget_s * 1e3, req.step_s * 1e3)
-    return round(total, 3)
 
 
 def _median(values: Any) -> float:

@@ -41,6 +41,7 @@ __all__ = [
     "PIPELINE_COLUMNS",
     "SUMMARY_COLUMNS",
     "interval_columns",
+    "interval_of",
     "pipeline_harvest",
     "pipeline_summary",
     "summarize_blocks",
@@ -350,12 +351,12 @@ def pipeline_summary(
     work = summary[(summary["mode"] != REFERENCE_MODE) & (summary["task"] != "")]
     for (run, case, mode), g in work.groupby(["run", "case", "mode"], sort=False):
         over_rows = [r for _, r in g.iterrows() if math.isfinite(float(r["overhead_frac"]))]
-        overheads = [_interval_of(r, "overhead", "frac") for r in over_rows]
+        overheads = [interval_of(r, "overhead", "frac") for r in over_rows]
         all_stages = sum_interval(overheads) if overheads else Interval.point(math.nan, 0)
         one_mean = all_stages.scaled(1 / len(overheads)) if overheads else all_stages
         worst_row = max(over_rows, key=lambda r: float(r["overhead_frac"]), default=None)
         worst = (
-            _interval_of(worst_row, "overhead", "frac")
+            interval_of(worst_row, "overhead", "frac")
             if worst_row is not None
             else Interval.point(math.nan, 0)
         )
@@ -422,7 +423,7 @@ def pipeline_harvest(
     harvests nothing), NaN if a row's is unknown; the idle share is the mean over the rows of
     their vanilla blocks' (the segments' measured idle). Independent stages: variances add.
     """
-    harvests = [_interval_of(r, "harvest", "frac") for r in rows]
+    harvests = [interval_of(r, "harvest", "frac") for r in rows]
     if harvests and all(math.isfinite(h.value) for h in harvests):
         harvest = sum_interval(harvests).scaled(1 / stages)
     else:
@@ -508,7 +509,7 @@ def interval_columns(
     return out
 
 
-def _interval_of(row: Mapping[str, object] | pd.Series, name: str, unit: str) -> Interval:
+def interval_of(row: Mapping[str, object] | pd.Series, name: str, unit: str) -> Interval:
     """The ``Interval`` a summary row holds under ``name`` (see ``interval_columns``)."""
     return Interval(
         _num(row, f"{name}_{unit}"),

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from freeride_lab.bench.markdown import markdown
-from freeride_lab.bench.placement import HINDSIGHT, placement_summary
+from freeride_lab.bench.placement import HINDSIGHT, placement_summary, predicted_fill_ms
 from freeride_lab.bench.readout import predicted_bubbles_ms
 
 # harvest (share of wall) measured for each (task, stage); stage 0 has three 30 ms bubbles,
@@ -25,7 +25,8 @@ def _summary_row(task: str, stage: int, harvest: float, mode: str = "governed") 
             "harvest_frac": harvest, "harvest_lo_frac": harvest - 0.01,
             "harvest_hi_frac": harvest + 0.01, "harvest_se_frac": 0.0036, "harvest_df": 4.0,
             "vanilla_idle_frac": 0.40, "vanilla_idle_se_frac": 0.004,
-            "vanilla_idle_df": 4.0}  # fmt: skip
+            "vanilla_idle_df": 4.0, "overhead_frac": harvest / 100, "overhead_lo_frac": -0.01,
+            "overhead_hi_frac": 0.01, "overhead_se_frac": 0.004, "overhead_df": 4.0}  # fmt: skip
 
 
 def _run(*, bubbles: bool = True) -> dict[str, Any]:
@@ -59,12 +60,22 @@ def test_each_policy_places_the_run_s_tasks_and_reads_their_harvest_off_the_cell
     assert rows.loc["harvest", "harvest_frac"] == pytest.approx((0.22 + 0.25) / 2)
     assert rows.loc["harvest", "harvest_of_measured_idle_frac"] == pytest.approx(0.235 / 0.40)
     assert rows.loc["harvest", "fill_predicted_ms"] == pytest.approx(78.0 + 85.0)
+    # every stage harvesting at once: the two assigned cells' slowdowns add
+    assert rows.loc["harvest", "overhead_all_stages_estimate_frac"] == pytest.approx(0.0047)
     assert rows.loc["freeride", "fill_predicted_ms"] == pytest.approx(51.0 + 86.0)
     lo, hi = rows.loc["harvest", ["harvest_lo_frac", "harvest_hi_frac"]]
     assert lo < 0.235 < hi
     assert rows.loc[HINDSIGHT[0], "tasks"] == rows.loc["harvest", "tasks"]
     assert rows.loc[HINDSIGHT[1], "tasks"] == rows.loc["freeride", "tasks"]
     assert set(rows["mode"]) == {"governed"}
+
+
+def test_each_cell_s_predicted_fill_is_what_its_steps_fill_of_the_stage_s_bubbles() -> None:
+    assert predicted_fill_ms(_run(), "governed") == {
+        ("resnet18", 0): 51.0, ("resnet18", 1): 85.0, ("pagerank", 0): 78.0,
+        ("pagerank", 1): 86.0,
+    }  # fmt: skip
+    assert predicted_fill_ms(_run(bubbles=False), "governed") == {}
 
 
 def test_a_stage_nobody_placed_on_harvests_nothing_over_all_s_stages() -> None:

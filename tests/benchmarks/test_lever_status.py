@@ -214,6 +214,38 @@ def test_pipeline_means_over_the_same_stages_stand_side_by_side() -> None:
     assert lever_status.pipeline_comparisons(naive, managed, "table `x`") == []
 
 
+def test_placements_stand_side_by_side_and_alike_ones_differ_by_nothing() -> None:
+    """Lever 6: the harvest-aware placement beside FreeRide's, per mode; where both placed
+    the tasks alike they are one measurement, so the verdict is "no clear effect"."""
+
+    def row(
+        mode: str, policy: str, tasks: str, harvest: tuple[float, float, float]
+    ) -> dict[str, Any]:
+        value, lo, hi = harvest
+        return {"run": "m4-timeslice", "mode": mode, "policy": policy, "tasks": tasks,
+                "stages_covered": 4, "harvest_of_measured_idle_frac": value,
+                "harvest_of_measured_idle_lo_frac": lo, "harvest_of_measured_idle_hi_frac": hi,
+                "overhead_all_stages_estimate_frac": 0.004,
+                "overhead_all_stages_estimate_lo_frac": 0.001,
+                "overhead_all_stages_estimate_hi_frac": 0.007}  # fmt: skip
+
+    source = bench("2026-01-01T00:00:00", [])
+    source.data["placement"] = [
+        row("governed", "freeride", "0:a, 1:b", (0.60, 0.55, 0.65)),
+        row("governed", "harvest", "0:b, 1:a", (0.75, 0.70, 0.80)),
+        row("governed", "best in hindsight", "0:b, 1:a", (0.75, 0.70, 0.80)),
+        row("managed", "freeride", "0:a, 1:b", (0.50, 0.45, 0.55)),
+        row("managed", "harvest", "0:a, 1:b", (0.50, 0.45, 0.55)),
+    ]
+    governed, managed = lever_status.placement_comparisons(source, "table `x`")
+    assert governed.where == "4 stages: pipeline, governed (M = 4, time-sliced)"
+    assert "harvest-aware (0:b, 1:a) vs FreeRide's placement (0:a, 1:b)" in governed.ab
+    assert governed.harvest.diff is None
+    assert lever_status.verdict(governed.harvest, governed.overhead) == "**helps**: more harvest"
+    assert managed.harvest.diff.value == 0.0 and managed.overhead.diff.value == 0.0
+    assert lever_status.verdict(managed.harvest, managed.overhead) == "no clear effect"
+
+
 def test_comparisons_for_a_lever_that_is_not_listed_are_refused() -> None:
     with pytest.raises(ValueError, match=r"unknown lever\(s\) \['typo'\]; known: governed"):
         lever_status.lever_table({"typo": []}, LEVERS)
