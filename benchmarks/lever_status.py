@@ -442,11 +442,14 @@ LEVERS: tuple[Lever, ...] = (
           "`gating=\"trickle\"`: steps between bubbles too, at a duty the governor raises while "
           "training keeps its pace (the off arm: governed blocks)", ""),
     Lever("placement", "6. harvest-aware placement, priority preemption",
-          "`placement=\"harvest\"` puts a task on the stage whose bubbles its steps fill most; "
-          "a waiting priority-0 task preempts an active priority-1 one",
-          "not exercised by the bench, which pins one task to each stage; measuring it takes a "
-          "run with more tasks than stages attached without `--stage`: `freeride-lab attach RUN "
-          "TASK --placement freeride` against `--placement harvest`, harvest compared per stage"),
+          "`placement=\"harvest\"` puts a task on the stage whose bubbles its steps fill most "
+          "(off: FreeRide's rule, which with room everywhere places in submission order); a "
+          "waiting priority-0 task preempts an active priority-1 one (not in the A/B). The A/B "
+          "is read off one run that measured each of the mix's tasks on each stage "
+          "(`bench.placement`): each policy's assignment of the four tasks, its pipeline "
+          "harvest and all-stage overhead from those cells",
+          "measuring it takes a run of each task on each stage: `freeride-lab bench --cases "
+          "pagerank,resnet18,image,vgg19 --real-stage all`"),
     Lever("edge_waits", "7. faster edges: waiting for an edge",
           "the GPU task host spins into a predicted bubble start (on) instead of sleeping to it; "
           "the rank's edge watcher sleeps on a blocking-sync event instead of polling", ""),

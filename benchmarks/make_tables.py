@@ -1347,7 +1347,7 @@ def placement_cells_table(name: str = H100_PLACEMENT, mode: str = "governed") ->
              if r["mode"] == mode and r["case"] == r["task"]}  # fmt: skip
     stages = sorted({s for _, s in cells})
     tasks = list(dict.fromkeys(t for t, _ in cells))
-    fill = {k: v for run in data["runs"] for k, v in predicted_fill_ms(run, mode).items()}
+    fill = predicted_fill_ms(data["runs"], data["runs"][0]["name"], mode)
 
     def cell(task: str, stage: int) -> str:
         r = cells.get((task, stage))

@@ -2,7 +2,7 @@
 stage (lever 6: harvest-aware placement against FreeRide's rule).
 
     rows = placement_summary(summary, result["runs"], stages=4)   # PLACEMENT_COLUMNS
-    fill = predicted_fill_ms(result["runs"][0], "governed")        # {(task, stage): ms}
+    fill = predicted_fill_ms(result["runs"], "m4-timeslice", "governed")  # {(task, stage): ms}
 
 The harness computes on one real stage at a time, so a pipeline's harvest under a placement
 of its side tasks is the mean over the stages of the (task, stage) harvests measured in that
@@ -93,9 +93,8 @@ def placement_summary(
         stages: S, which the harvest is a mean over.
     """
     rows: list[dict[str, object]] = []
-    for run in runs:
-        name = str(run.get("name", ""))
-        segments = _task_segments(run)
+    for name in dict.fromkeys(str(run.get("name", "")) for run in runs):
+        segments = _task_segments(runs, name)
         tasks = list(dict.fromkeys(str(s["task"]) for s in segments))
         mine = summary[
             (summary["run"] == name)
@@ -150,11 +149,13 @@ def placement_summary(
     return pd.DataFrame(rows, columns=list(PLACEMENT_COLUMNS))
 
 
-def predicted_fill_ms(run: Mapping[str, Any], mode: str) -> dict[tuple[str, int], float]:
+def predicted_fill_ms(
+    runs: Sequence[Mapping[str, Any]], name: str, mode: str
+) -> dict[tuple[str, int], float]:
     """Bubble time per training step each task's whole steps should fill on each stage, by
-    the placer's prediction (``core.placement.usable_ms``) from the run's segments, keyed
-    (task, stage); a stage whose bubbles were not recorded is left out."""
-    segments = _task_segments(run)
+    the placer's prediction (``core.placement.usable_ms``) from the segments of run ``name``,
+    keyed (task, stage); a stage whose bubbles were not recorded is left out."""
+    segments = _task_segments(runs, name)
     tasks = list(dict.fromkeys(str(s["task"]) for s in segments))
     stages = sorted({int(s["stage"]) for s in segments})
     return _fills(
@@ -162,9 +163,16 @@ def predicted_fill_ms(run: Mapping[str, Any], mode: str) -> dict[tuple[str, int]
     )
 
 
-def _task_segments(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The run's segments of single-task cases (a built-in task on each of its stages)."""
-    return [s for s in run.get("segments", []) if s.get("task") and s["case"] == s["task"]]
+def _task_segments(runs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
+    """Run ``name``'s segments of single-task cases (a built-in task on each of its stages),
+    over all its records (a run continued by ``--resume`` has one a call)."""
+    return [
+        s
+        for run in runs
+        if run.get("name") == name
+        for s in run.get("segments", [])
+        if s.get("task") and s["case"] == s["task"]
+    ]
 
 
 def _fills(

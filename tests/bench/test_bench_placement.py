@@ -71,11 +71,11 @@ def test_each_policy_places_the_run_s_tasks_and_reads_their_harvest_off_the_cell
 
 
 def test_each_cell_s_predicted_fill_is_what_its_steps_fill_of_the_stage_s_bubbles() -> None:
-    assert predicted_fill_ms(_run(), "governed") == {
+    assert predicted_fill_ms([_run()], "m4", "governed") == {
         ("resnet18", 0): 51.0, ("resnet18", 1): 85.0, ("pagerank", 0): 78.0,
         ("pagerank", 1): 86.0,
     }  # fmt: skip
-    assert predicted_fill_ms(_run(bubbles=False), "governed") == {}
+    assert predicted_fill_ms([_run(bubbles=False)], "m4", "governed") == {}
 
 
 def test_a_stage_nobody_placed_on_harvests_nothing_over_all_s_stages() -> None:
@@ -88,6 +88,15 @@ def test_without_predicted_bubbles_the_harvest_order_falls_back_to_freerides() -
     rows = placement_summary(_summary(), [_run(bubbles=False)], stages=2).set_index("policy")
     assert rows.loc["harvest", "tasks"] == rows.loc["freeride", "tasks"]
     assert pd.isna(rows.loc["harvest", "fill_predicted_ms"])
+
+
+def test_a_run_continued_over_two_calls_is_read_as_one() -> None:
+    """``--resume`` records a run once a call: its segments are read together."""
+    run = _run()
+    first = {"name": "m4", "segments": run["segments"][:3]}
+    second = {"name": "m4", "segments": run["segments"][3:]}
+    whole = placement_summary(_summary(), [run], stages=2)
+    pd.testing.assert_frame_equal(placement_summary(_summary(), [first, second], stages=2), whole)
 
 
 def test_the_budget_is_the_one_the_mode_runs_with_and_a_task_no_bubble_fits_is_placed_nowhere() -> (
