@@ -280,20 +280,10 @@ H100_SPIN_TREE = (*H100_SPIN, *H100_SLICES8, *H100_M8_SIZED, *H100_ZB_SIZED)
 #: The signal latency of those calls beside the evening's tree, whose host slept in ``poll``.
 H100_LATENCY = ((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN_TREE, *H100_SIGNALS)
 _H100_IDLE = "table `h100-12-05-idle-split`"
-#: Lever 6 on an H100: each of the mix's four tasks on each of the four stages (M = 4,
+#: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
-H100_PLACEMENT = "h100-2026-12-06-placement.json"
-#: The host's path without a drain before its look (175adda), on an H100, stages 1-3 with the
-#: options of ``H100_SPIN``: the spin capped at 2 ms (as before), then at 4 ms
-#: (``FREERIDE_SPIN_MOST_US=4000``), then at 2 ms again, three invocations of two calls.
-H100_SPIN_CAP = (
-    ("h100-2026-12-06-spin2-s123.json", "spin at most 2 ms"),
-    ("h100-2026-12-06-spin4-s123.json", "spin at most 4 ms"),
-    ("h100-2026-12-06-spin2b-s123.json", "spin at most 2 ms, again"),
-)
-#: Their signal latency beside the same options on the tree that drained before each look.
-H100_NO_DRAIN = ((H100_SPIN[0][0], "before: a drain before each look"), *H100_SPIN_CAP)
+H200_PLACEMENT = "h200-2026-12-06-placement.json"
 #: The modes a lever's A/B compares when both arms ran the product's two.
 _AB_MODES = ("managed", "governed")
 #: One step's time, eager vs graphed (benchmarks/bench_graphed_steps.py).
@@ -1221,7 +1211,8 @@ def goal_sources() -> list[Source]:
     timing benchmarks."""
     runs: list[tuple[str, ...]] = [(H200_M4,), (H200_M8,), H200_SPLIT, (H200_INSTRUMENT,),
                                    (H200_MERGED,), *((n,) for n in H200_ANNOUNCE),
-                                   tuple(n for n, _ in H200_IDLE_SPLIT)]  # fmt: skip
+                                   tuple(n for n, _ in H200_IDLE_SPLIT),
+                                   (H200_PLACEMENT,)]  # fmt: skip
     for files in (H200_LEVERS, H200_TRICKLE, H200_INFERENCE, H200_INFERENCE_TOKENS, H200_GRAPHS,
                   H200_MPS_GRAPHS, H200_SCHEDULES, H200_ZB_EMULATION):  # fmt: skip
         runs += [(n,) for n, _ in files if (n,) not in runs]
@@ -1325,20 +1316,20 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                                        "table `h200-12-04f-inference`"),
         "spin_window": _on_off(H100_SPIN[0], H100_SPIN[1],
                                "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
-        "placement": placement_comparisons(source(H100_PLACEMENT),
-                                           "tables `h100-12-06-placement`, `-placement-cells`"),
+        "placement": placement_comparisons(source(H200_PLACEMENT),
+                                           "tables `h200-12-06-placement`, `-placement-cells`"),
         "zero_bubble": _on_off(zero_bubble, interleaved, "table `h200-12-04f-schedules`"),
     }  # fmt: skip
 
 
-def placement_policies(name: str = H100_PLACEMENT) -> list[str]:
+def placement_policies(name: str = H200_PLACEMENT) -> list[str]:
     """Each placement policy's assignment of the run's tasks and the harvest read off its
     cells, beside the best and worst assignment in hindsight."""
     rows = [placement_cells(r)[1:] for r in result(name)["placement"]]
     return md_table(PLACEMENT_HEADERS[1:], rows)
 
 
-def placement_cells_table(name: str = H100_PLACEMENT, mode: str = "governed") -> list[str]:
+def placement_cells_table(name: str = H200_PLACEMENT, mode: str = "governed") -> list[str]:
     """The cells a placement's harvest is read off: each task's harvest of the measured idle
     and overhead on each stage, and the bubble time per training step its steps should fill
     there by the placer's prediction (``core.placement.usable_ms``)."""
@@ -1389,10 +1380,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
         (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
     ),
     "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
-    "h100-12-06-placement": placement_policies,
-    "h100-12-06-placement-cells": placement_cells_table,
-    "h100-12-06-latency": lambda: signal_latency(_pipeline_rows(H100_NO_DRAIN)),
-    "h100-12-06-stages": lambda: _side_by_side(H100_SPIN_CAP, ("managed", "governed")),
+    "h200-12-06-placement": placement_policies,
+    "h200-12-06-placement-cells": placement_cells_table,
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,

@@ -13,11 +13,12 @@ measured every cell, so every placement's harvest can be read off it with its in
 Each policy places the tasks as the lab would (``core.placement.place_all``, submitted in
 the run's case order) from what the lab's placer reads ([Note: placement inputs]): each
 stage's bubbles predicted from its vanilla blocks, and each task's median solo step and the
-step budget it runs with in that mode, from its solo phases. A stage holds the first task
-placed there (its worker runs one task at a time; a task queued behind a side task that
-never ends harvests nothing). Beside the policies, the best and the worst assignment of one
-task to a stage, chosen in hindsight on the same blocks: the best is an optimistic bound,
-not a policy.
+step budget it runs with in that mode, from its solo phases (for a task that steps in
+sizes, its smallest step too, in proportion to how many its profiled step was). A stage
+holds the first task placed there (its worker runs one task at a time; a task queued behind
+a side task that never ends harvests nothing). Beside the policies, the best and the worst
+assignment of one task to a stage, chosen in hindsight on the same blocks: the best is an
+optimistic bound, not a policy.
 
 # [Note: placement inputs]
 Free memory is not compared: the harness's ranks share one board, so no stage's free memory
@@ -56,7 +57,6 @@ from freeride_lab.core.placement import (
     StageInfo,
     TaskRequest,
     place_all,
-    usable_ms,
 )
 
 __all__ = ["HINDSIGHT", "PLACEMENT_COLUMNS", "placement_summary", "predicted_fill_ms"]
@@ -178,12 +178,10 @@ def _task_segments(runs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping
 def _fills(
     requests: Sequence[TaskRequest], infos: Sequence[StageInfo]
 ) -> dict[tuple[str, int], float]:
-    """usable_ms of each (task, stage) whose bubbles and step are known (0 where the task's
-    budget exceeds every bubble there)."""
+    """``TaskRequest.fill_ms`` of each (task, stage) whose bubbles and step are known (0 where
+    the task's budget exceeds every bubble there)."""
     return {
-        (req.name, info.stage): round(
-            usable_ms(info.bubble_ms, req.budget_s * 1e3, req.step_s * 1e3), 3
-        )
+        (req.name, info.stage): round(req.fill_ms(info.bubble_ms), 3)
         for req in requests
         for info in infos
         if info.bubble_ms is not None and req.step_s is not None
@@ -198,11 +196,14 @@ def _request(task: str, segments: Sequence[Mapping[str, Any]], mode: str) -> Tas
     key = "tight_budget_ms" if mode == "governed" else "budget_ms"
     budget_ms = _median(s.get(key, s.get("budget_ms")) for s in mine)
     step_ms = _median(s.get("solo_step_ms_median") for s in mine)
+    step_s = step_ms / 1e3 if math.isfinite(step_ms) and step_ms > 0 else None
+    top = _median(s.get("top_step_size") for s in mine)  # NaN where no profile said
     return TaskRequest(
         name=task,
         memory_bytes=0,
         budget_s=budget_ms / 1e3 if math.isfinite(budget_ms) else 0.0,
-        step_s=step_ms / 1e3 if math.isfinite(step_ms) and step_ms > 0 else None,
+        step_s=step_s,
+        smallest_step_s=step_s / top if step_s is not None and top > 1 else None,
     )
 
 

@@ -28,6 +28,7 @@ from freeride_lab.lab.tables import (
     side_task_steps_frame,
     steps_frame,
 )
+from freeride_lab.sidetasks.spec import profile_path
 
 __all__ = [
     "collect_blocks",
@@ -50,8 +51,9 @@ def collect_blocks(
 
     Also fills ``record``: its ``stage_memory`` and, per segment with a task, the task's step
     and overrun counts over the whole run and ``stage_bubbles_ms``, the stage's bubbles as the
-    lab's placer predicts them from the segment's vanilla blocks (``bench.placement`` places
-    tasks on them).
+    lab's placer predicts them from the segment's vanilla blocks and ``top_step_size``, how
+    many of its smallest steps the task's profiled step was (``bench.placement`` places tasks
+    with them).
     """
     if not blocks or not run_dir.exists():
         return []
@@ -79,6 +81,7 @@ def collect_blocks(
                 b for b in blocks if b.get("task_id") == rec["task_id"] and b["mode"] == "vanilla"
             ]
             rec["stage_bubbles_ms"] = predicted_bubbles_ms(bubbles, vanilla, int(rec["stage"]))
+            rec["top_step_size"] = _top_step_size(run_dir, str(rec["task_id"]))
     rows = []
     for b in blocks:
         row = block_row(dict(b), run_name, starts, bubbles, side, edges, list(samples), t0)
@@ -102,6 +105,15 @@ def predicted_bubbles_ms(
     if mine.empty:
         return []
     return [round(float(v), 3) for v in predict_bubbles(mine)["predicted_ms"]]
+
+
+def _top_step_size(run_dir: Path, task_id: str) -> int | None:
+    """How many of its smallest steps the task's profiled step was (its host's profile), or
+    None where no profile says."""
+    with contextlib.suppress(OSError, ValueError):
+        top = json.loads(profile_path(run_dir, task_id).read_text()).get("top_step_size")
+        return top if isinstance(top, int) and not isinstance(top, bool) and top >= 1 else None
+    return None
 
 
 def read_calibration(control_dir: Path, stages: int) -> list[dict[str, Any]]:

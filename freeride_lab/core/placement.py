@@ -7,13 +7,17 @@ data out:
    task's request;
 2. *bubble fit*: a stage none of whose predicted bubbles is longer than the task's step
    budget is refused too — the task could never take a step there (same strict rule as
-   ``budget.should_step``); FreeRide had a stub for this (a constant ``duration`` key);
+   ``budget.should_step``); FreeRide had a stub for this (a constant ``duration`` key). A
+   task that steps in sizes (slices of a batch, ``host.iterative`` [Note: step sizes]) is
+   judged by its smallest step, whose budget is the whole step's in proportion (the host's
+   own first guess, ``budget.sized_budget_ns``);
 3. *order*, by ``policy``:
    - ``"freeride"`` (FreeRide's): request 0 → most free memory first, then queue length;
      otherwise → queue length counting only queued tasks with priority >= the task's own (the
      running task included);
    - ``"harvest"``: the most bubble time the task's own steps would fill per training step
-     (``usable_ms``: whole steps, each started only with more than the budget left), shared
+     (``usable_ms``: whole steps, each started only with more than the budget left, then
+     its smallest steps in what is left), shared
      with the tasks queued there (÷ (1 + queue length)); FreeRide's order breaks ties and
      stands in where bubbles are not measured yet. A stage whose bubbles are long enough for
      one step but waste most of them on tails ranks below one they suit.
@@ -106,15 +110,38 @@ class TaskRequest:
     priority: int = 0
     task_id: str | None = None  # id to queue it under; None → "<name>#<submission index>"
     step_s: float | None = None  # its typical step time (profiled); None: the budget stands in
+    # its smallest step's time, for a task that steps in sizes; None: every step is whole
+    smallest_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 0:
             raise ValueError(f"memory_bytes={self.memory_bytes} must be >= 0 (0 = no request)")
         if not math.isfinite(self.budget_s) or self.budget_s < 0:
             raise ValueError(f"budget_s={self.budget_s!r} must be a finite number >= 0")
-        step = self.step_s
-        if step is not None and not (math.isfinite(step) and step > 0):
-            raise ValueError(f"step_s={step!r} must be a finite number > 0, or None")
+        for name in ("step_s", "smallest_step_s"):
+            step = getattr(self, name)
+            if step is not None and not (math.isfinite(step) and step > 0):
+                raise ValueError(f"{name}={step!r} must be a finite number > 0, or None")
+
+    @property
+    def smallest(self) -> tuple[float, float] | None:
+        """(budget, step) in seconds of the task's smallest step, where it is smaller than its
+        whole step: the budget in proportion to the step; None otherwise."""
+        whole, small = self.step_s, self.smallest_step_s
+        if whole is None or small is None or small >= whole:
+            return None
+        return self.budget_s * small / whole, small
+
+    def fill_ms(self, bubbles_ms: Iterable[float]) -> float:
+        """Bubble time per training step this task's steps would fill (``usable_ms``: whole
+        steps, then its smallest in what is left); the budget stands in for an unknown step."""
+        smallest = self.smallest
+        return usable_ms(
+            bubbles_ms,
+            self.budget_s * 1e3,
+            (self.step_s or self.budget_s) * 1e3,
+            smallest_ms=(smallest[0] * 1e3, smallest[1] * 1e3) if smallest else None,
+        )
 
 
 class PlacementPolicy(StrEnum):
@@ -137,20 +164,38 @@ def placement_policy(value: object) -> PlacementPolicy:
         raise ValueError(f"placement={value!r} is unknown; valid: {valid}") from None
 
 
-def usable_ms(bubbles_ms: Iterable[float], budget_ms: float, step_ms: float) -> float:
+def usable_ms(
+    bubbles_ms: Iterable[float],
+    budget_ms: float,
+    step_ms: float,
+    *,
+    smallest_ms: tuple[float, float] | None = None,
+) -> float:
     """Bubble time per training step that whole ``step_ms`` steps fill, a step starting only
-    while more than ``budget_ms`` of its bubble is left (``budget.should_step``).
+    while more than ``budget_ms`` of its bubble is left (``budget.should_step``); then, with
+    ``smallest_ms`` = (budget, step) of the task's smallest step, such steps in what is left.
 
     >>> usable_ms([30.0, 90.0, 5.0], budget_ms=20.0, step_ms=17.0)  # 1 + 5 + 0 steps
     102.0
+    >>> usable_ms([30.0, 90.0, 5.0], 20.0, 17.0, smallest_ms=(5.0, 4.25))  # + 2 + 0 + 0
+    110.5
     """
-    step = max(step_ms, 1e-9)
     total = 0.0
     for b in bubbles_ms:
-        if b > budget_ms:
-            starts = math.ceil((b - budget_ms) / step)  # at 0, step, ... while b - t > budget
-            total += min(starts * step, b)
+        used = _filled(b, budget_ms, step_ms)
+        if smallest_ms is not None:
+            used += _filled(b - used, *smallest_ms)
+        total += used
     return total
+
+
+def _filled(bubble_ms: float, budget_ms: float, step_ms: float) -> float:
+    """What steps of ``step_ms`` fill of a bubble, each started while more than ``budget_ms``
+    of it is left."""
+    if not bubble_ms > budget_ms:
+        return 0.0
+    starts = math.ceil((bubble_ms - budget_ms) / max(step_ms, 1e-9))  # at 0, step, ...
+    return min(starts * step_ms, bubble_ms)
 
 
 class RefusalRule(StrEnum):
@@ -193,13 +238,15 @@ def _refusal(task: TaskRequest, info: StageInfo) -> StageRefusal | None:
             f"{task.memory_bytes / _GIB:.2f} GiB",
         )
     if info.bubble_ms is not None:
-        budget_ms = task.budget_s * 1e3
+        smallest = task.smallest
+        budget_ms = (smallest[0] if smallest else task.budget_s) * 1e3
         if not any(b > budget_ms for b in info.bubble_ms):
             longest = f"{max(info.bubble_ms):.1f} ms" if info.bubble_ms else "none"
+            which = "its smallest step's budget" if smallest else "step budget"
             return StageRefusal(
                 info.stage,
                 RefusalRule.BUBBLE_FIT,
-                f"longest predicted bubble {longest} is not > step budget {budget_ms:.1f} ms",
+                f"longest predicted bubble {longest} is not > {which} {budget_ms:.1f} ms",
             )
     return None
 
@@ -237,12 +284,9 @@ def place(
     else:
         eligible.sort(key=lambda s: s.queue_length(task.priority))
     if policy is PlacementPolicy.HARVEST and all(s.bubble_ms is not None for s in eligible):
-        budget_ms = task.budget_s * 1e3
-        step_ms = (task.step_s or task.budget_s) * 1e3
 
         def share(s: StageInfo) -> float:
-            usable = usable_ms(s.bubble_ms or (), budget_ms, step_ms)
-            return usable / (1 + s.queue_length(task.priority))
+            return task.fill_ms(s.bubble_ms or ()) / (1 + s.queue_length(task.priority))
 
         eligible.sort(key=share, reverse=True)  # stable: FreeRide's order breaks ties
     return Placement(eligible[0].stage)

@@ -124,6 +124,7 @@ class StagePlacer:
             priority=1 - limits.priority,
             task_id=record.id,
             step_s=self.step_s(record),
+            smallest_step_s=self.smallest_step_s(record),
         )
         if stage is None:
             outcome = place(request, list(infos.values()), policy=policy)
@@ -182,6 +183,16 @@ class StagePlacer:
         profile = self.book.profile(record)
         step = None if profile is None else profile.get("median_step_s")
         return float(step) if isinstance(step, int | float) and step > 0 else None
+
+    def smallest_step_s(self, record: TaskRecord) -> float | None:
+        """The task's smallest step, for a task that steps in sizes: its profiled step (the
+        largest size) in proportion to the sizes, as the task host first guesses it; None
+        for a task whose steps are all whole or before a profile."""
+        step, profile = self.step_s(record), self.book.profile(record)
+        top = None if profile is None else profile.get("top_step_size")
+        if step is None or isinstance(top, bool) or not isinstance(top, int) or top <= 1:
+            return None
+        return step / top
 
     def budget_s(self, record: TaskRecord) -> float | None:
         if record.limits.get("budget_s") is not None:

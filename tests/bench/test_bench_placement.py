@@ -78,6 +78,19 @@ def test_each_cell_s_predicted_fill_is_what_its_steps_fill_of_the_stage_s_bubble
     assert predicted_fill_ms([_run(bubbles=False)], "m4", "governed") == {}
 
 
+def test_a_task_profiled_in_slices_fills_each_bubble_s_tail_with_them() -> None:
+    """ResNet-18's profile says its 17 ms step was four slices: after its one whole step in
+    each 30 ms bubble of stage 0, two slices (4.25 ms, 5 ms budget) fit in the 13 ms left."""
+    run = _run()
+    for seg in run["segments"]:
+        if seg["task"] == "resnet18":
+            seg["top_step_size"] = 4
+    fill = predicted_fill_ms([run], "m4", "governed")
+    assert fill[("resnet18", 0)] == pytest.approx(3 * (17.0 + 2 * 4.25))
+    assert fill[("resnet18", 1)] == pytest.approx(85.0)  # 5 ms left: not > a slice's budget
+    assert fill[("pagerank", 0)] == pytest.approx(78.0)
+
+
 def test_a_stage_nobody_placed_on_harvests_nothing_over_all_s_stages() -> None:
     """Harvest is a mean over the S stages: with S = 4, two covered stages halve it."""
     rows = placement_summary(_summary(), [_run()], stages=4).set_index("policy")

@@ -188,6 +188,35 @@ def test_harvest_shares_a_stage_with_its_queue_and_falls_back_without_bubbles() 
     assert place(task, unmeasured, policy="harvest") == place(task, unmeasured)
 
 
+def test_a_task_that_steps_in_slices_is_judged_by_its_smallest_step() -> None:
+    """VGG-19 in quarter-batch slices: its whole 59 ms step (65 ms budget) fits no bubble of a
+    stage whose longest is 59 ms, a slice (15 ms, 16 ms budget) fits several; only the whole
+    step's view refuses the stage. The harvest order counts the slices in each bubble's tail."""
+    whole = TaskRequest(name="vgg19", memory_bytes=2**30, budget_s=0.065, step_s=0.0587)
+    sliced = TaskRequest(name="vgg19", memory_bytes=2**30, budget_s=0.065, step_s=0.0587,
+                         smallest_step_s=0.0587 / 4)  # fmt: skip
+    short = _stage(0, (45.0, 59.0, 35.0))
+    refused = place(whole, [short])
+    assert isinstance(refused, NoPlacement)
+    assert "is not > step budget 65.0 ms" in refused.refusals[0].detail
+    assert place(sliced, [short]) == Placement(0)
+    assert place(sliced, [short], policy="harvest") == Placement(0)
+    tiny = place(sliced, [_stage(0, (12.0,))])
+    assert isinstance(tiny, NoPlacement)
+    assert "is not > its smallest step's budget 16.2 ms" in tiny.refusals[0].detail
+    # a long bubble: whole steps, then slices in its tail
+    assert sliced.smallest == pytest.approx((0.01625, 0.014675))
+    assert usable_ms([140.0], 65.0, 58.7, smallest_ms=(16.25, 14.675)) == pytest.approx(
+        2 * 58.7 + 14.675
+    )
+
+
+@pytest.mark.parametrize("smallest", [0.0, -1.0, float("nan")])
+def test_a_smallest_step_must_be_a_positive_time(smallest: float) -> None:
+    with pytest.raises(ValueError, match="smallest_step_s="):
+        TaskRequest(name="x", memory_bytes=0, budget_s=0.01, step_s=0.01, smallest_step_s=smallest)
+
+
 def test_place_all_orders_each_submission_by_the_policy_it_is_given() -> None:
     """Submitted in turn, tasks go where their steps fill most, a queued task halving what
     its stage offers the next one; FreeRide's rule spreads them in stage order."""

@@ -328,6 +328,25 @@ def test_the_profile_sets_budget_and_memory_until_limits_change(run: Run) -> Non
     assert run.manager.task(tid)["budget_ms"] is None
 
 
+@pytest.mark.parametrize("top_step_size", [None, 4])
+def test_a_task_profiled_in_slices_is_placed_by_its_smallest_step(
+    run: Run, top_step_size: int | None
+) -> None:
+    """Its profile says the 59 ms steps were four slices: stage 1's bubbles (at most 59 ms)
+    hold no whole step under its 65 ms budget but hold slices, so it may move there; a
+    profile of whole steps keeps the stage refused."""
+    tid = run.manager.attach(COUNTING, stage=0)["id"]
+    run.set_bubbles_ms({0: [140.0], 1: [45.0, 59.0, 35.0], 2: [5.0], 3: [5.0]})
+    profile = {"budget_s": 0.065, "median_step_s": 0.0587, "memory_request_bytes": 0,
+               "t_ns": run.clock[0] + 1, "top_step_size": top_step_size}  # fmt: skip
+    profile_path(run.run_dir.path, tid).write_text(json.dumps(profile))
+    if top_step_size is None:
+        with pytest.raises(ValueError, match="stage 1 cannot host 'Counting': bubble_fit"):
+            run.manager.move(tid, 1)
+    else:
+        assert run.manager.move(tid, 1)["stage"] == 1
+
+
 # -- tune, move, detach, re-attach -----------------------------------------------------------
 
 

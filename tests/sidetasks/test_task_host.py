@@ -568,6 +568,7 @@ def test_a_bubble_is_filled_coarse_to_fine_with_the_sizes_a_task_offers(
         assert seq[0] == 4.0  # a fresh 40 ms bubble holds a 4-unit step
     profile = json.loads(path.read_text())
     assert profile["median_step_s"] >= 0.0125  # 4-unit steps (12.5 ms), not the finer ones
+    assert profile["top_step_size"] == 4  # ... which it says, for placement
 
 
 def test_a_small_step_forced_by_the_batch_end_does_not_hold_the_rest_of_the_bubble_small(

@@ -151,6 +151,9 @@ class StepAccounting(Checkpointing):
             "task_id": self.spec.task.task_id,
             "median_step_s": profile.median_step_s,
             "p95_step_s": profile.p95_step_s,
+            # the profiled steps were the largest the task offers: this many of its smallest
+            # (``host.iterative`` [Note: step sizes]); placement judges a stage by the smallest
+            "top_step_size": self._top_size,
             "peak_memory_bytes": profile.peak_memory_bytes,
             "n_steps": profile.n_steps,
             "sm_pct": profile.sm_pct,
