@@ -327,8 +327,8 @@ GOALS: tuple[Goal, ...] = (
          _deciding_stage("max", "step_p99_inflation", every_stage=True), _TAILS),
     Goal("SM clock loss against vanilla, every stage", "max", 0.01, "frac", _clock_loss, _TAILS),
     Goal("board power", "max", 0.0, "cap", _board_power_cap,
-         "the results so far record board power per block but not the board's power cap; "
-         "newer ones record it (machine.power_limit_w)"),
+         "each gated block's board power (NVML) against the cap its result records "
+         "(machine.power_limit_w; results before 2026-12-05 did not record the cap)"),
     Goal("bubble edge → side-task step, p50 (end to end)", "max", 0.050, "ms",
          _pipeline("latency_p50_ms", every_stage=False), _EDGES),
     Goal("bubble edge → side-task step, p99 (end to end)", "max", 0.200, "ms",

@@ -64,6 +64,7 @@ from freeride_lab.bench.placement import predicted_fill_ms
 from freeride_lab.bench.results import fill_tables
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.intervals import Interval
+from freeride_lab.sidetasks.api import doubling_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -1329,6 +1330,36 @@ def placement_policies(name: str = H200_PLACEMENT) -> list[str]:
     return md_table(PLACEMENT_HEADERS[1:], rows)
 
 
+def _with_slices(name: str) -> dict[str, Any]:
+    """A result recorded before task hosts reported how many slices their profiled step was,
+    with that count set from the run's own task options, as the tasks derive it (``fit_slices``
+    steps of 1, 2, 4, ... slices up to ``micro_batches``; the image task's up to
+    ``step_bands``; every other task's steps whole), its tables recomputed."""
+    data = copy.deepcopy(raw(name))
+    options = data["config"]["task_options"]
+
+    def top(task: str) -> int:
+        o = options.get(task, {})
+        if o.get("fit_slices"):
+            return doubling_sizes(int(o.get("micro_batches", 1)))[-1]
+        if task == "image":
+            return doubling_sizes(min(int(o.get("step_bands", 1)), int(o.get("bands", 1))))[-1]
+        return 1
+
+    for run in data["runs"]:
+        for seg in run.get("segments", []):
+            if seg.get("task") and seg.get("top_step_size") is None:
+                seg["top_step_size"] = top(seg["task"])
+    fill_tables(data, stages=int(data["config"]["stages"]))
+    return data
+
+
+def placement_sliced(name: str = H200_PLACEMENT) -> list[str]:
+    """``placement_policies`` once the placer knows the tasks' slices (``_with_slices``)."""
+    rows = [placement_cells(r)[1:] for r in _with_slices(name)["placement"]]
+    return md_table(PLACEMENT_HEADERS[1:], rows)
+
+
 def placement_cells_table(name: str = H200_PLACEMENT, mode: str = "governed") -> list[str]:
     """The cells a placement's harvest is read off: each task's harvest of the measured idle
     and overhead on each stage, and the bubble time per training step its steps should fill
@@ -1382,6 +1413,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
     "h200-12-06-placement": placement_policies,
     "h200-12-06-placement-cells": placement_cells_table,
+    "h200-12-06-placement-sliced": placement_sliced,
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,
