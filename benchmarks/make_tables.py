@@ -1317,8 +1317,14 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                                        "table `h200-12-04f-inference`"),
         "spin_window": _on_off(H100_SPIN[0], H100_SPIN[1],
                                "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
-        "placement": placement_comparisons(source(H200_PLACEMENT),
-                                           "tables `h200-12-06-placement`, `-placement-cells`"),
+        "placement": [
+            *placement_comparisons(source(H200_PLACEMENT),
+                                   "tables `h200-12-06-placement`, `-placement-cells`"),
+            *placement_comparisons(
+                Source(f"{H200_PLACEMENT.removesuffix('.json')}, read with slices",
+                       raw(H200_PLACEMENT)["date"], _with_slices(H200_PLACEMENT)),
+                "table `h200-12-06-placement-sliced` (the placer that knows slices)"),
+        ],
         "zero_bubble": _on_off(zero_bubble, interleaved, "table `h200-12-04f-schedules`"),
     }  # fmt: skip
 
