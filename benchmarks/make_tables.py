@@ -1329,10 +1329,10 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
     }  # fmt: skip
 
 
-def placement_policies(name: str = H200_PLACEMENT) -> list[str]:
-    """Each placement policy's assignment of the run's tasks and the harvest read off its
+def placement_policies(data: Mapping[str, Any]) -> list[str]:
+    """Each placement policy's assignment of a result's tasks and the harvest read off its
     cells, beside the best and worst assignment in hindsight."""
-    rows = [placement_cells(r)[1:] for r in result(name)["placement"]]
+    rows = [placement_cells(r)[1:] for r in data["placement"]]
     return md_table(PLACEMENT_HEADERS[1:], rows)
 
 
@@ -1358,12 +1358,6 @@ def _with_slices(name: str) -> dict[str, Any]:
                 seg["top_step_size"] = top(seg["task"])
     fill_tables(data, stages=int(data["config"]["stages"]))
     return data
-
-
-def placement_sliced(name: str = H200_PLACEMENT) -> list[str]:
-    """``placement_policies`` once the placer knows the tasks' slices (``_with_slices``)."""
-    rows = [placement_cells(r)[1:] for r in _with_slices(name)["placement"]]
-    return md_table(PLACEMENT_HEADERS[1:], rows)
 
 
 def placement_cells_table(name: str = H200_PLACEMENT, mode: str = "governed") -> list[str]:
@@ -1417,9 +1411,10 @@ TABLES: dict[str, Callable[[], list[str]]] = {
         (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
     ),
     "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
-    "h200-12-06-placement": placement_policies,
+    "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
-    "h200-12-06-placement-sliced": placement_sliced,
+    # once the placer knows the tasks' slices
+    "h200-12-06-placement-sliced": lambda: placement_policies(_with_slices(H200_PLACEMENT)),
     "h200-goals-now": goals_now,
     "h200-levers-now": levers_now,
     "h200-12-04g-emulated-idle": emulated_idle,

@@ -72,7 +72,7 @@ PLACEMENT_COLUMNS: tuple[str, ...] = (
     "policy",  # a core.placement policy, or one of HINDSIGHT
     "tasks",  # "stage:task, ..." of the assignment, in stage order
     "stages_covered",
-    "fill_predicted_ms",  # bubble time per training step the tasks' steps should fill
+    "fill_predicted_ms",  # bubble time per training step the tasks' steps should fill, summed
     *with_interval("harvest", "frac"),  # mean over the S stages, as the pipeline rows
     *with_interval("harvest_of_measured_idle", "frac"),
     # the assigned cells' slowdowns summed: every stage harvesting at once, as the pipeline rows
@@ -152,9 +152,10 @@ def placement_summary(
 def predicted_fill_ms(
     runs: Sequence[Mapping[str, Any]], name: str, mode: str
 ) -> dict[tuple[str, int], float]:
-    """Bubble time per training step each task's whole steps should fill on each stage, by
-    the placer's prediction (``core.placement.usable_ms``) from the segments of run ``name``,
-    keyed (task, stage); a stage whose bubbles were not recorded is left out."""
+    """Bubble time per training step each task's steps should fill on each stage (whole
+    steps, then its slices in each bubble's tail), by the placer's prediction
+    (``core.placement.usable_ms``) from the segments of run ``name``, keyed (task, stage); a
+    stage whose bubbles were not recorded is left out."""
     segments = _task_segments(runs, name)
     tasks = list(dict.fromkeys(str(s["task"]) for s in segments))
     stages = sorted({int(s["stage"]) for s in segments})
@@ -251,8 +252,8 @@ def _hindsight(
         value = pipeline_harvest([cells[(t, s)] for s, t in a.items()], stages=stages)[0].value
         return value if math.isfinite(value) else -math.inf
 
-    ranked = sorted(options, key=harvest)  # stable: ties keep submission order
-    return {HINDSIGHT[0]: ranked[-1], HINDSIGHT[1]: ranked[0]}
+    # the first of equals, in the order of the permutations (the submission order first)
+    return {HINDSIGHT[0]: max(options, key=harvest), HINDSIGHT[1]: min(options, key=harvest)}
 
 
 def _median(values: Any) -> float:
