@@ -28,7 +28,7 @@ from freeride_lab.lab.tables import (
     side_task_steps_frame,
     steps_frame,
 )
-from freeride_lab.sidetasks.spec import profile_path
+from freeride_lab.sidetasks.spec import profile_path, profiled_top_size
 
 __all__ = [
     "collect_blocks",
@@ -111,8 +111,8 @@ def _top_step_size(run_dir: Path, task_id: str) -> int | None:
     """How many of its smallest steps the task's profiled step was (its host's profile), or
     None where no profile says."""
     with contextlib.suppress(OSError, ValueError):
-        top = json.loads(profile_path(run_dir, task_id).read_text()).get("top_step_size")
-        return top if isinstance(top, int) and not isinstance(top, bool) and top >= 1 else None
+        profile = json.loads(profile_path(run_dir, task_id).read_text())
+        return profiled_top_size(profile) if isinstance(profile, dict) else None
     return None
 
 

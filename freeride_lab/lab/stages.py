@@ -30,6 +30,7 @@ from freeride_lab.core.schedule import Schedule, stage_indices
 from freeride_lab.core.sidetask_state import SideTaskState, is_terminal
 from freeride_lab.lab.taskbook import TaskBook, TaskRecord
 from freeride_lab.sidetasks.limits import GpuLimits
+from freeride_lab.sidetasks.spec import profiled_top_size
 
 if TYPE_CHECKING:  # the tables are the session's; placing a task reads them, listing does not
     import pandas as pd
@@ -188,11 +189,8 @@ class StagePlacer:
         """The task's smallest step, for a task that steps in sizes: its profiled step (the
         largest size) in proportion to the sizes, as the task host first guesses it; None
         for a task whose steps are all whole or before a profile."""
-        step, profile = self.step_s(record), self.book.profile(record)
-        top = None if profile is None else profile.get("top_step_size")
-        if step is None or isinstance(top, bool) or not isinstance(top, int) or top <= 1:
-            return None
-        return step / top
+        step, top = self.step_s(record), profiled_top_size(self.book.profile(record))
+        return step / top if step is not None and top is not None and top > 1 else None
 
     def budget_s(self, record: TaskRecord) -> float | None:
         if record.limits.get("budget_s") is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "checkpoint_path",
     "parse_overrun_policy",
     "profile_path",
+    "profiled_top_size",
 ]
 
 #: How a task meets training: "bubbles" steps only inside bubbles (managed, FreeRide);
@@ -197,3 +198,15 @@ def checkpoint_path(run_dir: str | os.PathLike[str], task_id: str) -> Path:
 def profile_path(run_dir: str | os.PathLike[str], task_id: str) -> Path:
     """Where the task process of ``task_id`` writes its latest profile (JSON)."""
     return Path(run_dir) / "tasks" / task_id / "profile.json"
+
+
+def profiled_top_size(profile: Mapping[str, object] | None) -> int | None:
+    """How many of its smallest steps the task's profiled step was (its profile's
+    ``top_step_size``); None where the profile does not say, or says something else than a
+    whole number >= 1.
+
+        >>> profiled_top_size({"top_step_size": 4}), profiled_top_size({"top_step_size": True})
+        (4, None)
+    """
+    top = None if profile is None else profile.get("top_step_size")
+    return top if isinstance(top, int) and not isinstance(top, bool) and top >= 1 else None
