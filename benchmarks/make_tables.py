@@ -1336,6 +1336,7 @@ def placement_policies(data: Mapping[str, Any]) -> list[str]:
     return md_table(PLACEMENT_HEADERS[1:], rows)
 
 
+@cache
 def _with_slices(name: str) -> dict[str, Any]:
     """A result recorded before task hosts reported how many slices their profiled step was,
     with that count set from the run's own task options, as the tasks derive it (``fit_slices``
