@@ -282,6 +282,62 @@ def quotient_interval(num: Interval, den: Interval, *, confidence: float = CONFI
     return Interval.of(q, math.sqrt(rel2), df, num.n, confidence=confidence)
 
 
+class _Pooled:
+    """Groups of values, and the percentile of any resample of whole groups, pooled, without
+    building the pooled array (see [Note: pooled percentiles]).
+
+    [Note: pooled percentiles]
+    A resample of whole groups is how often it picked each group, so its pooled values are
+    the groups' values sorted once, each counted that often: below sorted position k lie
+    Σ_g count_g · below_g(k) of them (``below_g``: group g's values up to k), and the value of
+    rank r is the first sorted value whose running count exceeds r, found by a bisection run
+    for every resample at once. ``np.percentile`` (linear, the default) of N values is then
+    followed step by step: h = (N - 1)·p, the values of rank ⌊h⌋ and ⌊h⌋ + 1 (both the last
+    one where h ≥ N - 1), interpolated by h - ⌊h⌋ as numpy's ``_lerp`` does (a + d·t, or
+    b - d·(1 - t) from t = 0.5 on). So each resample's figure equals numpy's on the
+    concatenated resample, bit for bit, at the cost of groups × log₂(values) array operations
+    for all resamples together instead of one sort each.
+    """
+
+    def __init__(self, groups: Sequence[np.ndarray]) -> None:
+        values = np.concatenate(groups)
+        labels = np.repeat(np.arange(len(groups)), [g.size for g in groups])
+        order = np.argsort(values, kind="stable")
+        self._values = values[order]
+        # row k: how many of each group's values lie at sorted positions 0..k
+        self._below = np.cumsum(np.eye(len(groups), dtype=np.int64)[labels[order]], axis=0)
+
+    def percentiles(self, picks: np.ndarray, q: float) -> np.ndarray:
+        """The ``q``-th percentile of each row's groups pooled (``picks``: resamples x
+        picks, group indices)."""
+        groups = self._below.shape[1]
+        cells = np.arange(len(picks))[:, None] * groups + picks
+        counts = np.bincount(cells.ravel(), minlength=len(picks) * groups)
+        counts = counts.reshape(len(picks), groups)
+        total = (counts * self._below[-1]).sum(axis=1)  # values pooled
+        h = (total - 1) * (q / 100)
+        below = np.floor(h)
+        last = h >= total - 1
+        a = self._values[self._rank(counts, np.where(last, total - 1, below).astype(np.int64))]
+        b = self._values[self._rank(counts, np.where(last, total - 1, below + 1).astype(np.int64))]
+        t = np.where(last, h + 1, h - below)  # numpy's gamma where both ranks are the last
+        d = b - a
+        out: np.ndarray = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+        return out
+
+    def _rank(self, counts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Per resample, the sorted position of its value of ``rank``: the first position
+        whose running count exceeds it."""
+        lo = np.zeros(len(counts), dtype=np.int64)
+        hi = np.full(len(counts), len(self._values) - 1, dtype=np.int64)
+        while np.any(open_ := lo < hi):
+            mid = (lo + hi) // 2
+            past = (counts * self._below[mid]).sum(axis=1) > rank
+            hi = np.where(open_ & past, mid, hi)
+            lo = np.where(open_ & ~past, mid + 1, lo)
+        return lo
+
+
 def bootstrap_percentile_interval(
     groups: Sequence[Sequence[float]],
     q: float,
@@ -307,10 +363,8 @@ def bootstrap_percentile_interval(
     if n < 5:
         return Interval.point(value, n)
     rng = np.random.default_rng(seed)
-    stats = np.empty(resamples)
-    for i in range(resamples):
-        pick = rng.integers(0, n, size=n)
-        stats[i] = np.percentile(np.concatenate([kept[j] for j in pick]), q)
+    picks = np.stack([rng.integers(0, n, size=n) for _ in range(resamples)])
+    stats = _Pooled(kept).percentiles(picks, q)
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return Interval(value, float(lo), float(hi), float(stats.std(ddof=1)), _NAN, n)
@@ -347,11 +401,12 @@ def bootstrap_percentile_ratio_interval(
     if n < 5:
         return Interval.point(value, n)
     rng = np.random.default_rng(seed)
-    stats = np.empty(resamples)
-    for i in range(resamples):
-        pa = np.concatenate([a[j] for j in rng.integers(0, len(a), size=len(a))])
-        pb = np.concatenate([b[j] for j in rng.integers(0, len(b), size=len(b))])
-        stats[i] = np.percentile(pa, q) / np.percentile(pb, q) - 1
+    picks_a = np.empty((resamples, len(a)), dtype=np.int64)
+    picks_b = np.empty((resamples, len(b)), dtype=np.int64)
+    for i in range(resamples):  # the draws interleave, a's then b's, resample by resample
+        picks_a[i] = rng.integers(0, len(a), size=len(a))
+        picks_b[i] = rng.integers(0, len(b), size=len(b))
+    stats = _Pooled(a).percentiles(picks_a, q) / _Pooled(b).percentiles(picks_b, q) - 1
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(stats, [tail, 100 - tail])
     return Interval(value, float(lo), float(hi), float(stats.std(ddof=1)), _NAN, n)

@@ -10,6 +10,7 @@ import pytest
 from freeride_lab.core.intervals import (
     Interval,
     bootstrap_percentile_interval,
+    bootstrap_percentile_ratio_interval,
     mean_interval,
     quotient_interval,
     ratio_interval,
@@ -105,6 +106,39 @@ def test_block_bootstrap_is_seeded_and_brackets_the_pooled_percentile() -> None:
     assert a == bootstrap_percentile_interval(groups, 50)
     assert a.lo < a.value < a.hi
     assert a.value == pytest.approx(float(np.percentile(np.concatenate(groups), 50)))
+
+
+def _resampled(groups: list[np.ndarray], picks: np.ndarray, q: float) -> float:
+    return float(np.percentile(np.concatenate([groups[j] for j in picks]), q))
+
+
+@pytest.mark.parametrize("q", [0, 1, 50, 99, 100])
+def test_block_bootstrap_is_numpy_on_each_concatenated_resample(q: float) -> None:
+    # blocks of unequal sizes with ties (rounded values), one of a single value, a NaN dropped
+    rng = np.random.default_rng(7)
+    groups = [np.round(rng.exponential(1.0, int(rng.integers(1, 50))), 2) for _ in range(9)]
+    groups[4] = np.array([0.5])
+    with_nan = [list(g) for g in groups]
+    with_nan[0].append(math.nan)
+    draws = np.random.default_rng(0)
+    stats = np.array([_resampled(groups, draws.integers(0, 9, size=9), q) for _ in range(300)])
+    iv = bootstrap_percentile_interval(with_nan, q, resamples=300)
+    lo, hi = np.percentile(stats, [(1 - 0.95) / 2 * 100, 100 - (1 - 0.95) / 2 * 100])
+    assert (iv.lo, iv.hi, iv.se) == (float(lo), float(hi), float(stats.std(ddof=1)))
+
+
+def test_percentile_ratio_bootstrap_is_numpy_on_each_pair_of_resamples() -> None:
+    rng = np.random.default_rng(11)
+    a = [rng.normal(10.0, 1.0, int(rng.integers(3, 30))) for _ in range(6)]
+    b = [rng.normal(9.0, 1.0, int(rng.integers(3, 30))) for _ in range(7)]
+    draws = np.random.default_rng(0)
+    stats = []
+    for _ in range(200):  # a's picks, then b's, resample by resample
+        pa, pb = draws.integers(0, 6, size=6), draws.integers(0, 7, size=7)
+        stats.append(_resampled(a, pa, 99) / _resampled(b, pb, 99) - 1)
+    iv = bootstrap_percentile_ratio_interval(a, b, 99, resamples=200)
+    lo, hi = np.percentile(stats, [(1 - 0.95) / 2 * 100, 100 - (1 - 0.95) / 2 * 100])
+    assert (iv.lo, iv.hi, iv.se) == (float(lo), float(hi), float(np.std(stats, ddof=1)))
 
 
 def test_block_bootstrap_gives_no_interval_for_fewer_than_five_blocks() -> None:
