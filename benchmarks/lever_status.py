@@ -420,7 +420,9 @@ LEVERS: tuple[Lever, ...] = (
           "vision tasks' arms there also differ by graphs (eager whole batches off), so their "
           "rows measure both; the harvest is a share of the idle time, not of work done. The "
           "third: 8 graphed slices against 4, ResNet-18 only, arms from two calls back to back "
-          "on one machine", ""),
+          "on one machine. The fourth: at M = 8, ResNet-18 and VGG-19 in 8 graphed slices and "
+          "the image task in 128 bands up to 8 a step, against 4 slices and 64 bands up to 4 "
+          "(each step's largest size the same), two calls back to back on one machine", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),
@@ -470,7 +472,16 @@ LEVERS: tuple[Lever, ...] = (
           "instead of 300 µs past the prediction. Its worth is in the signal latency (table "
           "`h100-12-05d-latency`: the off arm sets `FREERIDE_SPIN_LEAD_US=0`, hosts never "
           "spin); the harvest and overhead columns say what it cost. The path alone on the CPU: "
-          "table `edge-latency-cpu`", ""),
+          "table `edge-latency-cpu`. Second A/B: the spin's cap per bubble start at 4 ms "
+          "(`FREERIDE_SPIN_MOST_US=4000`) against 2 ms, two calls back to back on one machine "
+          "(table `h100-12-06-latency`)", ""),
+    Lever("edge_first", "7. faster edges: no system call before the edge",
+          "the task host's edge reader returns a new edge before any system call and drains its "
+          "wake-up FIFO only when nothing is new (off: it drained before every look, also right "
+          "after its spin saw the edge; a system call lets the host's other threads take the "
+          "GIL, for up to the interpreter's 5 ms switch interval). Its worth is in the signal "
+          "latency's tail (table `h100-12-06-latency`); the harvest and overhead columns say "
+          "what it cost", ""),
     Lever("inference", "seventh built-in task: inference",
           "text generation in the bubbles, counted in output tokens (no off arm: a task, not a "
           "switch)", ""),

@@ -281,6 +281,25 @@ H100_SPIN_TREE = (*H100_SPIN, *H100_SLICES8, *H100_M8_SIZED, *H100_ZB_SIZED)
 #: The signal latency of those calls beside the evening's tree, whose host slept in ``poll``.
 H100_LATENCY = ((H100_SIZES[1][0], "before: poll's sleep"), *H100_SPIN_TREE, *H100_SIGNALS)
 _H100_IDLE = "table `h100-12-05-idle-split`"
+#: The H100 calls of 2026-12-06, on the tree whose edge reader looks before it drains: the mix on
+#: every stage at M = 4 (managed and governed) and M = 8 (governed), the options of
+#: ``H100_SPIN``; then, on the same machine, M = 8 on stages 1-3 in finer steps (8 graphed
+#: slices, the image task in 128 bands up to 8 a step) and M = 4 on stages 1-3 with the spin's
+#: cap per bubble start at 4 ms (``FREERIDE_SPIN_MOST_US=4000``; default 2 ms).
+H100_M4_ALL = ("h100-2026-12-06-m4-all.json", "M = 4, every stage")
+H100_M8_ALL = ("h100-2026-12-06-m8-all.json", "M = 8, every stage")
+H100_M8_FINE = ("h100-2026-12-06-m8-slices8-s123.json", "M = 8, 8 slices, 128 bands")
+H100_SPIN4 = ("h100-2026-12-06-spin4ms-s123.json", "spin at most 4 ms")
+#: Then, on another H100, stage 1 alone (governed): the tree as it is twice, and the same tree
+#: with the edge reader draining its wake-up FIFO before every look, as before (source digest
+#: d874e8ab; its result names the commit it was taken from).
+H100_EDGE_FIRST = (
+    ("h100-2026-12-06-edge-first-s1a.json", "edge first"),
+    ("h100-2026-12-06-edge-first-s1b.json", "edge first, again"),
+)
+H100_DRAIN_FIRST = ("h100-2026-12-06-drain-first-s1.json", "drain first (before)")
+H100_12_06 = (H100_M4_ALL, H100_SPIN4, H100_M8_ALL, H100_M8_FINE, *H100_EDGE_FIRST,
+              H100_DRAIN_FIRST)  # fmt: skip
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -337,6 +356,18 @@ def merged(names: tuple[str, ...]) -> dict[str, Any]:
         more = raw(name)
         data["blocks"] = [*data["blocks"], *more["blocks"]]
         data["runs"] = [*data["runs"], *copy.deepcopy(more["runs"])]
+    fill_tables(data, stages=int(data["config"]["stages"]))
+    return data
+
+
+@cache
+def on_stages(name: str, stages: tuple[int, ...]) -> dict[str, Any]:
+    """A result read on some of its real stages only (its blocks and segments there), tables
+    by today's arithmetic: a run over every stage beside one over fewer, like with like."""
+    data = copy.deepcopy(raw(name))
+    data["blocks"] = [b for b in data["blocks"] if int(b["stage"]) in stages]
+    for run in data["runs"]:
+        run["segments"] = [s for s in run.get("segments", []) if int(s["stage"]) in stages]
     fill_tables(data, stages=int(data["config"]["stages"]))
     return data
 
@@ -1166,6 +1197,19 @@ def _h100_rows() -> list[tuple[str, dict[str, Any]]]:
     return [("", r) for r in merged(names)["pipeline"] if r["case"] == "mix"]
 
 
+def _latency_12_06() -> list[tuple[str, dict[str, Any]]]:
+    """The signal latency of the 2026-12-06 H100 calls, the runs over every stage beside their
+    stages 1-3 (like with like for the runs over those stages)."""
+    s123 = (1, 2, 3)
+    return [
+        *_pipeline_rows((H100_M4_ALL,)),
+        *(("M = 4, stages 1-3", r) for r in on_stages(H100_M4_ALL[0], s123)["pipeline"]),
+        *_pipeline_rows((H100_SPIN4, H100_M8_ALL)),
+        *(("M = 8, stages 1-3", r) for r in on_stages(H100_M8_ALL[0], s123)["pipeline"]),
+        *_pipeline_rows((H100_M8_FINE, *H100_EDGE_FIRST, H100_DRAIN_FIRST)),
+    ]
+
+
 def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Per run and mode: bubble edge → first side-task step, the part of it before the task's
     host saw the edge, the hop before the edge (the device at the bubble's start → the rank's
@@ -1197,6 +1241,10 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in H100_SIZES),
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED)),
         source(*(n for n, _ in H100_ZB_SIZED)),
+        *(
+            source(n)
+            for n, _ in (H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4, *H100_EDGE_FIRST)
+        ),
     ]
 
 
@@ -1293,7 +1341,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "predictor": _predictor(),
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
-                       *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`")],
+                       *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
+                       *_on_off(H100_M8_FINE, H100_M8_ALL, "table `h100-12-06-stages`")],
         "power": _on_off(H100_SIGNALS[1], H100_SIGNALS[0], "table `h100-12-05d-stages`"),
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
                    *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
@@ -1315,8 +1364,13 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                      _timing_quiet("compute", "one-stage GPT, d_model 2048 (compute-bound)")],
         "inference": bench_comparisons(Arm(source(tokens[0]), "governed", tokens[1]), None,
                                        "table `h200-12-04f-inference`"),
-        "spin_window": _on_off(H100_SPIN[0], H100_SPIN[1],
-                               "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
+        "spin_window": [*_on_off(H100_SPIN[0], H100_SPIN[1],
+                                 "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
+                        *_on_off(H100_SPIN4, H100_M4_ALL,
+                                 "tables `h100-12-06-latency`, `h100-12-06-stages`")],
+        "edge_first": [c for on in H100_EDGE_FIRST
+                       for c in _on_off(on, H100_DRAIN_FIRST,
+                                        "tables `h100-12-06-latency`, `h100-12-06-stages`")],
         "placement": [
             *placement_comparisons(source(H200_PLACEMENT),
                                    "tables `h200-12-06-placement`, `-placement-cells`"),
@@ -1412,6 +1466,11 @@ TABLES: dict[str, Callable[[], list[str]]] = {
         (*H100_SPIN_TREE, *H100_SIGNALS), ("managed", "governed")
     ),
     "h100-12-05d-idle-split": lambda: _idle_split(H100_SPIN_TREE),
+    "h100-12-06-overhead": lambda: h200_overhead(_pipeline_rows((H100_M4_ALL, H100_M8_ALL))),
+    "h100-12-06-harvest": lambda: h200_harvest(_pipeline_rows((H100_M4_ALL, H100_M8_ALL))),
+    "h100-12-06-latency": lambda: signal_latency(_latency_12_06()),
+    "h100-12-06-stages": lambda: _side_by_side(H100_12_06, ("managed", "governed")),
+    "h100-12-06-idle-split": lambda: _idle_split(H100_12_06),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
