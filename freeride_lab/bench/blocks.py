@@ -1,8 +1,9 @@
 """The block driver of ``freeride-lab bench``: one pipeline run, stepped through its segments.
 
-A ``RunDriver`` launches one run (a ``Session``), attaches the side tasks, and for each
-segment (real stage, side task) measures the task alone, then interleaves blocks of training
-steps in each mode through the emulation's control file (see ``bench.driver``). Governed blocks
+A ``RunDriver`` launches one run (a ``Session``) and for each segment (real stage, side task)
+attaches the task, measures it alone, then interleaves blocks of training steps in each mode
+through the emulation's control file (see ``bench.driver``), and detaches it: while a segment
+measures, its task is the only one attached. Governed blocks
 run the session's own governor loop (``lab.governor.GovernorLoop``, ticked from the block's
 wait): the benchmark measures the governor users run, not a copy of it. Trickle blocks run a
 second loop of the same kind, at the same overhead target, that also sets the task's trickle
@@ -101,6 +102,7 @@ class RunDriver:
         self._settled_at = 0
         self.hard_deadline = deadline + 20.0  # waits give up here: the budget is spent
         self.step_ms_estimate = 1000.0
+        self.setup_s_estimate = 30.0  # a task's attach to on the device; each segment's measured
 
     # -- plan --
 
@@ -171,11 +173,9 @@ class RunDriver:
         self.record["calibration"] = read_calibration(self.control.dir, self.profile.stages)
         self.say(f"  training up after {self.record['startup_s']} s; "
                  f"calibration {fmt_calibration(self.record['calibration'])}")  # fmt: skip
-        self._attach(segments)
         stage = instrumentation_stage(self.profile, self.plan, self.done)
         if stage is not None:
-            self._wait_ready(segments)  # their set-up and first copy to the device are noise
-            self._instrumentation(stage)
+            self._instrumentation(stage)  # no side task attached yet
         self._time_steps()
         for seg in segments:
             need = self._segment_estimate_s()
@@ -191,34 +191,24 @@ class RunDriver:
 
     # -- side tasks --
 
-    def _attach(self, segments: list[Segment]) -> None:
+    def _attach(self, seg: Segment) -> None:
+        """Attach the segment's task (its set-up is timed by the segment, until it is on the
+        device)."""
         gating = "trickle" if "trickle" in self.modes else "bubbles"  # duty 0 = "bubbles"
         # the blocks set every duty; a governor started by the attach would raise it at once
         self.session.govern_trickle_tasks = False
-        for seg in segments:
-            options = {"preset": self.profile.task_preset,
-                       **self.profile.task_options.get(seg.task, {})}  # fmt: skip
-            task = self.session.attach(
-                seg.task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
-                gating=gating,
-            )  # fmt: skip
-            seg.task_id = str(task["id"])
-        self.say(f"  attached {len(segments)} side task(s): "
-                 + ", ".join(f"{s.task}@{s.stage}" for s in segments))  # fmt: skip
+        options = {"preset": self.profile.task_preset,
+                   **self.profile.task_options.get(seg.task, {})}  # fmt: skip
+        task = self.session.attach(
+            seg.task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
+            gating=gating,
+        )  # fmt: skip
+        seg.task_id = str(task["id"])
+        self.say(f"  attached {seg.task}@{seg.stage}")
 
-    def _wait_ready(self, segments: list[Segment]) -> None:
-        """Wait (up to ``attach_timeout_s``) until every attached task is on the device or
-        has ended; a task that is late is only noted."""
-        ids = {s.task_id for s in segments if s.task_id}
-
-        def ready() -> bool:
-            states = {str(t.get("id")): t.get("state") for t in self.session.tasks}
-            return all(states.get(i) in (*_ON_DEVICE, *_ENDED) for i in ids)
-
-        try:
-            self._wait(ready, self.profile.attach_timeout_s, "the side tasks' set-up", poll_s=0.2)
-        except TimeoutError as exc:
-            self.record["errors"].append(str(exc))
+    def _attached(self) -> int:
+        """Side tasks attached and not ended."""
+        return sum(1 for t in self.session.tasks if t.get("state") not in _ENDED)
 
     def _task(self, task_id: str) -> dict[str, Any]:
         for t in self.session.tasks:
@@ -233,7 +223,7 @@ class RunDriver:
         blocks = len(self.modes) * p.repeats + 1
         steps = blocks * (p.drop_steps + p.block_steps + 2)
         solo_s = 2 * (p.solo_min_s + 2 * self.step_ms_estimate / 1e3)  # before and after
-        return steps * self.step_ms_estimate / 1e3 + solo_s + 10.0
+        return steps * self.step_ms_estimate / 1e3 + solo_s + self.setup_s_estimate + 10.0
 
     def _instrumentation(self, stage: int) -> None:
         p = self.profile
@@ -242,14 +232,17 @@ class RunDriver:
         order = bs.interleave(("vanilla", "plain"), p.instrumentation_repeats, closed=True)
         for repeat, mode in order:
             self._block(seg, repeat, mode)
-        self.record["segments"].append({"case": seg.case, "stage": stage, "task": ""})
+        self.record["segments"].append(
+            {"case": seg.case, "stage": stage, "task": "", "attached_tasks": self._attached()}
+        )
 
     def _segment(self, seg: Segment) -> None:
         p = self.profile
         t0 = time.monotonic()
-        rec: dict[str, Any] = {"case": seg.case, "stage": seg.stage, "task": seg.task,
-                               "task_id": seg.task_id}  # fmt: skip
+        rec: dict[str, Any] = {"case": seg.case, "stage": seg.stage, "task": seg.task}
         self.record["segments"].append(rec)
+        self._attach(seg)
+        rec["task_id"] = seg.task_id
         self._wait(
             lambda: self._task(seg.task_id).get("state") in _ON_DEVICE,
             p.attach_timeout_s,
@@ -257,6 +250,9 @@ class RunDriver:
             fail_on=lambda: self._task(seg.task_id).get("state") in _ENDED,
             poll_s=0.2,
         )
+        rec["setup_s"] = round(time.monotonic() - t0, 1)
+        self.setup_s_estimate = rec["setup_s"]
+        rec["attached_tasks"] = self._attached()  # this one alone, unless a detach failed
         solo = self._solo(seg)
         rec.update(solo)
         rec["dedicated_before_per_s"] = rec.pop("dedicated_per_s", None)

@@ -298,3 +298,27 @@ def test_tiny_bench_times_how_long_side_tasks_start_steps_after_their_bubbles_en
         # the hop before the edge: on the CPU a rank announces at the stamp itself
         lag = rows[mode]["announce_p99_ms"]
         assert lag is None or 0.0 <= lag < 1.0, rows[mode]
+
+
+@pytest.mark.slow
+def test_each_segment_measures_with_its_own_task_alone_attached(tmp_path: Path) -> None:
+    """One stage at a time means one side task at a time: a segment attaches its task when it
+    begins (its set-up timed) and detaches it when it ends, so no other stage's task sits
+    parked on the device through its blocks, nor any task through the instrumentation's."""
+    out = tmp_path / "two.json"
+    code = main(
+        [
+            "bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--real-stage", "0,1", "--modes", "vanilla,managed",
+            "--out", str(out), "--run-root", str(tmp_path / "runs"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    segments = {(s["case"], s["stage"]): s for s in run["segments"]}
+    assert set(segments) == {("instrumentation", 0), ("pagerank", 0), ("pagerank", 1)}
+    assert segments["instrumentation", 0]["attached_tasks"] == 0
+    for stage in (0, 1):
+        seg = segments["pagerank", stage]
+        assert seg["attached_tasks"] == 1
+        assert 0 < seg["setup_s"] < seg["elapsed_s"]
