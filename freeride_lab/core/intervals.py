@@ -305,7 +305,8 @@ class _Pooled:
         order = np.argsort(values, kind="stable")
         self._values = values[order]
         # row k: how many of each group's values lie at sorted positions 0..k
-        self._below = np.cumsum(np.eye(len(groups), dtype=np.int64)[labels[order]], axis=0)
+        below = np.eye(len(groups), dtype=np.int32)[labels[order]]
+        self._below = np.cumsum(below, axis=0, dtype=np.int32)
 
     def percentiles(self, picks: np.ndarray, q: float) -> np.ndarray:
         """The ``q``-th percentile of each row's groups pooled (``picks``: resamples x
