@@ -339,12 +339,17 @@ def raw(name: str) -> dict[str, Any]:
     return data
 
 
+def _recomputed(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a result, its blocks and segments perhaps changed) with its tables computed
+    by today's arithmetic."""
+    fill_tables(data, stages=int(data["config"]["stages"]))
+    return data
+
+
 @cache
 def result(name: str) -> dict[str, Any]:
     """A committed result with its tables computed by today's arithmetic."""
-    data = copy.deepcopy(raw(name))
-    fill_tables(data, stages=int(data["config"]["stages"]))
-    return data
+    return _recomputed(copy.deepcopy(raw(name)))
 
 
 @cache
@@ -356,8 +361,7 @@ def merged(names: tuple[str, ...]) -> dict[str, Any]:
         more = raw(name)
         data["blocks"] = [*data["blocks"], *more["blocks"]]
         data["runs"] = [*data["runs"], *copy.deepcopy(more["runs"])]
-    fill_tables(data, stages=int(data["config"]["stages"]))
-    return data
+    return _recomputed(data)
 
 
 @cache
@@ -368,8 +372,7 @@ def on_stages(name: str, stages: tuple[int, ...]) -> dict[str, Any]:
     data["blocks"] = [b for b in data["blocks"] if int(b["stage"]) in stages]
     for run in data["runs"]:
         run["segments"] = [s for s in run.get("segments", []) if int(s["stage"]) in stages]
-    fill_tables(data, stages=int(data["config"]["stages"]))
-    return data
+    return _recomputed(data)
 
 
 def bench_results() -> list[str]:
@@ -385,14 +388,14 @@ def bench_results() -> list[str]:
     return names
 
 
+def mix_rows(data: Mapping[str, Any], label: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(``label``, pipeline row) for each of a result's pipeline rows of the mix."""
+    return [(label, r) for r in data["pipeline"] if r["case"] == "mix"]
+
+
 def h200_rows() -> list[tuple[str, dict[str, Any]]]:
     """(file, pipeline row) of the mix for each H200 run BENCHMARKS.md reports, in order."""
-    out = []
-    for name in (H200_M4, H200_M8):
-        for row in result(name)["pipeline"]:
-            if row["case"] == "mix":
-                out.append((name, row))
-    return out
+    return [row for name in (H200_M4, H200_M8) for row in mix_rows(result(name), name)]
 
 
 def _iv(row: Mapping[str, Any], name: str, digits: int = 2, *, signed: bool = False) -> str:
@@ -684,12 +687,11 @@ def cpu_pause() -> list[str]:
 
 
 def _idle_split_rows() -> list[tuple[str, dict[str, Any]]]:
-    names = tuple(name for name, _ in H200_IDLE_SPLIT)
-    return [("", r) for r in merged(names)["pipeline"] if r["case"] == "mix"]
+    return mix_rows(merged(tuple(name for name, _ in H200_IDLE_SPLIT)))
 
 
 def _split_rows() -> list[tuple[str, dict[str, Any]]]:
-    return [("", r) for r in merged(H200_SPLIT)["pipeline"] if r["case"] == "mix"]
+    return mix_rows(merged(H200_SPLIT))
 
 
 def _per_stage(summary: list[dict[str, Any]], cases: tuple[str, ...]) -> list[str]:
@@ -709,7 +711,7 @@ def h200_split_per_stage() -> list[str]:
 
 
 def _instrument_rows() -> list[tuple[str, dict[str, Any]]]:
-    return [("", r) for r in result(H200_INSTRUMENT)["pipeline"] if r["case"] == "mix"]
+    return mix_rows(result(H200_INSTRUMENT))
 
 
 def h200_instrument_per_stage() -> list[str]:
@@ -1193,8 +1195,7 @@ def source(*names: str) -> Source:
 
 
 def _h100_rows() -> list[tuple[str, dict[str, Any]]]:
-    names = tuple(name for name, _ in H100_HEADLINE)
-    return [("", r) for r in merged(names)["pipeline"] if r["case"] == "mix"]
+    return mix_rows(merged(tuple(name for name, _ in H100_HEADLINE)))
 
 
 def _latency_12_06() -> list[tuple[str, dict[str, Any]]]:
@@ -1203,9 +1204,9 @@ def _latency_12_06() -> list[tuple[str, dict[str, Any]]]:
     s123 = (1, 2, 3)
     return [
         *_pipeline_rows((H100_M4_ALL,)),
-        *(("M = 4, stages 1-3", r) for r in on_stages(H100_M4_ALL[0], s123)["pipeline"]),
+        *mix_rows(on_stages(H100_M4_ALL[0], s123), "M = 4, stages 1-3"),
         *_pipeline_rows((H100_SPIN4, H100_M8_ALL)),
-        *(("M = 8, stages 1-3", r) for r in on_stages(H100_M8_ALL[0], s123)["pipeline"]),
+        *mix_rows(on_stages(H100_M8_ALL[0], s123), "M = 8, stages 1-3"),
         *_pipeline_rows((H100_M8_FINE, *H100_EDGE_FIRST, H100_DRAIN_FIRST)),
     ]
 
@@ -1239,19 +1240,16 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_FIT_SLICES, *H100_M8)),
         source(*(n for n, _ in (*H100_ZB, *H100_ZB_S3))),
         *(source(n) for n, _ in H100_SIZES),
-        *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED)),
+        *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
+                                 H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
+                                 *H100_EDGE_FIRST)),
         source(*(n for n, _ in H100_ZB_SIZED)),
-        *(
-            source(n)
-            for n, _ in (H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4, *H100_EDGE_FIRST)
-        ),
-    ]
+    ]  # fmt: skip
 
 
 def _pipeline_rows(files: Sequence[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
     """Each file's pipeline rows of the mix case, labelled by the file's label."""
-    return [(label, r) for name, label in files for r in result(name)["pipeline"]
-            if r["case"] == "mix"]  # fmt: skip
+    return [row for name, label in files for row in mix_rows(result(name), label)]
 
 
 def goal_sources() -> list[Source]:
@@ -1411,8 +1409,7 @@ def _with_slices(name: str) -> dict[str, Any]:
         for seg in run.get("segments", []):
             if seg.get("task") and seg.get("top_step_size") is None:
                 seg["top_step_size"] = top(seg["task"])
-    fill_tables(data, stages=int(data["config"]["stages"]))
-    return data
+    return _recomputed(data)
 
 
 def placement_cells_table(name: str = H200_PLACEMENT, mode: str = "governed") -> list[str]:
