@@ -263,15 +263,15 @@ class RunDriver:
                 self.session.detach(seg.task_id)
             return
         self.session.tune(seg.task_id, budget_ms=budget_ms)
-        governor = OverheadGovernor(
-            target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
-            settle_steps=1, device_signals=p.governor_device_signals,
+        governor, trickler = (
+            OverheadGovernor(
+                target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
+                settle_steps=1, device_signals=p.governor_device_signals,
+                evidence=p.governor_evidence,
+            )
+            for _ in range(2)
         )  # fmt: skip
         governor.add_task(seg.task_id)
-        trickler = OverheadGovernor(
-            target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
-            settle_steps=1, device_signals=p.governor_device_signals,
-        )  # fmt: skip
         trickler.add_task(seg.task_id, trickle_duty=0.0)
         # Governed blocks start from the tight budget (no 10 ms rounding) and let the
         # governor widen it when training slows; managed blocks keep FreeRide's rule.

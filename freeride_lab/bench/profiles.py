@@ -132,6 +132,9 @@ class BenchProfile:
     #: the governors of governed and trickle blocks back off on board power near its cap and
     #: SM clock drops too (``core.governor``); False: on step time alone
     governor_device_signals: bool = True
+    #: the confidence a governor decision needs (``OverheadGovernor.evidence``): 0.95 acts on
+    #: a 95% one-sided bound of the overhead since its last change; 0.5 on the mean alone
+    governor_evidence: float = 0.95
     #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
@@ -158,6 +161,11 @@ class BenchProfile:
             )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; valid: cpu, cuda")
+        if not 0.5 <= self.governor_evidence < 1:
+            raise ValueError(
+                f"governor_evidence={self.governor_evidence} must be in [0.5, 1) (0.95: a 95% "
+                "one-sided bound; 0.5: the mean alone)"
+            )
         # their one check, before any run
         RuntimeOptions(
             announce_min_ms=self.announce_min_ms,

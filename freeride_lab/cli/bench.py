@@ -22,8 +22,8 @@ __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 #: Options that narrow or change a profile: a resumed result keeps the one it was started with.
 _PROFILE_OPTIONS: tuple[str, ...] = (
     "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
-    "announce_min_ms", "step_group_ms", "predictor", "governor_signals", "schedule", "chunks",
-    "task_options",
+    "announce_min_ms", "step_group_ms", "predictor", "governor_signals", "governor_evidence",
+    "schedule", "chunks", "task_options",
 )  # fmt: skip
 
 
@@ -76,6 +76,9 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--governor-signals", choices=["on", "off"], default=None,
                    help="governed and trickle blocks also back off on board power near its "
                    "cap and SM clock drops (on, default) or on step time alone (off)")  # fmt: skip
+    p.add_argument("--governor-evidence", type=float, default=None,
+                   help="one-sided confidence a governor change needs (default 0.95; 0.5: "
+                   "act on the measured mean alone)")  # fmt: skip
     p.add_argument("--schedule", default=None,
                    help="pipeline schedule (default 1F1B); Interleaved1F1B and "
                         "InterleavedZeroBubble run on every torch")  # fmt: skip
@@ -162,6 +165,8 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             changes[name] = getattr(args, name)
     if args.governor_signals is not None:
         changes["governor_device_signals"] = args.governor_signals == "on"
+    if args.governor_evidence is not None:
+        changes["governor_evidence"] = args.governor_evidence
     if args.task_options:
         changes["task_options"] = _task_options(args.task_options, profile.task_options)
     profile = profile.replace(runs=runs, **changes)

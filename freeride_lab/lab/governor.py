@@ -204,7 +204,7 @@ class GovernorLoop:
                 power_cap_w=cap_w,
                 sm_clock_mhz=clock_mhz,
             )
-            overhead = self.governor.overhead_ewma_frac
+            overhead = self.governor.overhead_frac
             for decision in self.governor.observe(obs):
                 records.append(self._apply(step, decision, overhead))
         self._forget_observed()

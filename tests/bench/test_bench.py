@@ -273,6 +273,18 @@ def test_the_governors_device_signals_can_be_switched_off_for_an_a_b(
     assert bench_options(*words).governor_device_signals is on  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("words", "evidence"), [((), 0.95), (("--governor-evidence", "0.5"), 0.5)])
+def test_the_governors_evidence_can_be_set_for_an_a_b(
+    words: tuple[str, ...], evidence: float
+) -> None:
+    assert bench_options(*words).governor_evidence == evidence  # type: ignore[attr-defined]
+
+
+def test_a_governor_evidence_below_a_coin_toss_is_refused_before_any_run() -> None:
+    with pytest.raises(ValueError, match=r"governor_evidence=0\.3 must be in \[0\.5, 1\)"):
+        bench_options("--governor-evidence", "0.3")
+
+
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}
