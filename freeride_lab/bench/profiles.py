@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.bench import stats as bs
+from freeride_lab.core.budget import tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.runtime_options import EmulateOptions, RuntimeOptions
 
@@ -135,6 +136,10 @@ class BenchProfile:
     #: the confidence a governor decision needs (``OverheadGovernor.evidence``): 0.95 acts on
     #: a 95% one-sided bound of the overhead since its last change; 0.5 on the mean alone
     governor_evidence: float = 0.95
+    #: the guard governed blocks start from: the solo step's p95 x factor + slack
+    #: (``core.budget.tight_step_budget_s``); a sized step's guard keeps it in proportion
+    governed_guard_factor: float = 1.1
+    governed_guard_slack_ms: float = 0.5
     #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
@@ -166,6 +171,9 @@ class BenchProfile:
                 f"governor_evidence={self.governor_evidence} must be in [0.5, 1) (0.95: a 95% "
                 "one-sided bound; 0.5: the mean alone)"
             )
+        tight_step_budget_s(
+            0.001, factor=self.governed_guard_factor, slack_s=self.governed_guard_slack_ms / 1e3
+        )
         # their one check, before any run
         RuntimeOptions(
             announce_min_ms=self.announce_min_ms,

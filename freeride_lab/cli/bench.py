@@ -23,7 +23,7 @@ __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 _PROFILE_OPTIONS: tuple[str, ...] = (
     "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
     "announce_min_ms", "step_group_ms", "predictor", "governor_signals", "governor_evidence",
-    "schedule", "chunks", "task_options",
+    "governed_guard", "schedule", "chunks", "task_options",
 )  # fmt: skip
 
 
@@ -79,6 +79,9 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--governor-evidence", type=float, default=None,
                    help="one-sided confidence a governor change needs (default 0.95; 0.5: "
                    "act on the measured mean alone)")  # fmt: skip
+    p.add_argument("--governed-guard", default=None, metavar="FACTOR,SLACK_MS",
+                   help="the step guard governed blocks start from: the solo step's p95 x "
+                   "FACTOR + SLACK_MS (default 1.1,0.5)")  # fmt: skip
     p.add_argument("--schedule", default=None,
                    help="pipeline schedule (default 1F1B); Interleaved1F1B and "
                         "InterleavedZeroBubble run on every torch")  # fmt: skip
@@ -167,6 +170,15 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
         changes["governor_device_signals"] = args.governor_signals == "on"
     if args.governor_evidence is not None:
         changes["governor_evidence"] = args.governor_evidence
+    if args.governed_guard is not None:
+        factor, _, slack = args.governed_guard.partition(",")
+        try:
+            changes["governed_guard_factor"] = float(factor)
+            changes["governed_guard_slack_ms"] = float(slack) if slack else 0.0
+        except ValueError as exc:
+            raise UsageError(
+                f"--governed-guard {args.governed_guard}: expected FACTOR,SLACK_MS (e.g. 1.1,0.5)"
+            ) from exc
     if args.task_options:
         changes["task_options"] = _task_options(args.task_options, profile.task_options)
     profile = profile.replace(runs=runs, **changes)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from freeride_lab.bench.profiles import PROFILES, bench_profile
-from freeride_lab.cli.app import build_parser, main
+from freeride_lab.cli.app import UsageError, build_parser, main
 from freeride_lab.cli.bench import bench_profile_of
 
 MODES = {"vanilla", "managed", "governed", "naive"}
@@ -283,6 +283,27 @@ def test_the_governors_evidence_can_be_set_for_an_a_b(
 def test_a_governor_evidence_below_a_coin_toss_is_refused_before_any_run() -> None:
     with pytest.raises(ValueError, match=r"governor_evidence=0\.3 must be in \[0\.5, 1\)"):
         bench_options("--governor-evidence", "0.3")
+
+
+@pytest.mark.parametrize(
+    ("words", "guard"),
+    [
+        ((), (1.1, 0.5)),
+        (("--governed-guard", "1.0,0"), (1.0, 0.0)),
+        (("--governed-guard", "1.2"), (1.2, 0.0)),
+    ],
+)
+def test_the_governed_guard_can_be_set_for_an_a_b(
+    words: tuple[str, ...], guard: tuple[float, float]
+) -> None:
+    profile = bench_options(*words)
+    assert (profile.governed_guard_factor, profile.governed_guard_slack_ms) == guard  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("given", ["0.9,0.5", "1.1,-1", "wide"])
+def test_a_guard_that_would_overrun_or_does_not_parse_is_refused_before_any_run(given: str) -> None:
+    with pytest.raises((ValueError, UsageError), match=r"factor|slack|FACTOR"):
+        bench_options("--governed-guard", given)
 
 
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
