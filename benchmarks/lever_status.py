@@ -402,6 +402,12 @@ LEVERS: tuple[Lever, ...] = (
           "a tight step budget (p95 of the solo step × 1.1 + 0.5 ms) that the overhead governor "
           "widens when training slows; managed is FreeRide's (median rounded up to 10 ms × 1.2)",
           "every bench result runs governed beside managed blocks"),
+    Lever("evidence", "governed mode: a change on evidence",
+          "the overhead governor changes a limit only where the overhead since its last change "
+          "is over the target (or under the low water) at one-sided 95% confidence, Student's t "
+          "over the steps (off: `--governor-evidence 0.5`, on the mean alone, as the governor's "
+          "moving average did before). Steps vary by a percent or two and the bench's target is "
+          "0.5%: on the mean alone the governor widened guards on noise", ""),
     Lever("predictor", "1. predictor with feedback",
           "`--predictor feedback` (`RuntimeOptions.predictor`): a bubble's length predicted as "
           "a percentile of the slot's last 16, the percentile moved by the predictions' own "
@@ -423,6 +429,10 @@ LEVERS: tuple[Lever, ...] = (
           "on one machine. The fourth: at M = 8, ResNet-18 and VGG-19 in 8 graphed slices and "
           "the image task in 128 bands up to 8 a step, against 4 slices and 64 bands up to 4 "
           "(each step's largest size the same), two calls back to back on one machine", ""),
+    Lever("guard", "2. fit the tails: a narrower guard",
+          "governed blocks start from a guard of the solo step's p95 alone (`--governed-guard "
+          "1.0,0`; off: p95 × 1.1 + 0.5 ms, the default), the governor left to widen it; the "
+          "bubble's predicted length is already a low one (the minimum of the last five)", ""),
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),

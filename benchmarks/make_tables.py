@@ -300,6 +300,24 @@ H100_EDGE_FIRST = (
 H100_DRAIN_FIRST = ("h100-2026-12-06-drain-first-s1.json", "drain first (before)")
 H100_12_06 = (H100_M4_ALL, H100_SPIN4, H100_M8_ALL, H100_M8_FINE, *H100_EDGE_FIRST,
               H100_DRAIN_FIRST)  # fmt: skip
+#: The later H100 calls of 2026-12-06, on the tree whose governor changes a limit only on
+#: evidence (commit 11a6571, source digest 19d295e8; the results name the checkout's commit
+#: before it, "+changes") and whose bench attaches one task per segment: ResNet-18 in 4 graphed
+#: slices as before, VGG-19 in 8, the image task in 128 bands up to 8 a step. The mix on every
+#: stage at M = 4 (managed, governed) and at M = 8 (governed); between them, on the same
+#: machine, the governor's A/B on stages 1 and 3 (M = 4): its changes on the mean alone
+#: (``--governor-evidence 0.5``) against on 95% evidence, two invocations of one call.
+H100_B_M4_ALL = ("h100-2026-12-06b-m4-all.json", "M = 4, every stage")
+H100_B_M8_ALL = ("h100-2026-12-06b-m8-all.json", "M = 8, every stage")
+H100_GOV_MEAN = ("h100-2026-12-06b-gov-mean-s13.json", "governor on the mean alone")
+H100_GOV_EVIDENCE = ("h100-2026-12-06b-gov-evidence-s13.json", "governor on 95% evidence")
+#: Then, on a fresh machine (source digest 4e19f35b, which adds ``--governed-guard``), stage 3
+#: at M = 8 with the options above: governed blocks guarded by the solo step's p95 x 1.1 + 0.5
+#: ms (the default) against its p95 alone, two invocations of one call.
+H100_GUARD_DEFAULT = ("h100-2026-12-06b-guard-default-s3.json", "guard p95 × 1.1 + 0.5 ms")
+H100_GUARD_P95 = ("h100-2026-12-06b-guard-p95-s3.json", "guard p95")
+H100_12_06B = (H100_B_M4_ALL, H100_B_M8_ALL, H100_GOV_MEAN, H100_GOV_EVIDENCE,
+               H100_GUARD_DEFAULT, H100_GUARD_P95)  # fmt: skip
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1242,7 +1260,7 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in H100_SIZES),
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
-                                 *H100_EDGE_FIRST)),
+                                 *H100_EDGE_FIRST, *H100_12_06B)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1366,6 +1384,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                                  "tables `h100-12-05d-latency`, `h100-12-05d-stages`"),
                         *_on_off(H100_SPIN4, H100_M4_ALL,
                                  "tables `h100-12-06-latency`, `h100-12-06-stages`")],
+        "evidence": _on_off(H100_GOV_EVIDENCE, H100_GOV_MEAN, "table `h100-12-06b-stages`"),
+        "guard": _on_off(H100_GUARD_P95, H100_GUARD_DEFAULT, "table `h100-12-06b-stages`"),
         "edge_first": [c for on in H100_EDGE_FIRST
                        for c in _on_off(on, H100_DRAIN_FIRST,
                                         "tables `h100-12-06-latency`, `h100-12-06-stages`")],
@@ -1468,6 +1488,11 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06-latency": lambda: signal_latency(_latency_12_06()),
     "h100-12-06-stages": lambda: _side_by_side(H100_12_06, ("managed", "governed")),
     "h100-12-06-idle-split": lambda: _idle_split(H100_12_06),
+    "h100-12-06b-overhead": lambda: h200_overhead(_pipeline_rows((H100_B_M4_ALL, H100_B_M8_ALL))),
+    "h100-12-06b-harvest": lambda: h200_harvest(_pipeline_rows((H100_B_M4_ALL, H100_B_M8_ALL))),
+    "h100-12-06b-latency": lambda: signal_latency(_pipeline_rows(H100_12_06B)),
+    "h100-12-06b-stages": lambda: _side_by_side(H100_12_06B, ("managed", "governed")),
+    "h100-12-06b-idle-split": lambda: _idle_split(H100_12_06B),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
