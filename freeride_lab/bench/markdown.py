@@ -92,17 +92,25 @@ def fmt_frac_interval(
 def fmt_calibration(records: Iterable[Mapping[str, Any]]) -> str:
     """A run's calibration records, one a rank, e.g. ``rank 1: F 12.9/10.8 B 22.2/22.1
     (W 9.1/9.1) opt 11.1 ms; rank 2: ...`` (one value per stage chunk; W only where a
-    zero-bubble schedule split it off), or "(none)"."""
+    zero-bubble schedule split it off), or "(none)"; a replayed calibration
+    (``EmulateOptions.costs``) adds what the run measured: ``replayed; measured F 13.4 B 22.9``."""
 
     def ms(values: Iterable[float]) -> str:
         return "/".join(f"{x:.1f}" for x in values)
 
     def one(c: Mapping[str, Any]) -> str:
         weight = c.get("weight_ms") or []
+        measured = c.get("measured")
         return (
             f"rank {c['rank']}: F {ms(c['forward_ms'])} B {ms(c['backward_ms'])}"
             + (f" (W {ms(weight)})" if any(weight) else "")
             + f" opt {c['optimizer_ms']:.1f} ms"
+            + (
+                f" (replayed; measured F {ms(measured['forward_ms'])} "
+                f"B {ms(measured['backward_ms'])})"
+                if measured
+                else ""
+            )
         )
 
     return "; ".join(map(one, records)) or "(none)"

@@ -16,7 +16,7 @@ from typing import Any
 from freeride_lab.bench import stats as bs
 from freeride_lab.core.budget import tight_step_budget_s
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.runtime_options import EmulateOptions, RuntimeOptions
+from freeride_lab.core.runtime_options import EmulateOptions, ReplayCosts, RuntimeOptions
 
 __all__ = [
     "GOALS",
@@ -140,6 +140,10 @@ class BenchProfile:
     #: (``core.budget.tight_step_budget_s``); a sized step's guard keeps it in proportion
     governed_guard_factor: float = 1.1
     governed_guard_slack_ms: float = 0.5
+    #: every rank's costs for the emulated peers to replay instead of this run's calibration
+    #: (``EmulateOptions.costs``; ``--peer-costs`` reads them from a result): the arms of an
+    #: A/B in separate invocations then sleep alike; () calibrates anew
+    peer_costs: tuple[ReplayCosts, ...] = ()
     #: the real rank announces bubbles predicted at least this long (``RuntimeOptions``)
     announce_min_ms: float = 1.0
     #: side-task steps shorter than this run in groups of about this length (``RuntimeOptions``)
@@ -170,6 +174,12 @@ class BenchProfile:
             raise ValueError(
                 f"governor_evidence={self.governor_evidence} must be in [0.5, 1) (0.95: a 95% "
                 "one-sided bound; 0.5: the mean alone)"
+            )
+        peer_costs = EmulateOptions(device="cpu", costs=self.peer_costs).costs
+        object.__setattr__(self, "peer_costs", peer_costs)
+        if peer_costs and len(peer_costs) != self.stages:
+            raise ValueError(
+                f"peer_costs for {len(peer_costs)} ranks; the profile has {self.stages} stages"
             )
         tight_step_budget_s(
             0.001, factor=self.governed_guard_factor, slack_s=self.governed_guard_slack_ms / 1e3
@@ -291,6 +301,7 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
         heads=p.heads,
         dtype=p.dtype,
         loss_on=p.loss_on,
+        costs=p.peer_costs,
     )
     return RunConfig(
         schedule=p.schedule, stages=p.stages, microbatches=plan.microbatches, chunks=p.chunks,

@@ -9,13 +9,14 @@ side tasks side by side on one GPU, with emulated peers (``freeride_lab.bench``;
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from freeride_lab.cli.app import EXIT_FAILED, EXIT_OK, PROG, UsageError
-from freeride_lab.core.runtime_options import PREDICTORS
+from freeride_lab.core.runtime_options import PREDICTORS, ReplayCosts
 
 __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 
@@ -23,7 +24,7 @@ __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 _PROFILE_OPTIONS: tuple[str, ...] = (
     "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
     "announce_min_ms", "step_group_ms", "predictor", "governor_signals", "governor_evidence",
-    "governed_guard", "schedule", "chunks", "task_options",
+    "governed_guard", "peer_costs", "schedule", "chunks", "task_options",
 )  # fmt: skip
 
 
@@ -82,6 +83,10 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--governed-guard", default=None, metavar="FACTOR,SLACK_MS",
                    help="the step guard governed blocks start from: the solo step's p95 x "
                    "FACTOR + SLACK_MS (default 1.1,0.5)")  # fmt: skip
+    p.add_argument("--peer-costs", type=Path, default=None, metavar="RESULT",
+                   help="emulated peers replay the calibration this bench result recorded "
+                   "instead of calibrating anew, so the arms of an A/B run in two invocations "
+                   "have alike bubbles")  # fmt: skip
     p.add_argument("--schedule", default=None,
                    help="pipeline schedule (default 1F1B); Interleaved1F1B and "
                         "InterleavedZeroBubble run on every torch")  # fmt: skip
@@ -170,6 +175,8 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
         changes["governor_device_signals"] = args.governor_signals == "on"
     if args.governor_evidence is not None:
         changes["governor_evidence"] = args.governor_evidence
+    if args.peer_costs is not None:
+        changes["peer_costs"] = peer_costs_of(args.peer_costs)
     if args.governed_guard is not None:
         factor, _, slack = args.governed_guard.partition(",")
         try:
@@ -183,6 +190,19 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
         changes["task_options"] = _task_options(args.task_options, profile.task_options)
     profile = profile.replace(runs=runs, **changes)
     return profile
+
+
+def peer_costs_of(path: Path) -> tuple[ReplayCosts, ...]:
+    """The calibration a bench result recorded (its first run that has one), as the costs its
+    peers replay (``EmulateOptions.costs``); UsageError if the file has none."""
+    try:
+        data = json.loads(path.read_text())
+        reports = next(r["calibration"] for r in data["runs"] if r.get("calibration"))
+        return tuple(ReplayCosts.from_report(c) for c in sorted(reports, key=lambda c: c["rank"]))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as exc:
+        raise UsageError(
+            f"--peer-costs {path}: not a bench result with a recorded calibration ({exc})"
+        ) from exc
 
 
 def resumed_profile_of(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:

@@ -210,7 +210,9 @@ class RunConfig:
             raise ValueError(f"backend={self.backend!r}; valid: gloo, nccl")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend='nccl' needs device='cuda'; use backend='gloo' on CPU")
-        self.runtime.check_run(workload=self.workload, backend=self.backend, d_model=self.d_model)
+        self.runtime.check_run(
+            workload=self.workload, backend=self.backend, d_model=self.d_model, ranks=self.stages
+        )
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")
         if self.stages % self.nnodes:

@@ -19,10 +19,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["PREDICTORS", "RUNTIME_KEYS", "EmulateOptions", "RuntimeOptions", "TimedMode"]
+__all__ = [
+    "PREDICTORS",
+    "RUNTIME_KEYS",
+    "EmulateOptions",
+    "ReplayCosts",
+    "RuntimeOptions",
+    "TimedMode",
+]
 
 TimedMode = bool | Literal["alternate"]
 MAX_SECONDS = 3600.0  # stop_grace_s and pg_timeout_s: beyond an hour a value is a typo
@@ -49,6 +57,74 @@ def _unknown_keys(what: str, data: dict[str, Any], cls: type) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReplayCosts:
+    """One rank's costs, in ms, for an emulation to replay instead of its own calibration
+    (``EmulateOptions.costs``): a calibration report as a run records it.
+
+    Args:
+        rank: the rank these costs are for.
+        forward_ms, backward_ms, weight_ms: per chunk of the rank, F, the whole backward, and
+            the part of it a zero-bubble schedule runs as W (0 where it never splits).
+        optimizer_ms: the rank's optimizer step.
+    """
+
+    rank: int
+    forward_ms: tuple[float, ...]
+    backward_ms: tuple[float, ...]
+    weight_ms: tuple[float, ...]
+    optimizer_ms: float
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.rank) or self.rank < 0:
+            raise ValueError(f"replayed costs rank={self.rank!r} must be an integer >= 0")
+        lists = {n: getattr(self, n) for n in ("forward_ms", "backward_ms", "weight_ms")}
+        for name, values in lists.items():
+            if (
+                not isinstance(values, list | tuple)
+                or not values
+                or not all(_milliseconds(v) for v in values)
+            ):
+                raise ValueError(
+                    f"replayed costs of rank {self.rank}: {name}={values!r} must be a non-empty "
+                    "list of milliseconds >= 0, one a chunk"
+                )
+            object.__setattr__(self, name, tuple(float(v) for v in values))
+        if len({len(v) for v in lists.values()}) != 1:
+            raise ValueError(
+                f"replayed costs of rank {self.rank}: forward_ms, backward_ms and weight_ms "
+                "need one value a chunk each"
+            )
+        if any(w > b for w, b in zip(self.weight_ms, self.backward_ms, strict=True)):
+            raise ValueError(
+                f"replayed costs of rank {self.rank}: weight_ms={list(self.weight_ms)} is part "
+                f"of the backward and cannot pass backward_ms={list(self.backward_ms)}"
+            )
+        if not _milliseconds(self.optimizer_ms):
+            raise ValueError(
+                f"replayed costs of rank {self.rank}: optimizer_ms={self.optimizer_ms!r} must "
+                "be milliseconds >= 0"
+            )
+        object.__setattr__(self, "optimizer_ms", float(self.optimizer_ms))
+
+    @classmethod
+    def from_report(cls, data: Mapping[str, Any]) -> ReplayCosts:
+        """From a calibration report (``Emulation.calibrate``, a bench result's
+        ``runs[].calibration``); keys beyond the costs (device, what was measured) are left."""
+        try:
+            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"a calibration report needs rank, forward_ms, backward_ms, weight_ms and "
+                f"optimizer_ms; got keys {sorted(data) if isinstance(data, Mapping) else data!r}"
+            ) from exc
+
+
+def _milliseconds(value: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value >= 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmulateOptions:
     """Single-GPU emulate mode (``pipeline.emulate``): every rank builds its real chunk on one
     device, one rank computes per step and the others sleep its calibrated costs.
@@ -64,6 +140,10 @@ class EmulateOptions:
             logits stay on the device and the loss runs there, as in a GPU pipeline. "host":
             its logits come back to the host and the loss runs on the CPU, which makes the
             last stage host-bound (kept to measure what the device loss changes).
+        costs: every rank's costs to replay (``ReplayCosts``, or calibration reports as dicts),
+            one per rank, in place of what this run's calibration measures (it still runs, and
+            its report keeps what it measured): two runs that replay the same costs have peers
+            that sleep alike, so their bubbles are alike. () calibrates as usual.
     """
 
     device: str = "cuda"
@@ -73,6 +153,7 @@ class EmulateOptions:
     calibrate_warmup: int = 2
     calibrate_iters: int = 5
     loss_on: str = "device"
+    costs: tuple[ReplayCosts, ...] = ()
 
     def __post_init__(self) -> None:
         device = self.device
@@ -96,6 +177,17 @@ class EmulateOptions:
             raise ValueError(
                 f"emulate d_model={self.d_model} must be divisible by heads={self.heads}"
             )
+        if not isinstance(self.costs, list | tuple):
+            raise ValueError(f"emulate costs={self.costs!r} must be a list, one entry a rank")
+        costs = tuple(
+            c if isinstance(c, ReplayCosts) else ReplayCosts.from_report(c) for c in self.costs
+        )
+        if [c.rank for c in costs] != list(range(len(costs))):
+            raise ValueError(
+                f"emulate costs for ranks {[c.rank for c in costs]}: need one a rank, in rank "
+                "order from 0"
+            )
+        object.__setattr__(self, "costs", costs)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmulateOptions:
@@ -200,11 +292,16 @@ class RuntimeOptions:
                 "(device, d_model, heads, dtype, calibrate_warmup, calibrate_iters) or None"
             )
 
-    def check_run(self, *, workload: str, backend: str | None, d_model: int) -> None:
+    def check_run(self, *, workload: str, backend: str | None, d_model: int, ranks: int) -> None:
         """Refuse options this run cannot use (``RunConfig`` calls it with its own fields)."""
         emulate = self.emulate
         if emulate is None:
             return
+        if emulate.costs and len(emulate.costs) != ranks:
+            raise ValueError(
+                f"emulate costs for {len(emulate.costs)} ranks; this run has {ranks}: replay "
+                "the calibration of a run with as many stages"
+            )
         if workload != "text" or backend != "gloo":
             raise ValueError(
                 f"emulate mode needs workload='text' and backend='gloo' (pipeline tensors stay "

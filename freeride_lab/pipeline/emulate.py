@@ -37,6 +37,11 @@ How it is built:
   W and optimizer step are closed the same way (``Emulation.settle``, [Note: settled W] in
   ``pipeline.timed_stage``): both only launch their kernels, and would otherwise end on the host
   before the kernels did.
+- **Replay.** With ``EmulateOptions.costs`` (a calibration a run recorded) every rank still
+  calibrates, so the device warms up alike, then puts the given costs in place of what it
+  measured; its report keeps both. Two runs that replay one calibration have peers that sleep
+  alike, so their bubbles are alike: five timed micro-batches left one rank's F one to three
+  milliseconds apart between runs of one day on an H100, and the bubbles it sets move with it.
 - **Loss.** A real last stage keeps its logits on the device and computes its loss there,
   inside its F as torch does, closed by a synchronise (``Emulation.loss``); a sleeping one
   sleeps a calibrated F that holds the loss and computes only a stand-in (the mean of its
@@ -261,14 +266,7 @@ class Emulation:
             if turn == self.rank:
                 self._calibrate_own()
             dist.barrier()
-        report = {
-            "rank": self.rank,
-            "device": str(self.device),
-            "forward_ms": [round(c.costs.forward_s * 1e3, 3) for c in self.chunks if c.costs],
-            "backward_ms": [round(c.costs.backward_s * 1e3, 3) for c in self.chunks if c.costs],
-            "weight_ms": [round(c.costs.weight_s * 1e3, 3) for c in self.chunks if c.costs],
-            "optimizer_ms": round(self.optimizer_s * 1e3, 3),
-        }
+        report = self._replay_costs() if self.spec.costs else self._costs_report()
         log.info("emulate calibration %s", report)
         path = self.control_file.dir / f"calibration-rank-{self.rank}.json"
         self.control_file.dir.mkdir(parents=True, exist_ok=True)
@@ -277,6 +275,36 @@ class Emulation:
         with os.fdopen(create_file(path), "w") as f:
             f.write(json.dumps(report))
         return report
+
+    def _costs_report(self) -> dict[str, Any]:
+        """This rank's costs in ms, as ``calibrate`` reports them."""
+        return {
+            "rank": self.rank,
+            "device": str(self.device),
+            "forward_ms": [round(c.costs.forward_s * 1e3, 3) for c in self.chunks if c.costs],
+            "backward_ms": [round(c.costs.backward_s * 1e3, 3) for c in self.chunks if c.costs],
+            "weight_ms": [round(c.costs.weight_s * 1e3, 3) for c in self.chunks if c.costs],
+            "optimizer_ms": round(self.optimizer_s * 1e3, 3),
+        }
+
+    def _replay_costs(self) -> dict[str, Any]:
+        """Put this rank's replayed costs (``EmulateOptions.costs``) in place of the ones just
+        measured; the report gives the replayed ones and keeps the measured under
+        ``measured``."""
+        measured = self._costs_report()
+        given = self.spec.costs[self.rank]
+        if len(given.forward_ms) != len(self.chunks):
+            raise ValueError(
+                f"emulate costs of rank {self.rank} name {len(given.forward_ms)} chunk(s); the "
+                f"rank has {len(self.chunks)}: replay a run with the same schedule and chunks"
+            )
+        for chunk, f, b, w in zip(
+            self.chunks, given.forward_ms, given.backward_ms, given.weight_ms, strict=True
+        ):
+            chunk.costs = ChunkCosts(f / 1e3, b / 1e3, w / 1e3)
+        self.optimizer_s = given.optimizer_ms / 1e3
+        keep = ("forward_ms", "backward_ms", "weight_ms", "optimizer_ms")
+        return {**self._costs_report(), "measured": {k: measured[k] for k in keep}}
 
     def _calibrate_own(self) -> None:
         cfg, spec = self.config, self.spec

@@ -306,6 +306,44 @@ def test_a_guard_that_would_overrun_or_does_not_parse_is_refused_before_any_run(
         bench_options("--governed-guard", given)
 
 
+def test_peer_costs_come_from_a_results_calibration_and_reach_the_emulation(
+    tmp_path: Path,
+) -> None:
+    from freeride_lab.bench.profiles import run_config
+
+    calibration = [{"rank": r, "device": "cuda:0", "forward_ms": [17.0 + r], "backward_ms": [36.0],
+                    "weight_ms": [0.0], "optimizer_ms": 14.0} for r in (3, 1, 0, 2)]  # fmt: skip
+    result = tmp_path / "before.json"
+    runs = [{"name": "m4", "calibration": []}, {"name": "m8", "calibration": calibration}]
+    result.write_text(json.dumps({"runs": runs}))
+    profile = bench_options("--peer-costs", str(result))
+    costs = profile.peer_costs  # type: ignore[attr-defined]
+    assert [(c.rank, c.forward_ms) for c in costs] == [(r, (17.0 + r,)) for r in range(4)]
+    config = run_config(profile, profile.runs[0], tmp_path / "run")  # type: ignore[attr-defined]
+    assert config.runtime.emulate is not None and config.runtime.emulate.costs == costs
+
+
+@pytest.mark.parametrize(
+    "content", ["not json", '{"runs": []}', '{"runs": [{"calibration": [{"rank": 0}]}]}']
+)
+def test_peer_costs_from_a_file_without_a_calibration_are_refused_in_one_line(
+    tmp_path: Path, content: str
+) -> None:
+    result = tmp_path / "r.json"
+    result.write_text(content)
+    with pytest.raises(UsageError, match=r"--peer-costs .*r\.json: not a bench result"):
+        bench_options("--peer-costs", str(result))
+
+
+def test_peer_costs_for_another_number_of_stages_are_refused(tmp_path: Path) -> None:
+    calibration = [{"rank": 0, "forward_ms": [1.0], "backward_ms": [2.0], "weight_ms": [0.0],
+                    "optimizer_ms": 1.0}]  # fmt: skip
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"runs": [{"calibration": calibration}]}))
+    with pytest.raises(ValueError, match="peer_costs for 1 ranks; the profile has 4 stages"):
+        bench_options("--peer-costs", str(result))
+
+
 def test_modes_from_the_command_line_replace_every_runs_modes() -> None:
     profile = bench_options("--modes", "vanilla,governed,trickle")
     assert {r.modes for r in profile.runs} == {("vanilla", "governed", "trickle")}

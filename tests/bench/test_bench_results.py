@@ -149,6 +149,15 @@ def test_the_runs_section_shows_a_calibrated_weight_half_only_where_there_is_one
     assert ("(W 0.0/1.5)" in md) is any(weight_ms)
 
 
+def test_the_runs_section_says_which_calibration_was_replayed_and_what_was_measured() -> None:
+    measured = {"forward_ms": [21.3], "backward_ms": [36.4], "weight_ms": [0.0],
+                "optimizer_ms": 13.9}  # fmt: skip
+    replayed = {"rank": 0, "forward_ms": [19.5], "backward_ms": [36.1], "weight_ms": [0.0],
+                "optimizer_ms": 14.0, "measured": measured}  # fmt: skip
+    md = bench_markdown.markdown({"runs": [{"name": "m4", "calibration": [replayed]}]})
+    assert "rank 0: F 19.5 B 36.1 opt 14.0 ms (replayed; measured F 21.3 B 36.4)" in md
+
+
 def test_headline_names_the_all_stage_estimate_and_the_one_stage_figures_with_intervals() -> None:
     result = _result(_run("m4", {"dedicated_per_s": 4000.0}, (1.01, 1.02, 1.00, 1.03, 1.01)))
     bench_results.fill_tables(result, stages=4)

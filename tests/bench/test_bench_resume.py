@@ -133,6 +133,19 @@ def test_the_profile_a_result_was_started_with_is_rebuilt_exactly(name: str, dev
     assert resume.profile_of({"config": config}) == profile
 
 
+def test_a_profile_whose_peers_replay_costs_is_rebuilt_exactly() -> None:
+    from freeride_lab.core.runtime_options import ReplayCosts
+
+    costs = tuple(
+        ReplayCosts(rank=r, forward_ms=(17.5 + r,), backward_ms=(36.0,), weight_ms=(0.0,),
+                    optimizer_ms=14.0)
+        for r in range(4)
+    )  # fmt: skip
+    profile = bench_profile("quick", "cuda").replace(peer_costs=costs)
+    config = json.loads(json.dumps(jsonable(dataclasses.asdict(profile))))
+    assert resume.profile_of({"config": config}) == profile
+
+
 def test_a_profile_field_this_version_does_not_know_is_refused() -> None:
     config = _result()["config"]
     with pytest.raises(ValueError, match=r"\['warp_factor'\].*start a new result"):

@@ -21,6 +21,13 @@ from hypothesis import strategies as st
 from freeride_lab.cli.app import main
 from freeride_lab.core.config import MAX_COST_MS, RunConfig, RuntimeOptions
 
+
+def _costs(rank: int, **changes: Any) -> dict[str, Any]:
+    """One rank's calibration report, as a bench result records it."""
+    return {"rank": rank, "forward_ms": [20.0], "backward_ms": [36.0], "weight_ms": [0.0],
+            "optimizer_ms": 14.0, **changes}  # fmt: skip
+
+
 REFUSED = [
     ({"seed": 10**30}, "seed"),
     ({"seed": -(2**70)}, "seed"),
@@ -48,6 +55,24 @@ REFUSED = [
     ({"runtime": {"edges_factory": "not a reference"}}, "edges_factory"),
     ({"runtime": {"emulate": [1, 2]}}, "emulate"),
     ({"runtime": {"emulate": {"device": "tpu"}}}, "device"),
+    ({"runtime": {"emulate": {"device": "cpu", "costs": [{"rank": 0}]}}}, "optimizer_ms"),
+    (
+        {"runtime": {"emulate": {"device": "cpu", "costs": [_costs(0, forward_ms=[-1.0])]}}},
+        "forward_ms",
+    ),
+    (
+        {"runtime": {"emulate": {"device": "cpu", "costs": [_costs(0, weight_ms=[99.0])]}}},
+        "weight_ms",
+    ),
+    (
+        {"runtime": {"emulate": {"device": "cpu", "costs": [_costs(0, optimizer_ms=math.nan)]}}},
+        "optimizer_ms",
+    ),
+    ({"runtime": {"emulate": {"device": "cpu", "costs": [_costs(1)]}}}, "costs for ranks [1]"),
+    (
+        {"stages": 2, "runtime": {"emulate": {"device": "cpu", "costs": [_costs(0)]}}},
+        "costs for 1 ranks; this run has 2",
+    ),
     ({"runtime": {"note": 1}}, "note"),
     ({"runtime": [1]}, "runtime"),
     ({"notes": {"note": math.nan}}, "note"),
@@ -73,6 +98,16 @@ def test_runtime_options_and_user_notes_survive_run_json() -> None:
     config = RunConfig(runtime=runtime, notes=notes)
     again = RunConfig.from_dict(json.loads(config.to_json()))
     assert again.runtime == runtime and again.notes == notes
+
+
+def test_replayed_emulation_costs_survive_run_json() -> None:
+    runtime = RuntimeOptions(emulate={"device": "cpu", "costs": [_costs(0), _costs(1)]})
+    config = RunConfig(stages=2, workload="text", runtime=runtime)
+    again = RunConfig.from_dict(json.loads(config.to_json()))
+    assert again.runtime == runtime
+    assert again.runtime.emulate is not None and again.runtime.emulate.costs[1].forward_ms == (
+        20.0,
+    )
 
 
 def test_an_older_run_json_with_extra_opens_with_its_runtime_keys_and_notes_split() -> None:

@@ -513,3 +513,61 @@ def test_an_emulated_zero_bubble_pipeline_trains_with_peers_sleeping_i_and_w_apa
     actions = session.actions
     kinds = actions.groupby(["step", "rank"])["action"].agg(lambda a: "".join(sorted(set(a))))
     assert set(kinds) == {"FIW"} and len(kinds) == 3 * 2
+
+
+def _replayed(rank: int, forward_ms: float) -> dict[str, Any]:
+    return {"rank": rank, "device": "cuda:0", "forward_ms": [forward_ms], "backward_ms": [60.0],
+            "weight_ms": [0.0], "optimizer_ms": 5.0}  # fmt: skip
+
+
+def test_a_rank_replays_the_given_costs_and_reports_what_it_measured(tmp_path: Path) -> None:
+    costs = [_replayed(0, 30.0), _replayed(1, 40.0)]
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 1,
+                           "costs": costs}}  # fmt: skip
+    config = RunConfig(
+        stages=2, microbatches=4, workload="text", d_model=16, heads=4, seq_len=T,
+        microbatch_size=B, layers=4, runtime=runtime,
+    )  # fmt: skip
+    emulation = Emulation.build(config, 1, [1], 2, RunDir(tmp_path))
+    emulation._calibrate_own()
+    measured_f = emulation.chunks[0].costs.forward_s  # type: ignore[union-attr]
+    report = emulation._replay_costs()
+    (chunk,) = emulation.chunks
+    assert chunk.costs == emulate_chunks.ChunkCosts(0.040, 0.060, 0.0)
+    assert emulation.optimizer_s == pytest.approx(0.005)
+    assert report["forward_ms"] == [40.0] and report["optimizer_ms"] == 5.0
+    assert report["measured"]["forward_ms"] == [round(measured_f * 1e3, 3)]
+
+
+def test_replayed_costs_for_fewer_chunks_than_the_rank_has_are_refused(tmp_path: Path) -> None:
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 1,
+                           "costs": [_replayed(0, 30.0), _replayed(1, 40.0)]}}  # fmt: skip
+    config = RunConfig(
+        stages=2, microbatches=4, schedule="Interleaved1F1B", chunks=2, workload="text",
+        d_model=16, heads=4, seq_len=T, microbatch_size=B, layers=4, runtime=runtime,
+    )  # fmt: skip
+    emulation = Emulation.build(config, 0, [0, 2], 4, RunDir(tmp_path))
+    with pytest.raises(ValueError, match="name 1 chunk\\(s\\); the rank has 2"):
+        emulation._replay_costs()
+
+
+@pytest.mark.slow
+def test_peers_replaying_one_calibration_sleep_its_costs_in_the_run(tmp_path: Path) -> None:
+    from freeride_lab.core.runtime_options import ReplayCosts
+
+    costs = tuple(ReplayCosts.from_report(_replayed(r, f)) for r, f in ((0, 30.0), (1, 40.0)))
+    profile = bench_profile("tiny", "cpu").replace(peer_costs=costs)
+    run_dir = tmp_path / "run"
+    config = run_config(profile, profile.runs[0], run_dir).replace(steps=3)
+    session = Session.launch(config, grace_s=20.0)
+    try:
+        ControlFile(run_dir).write(Control(seq=1, real_rank=1))
+        assert session.wait(timeout_s=240) is RunState.FINISHED
+    finally:
+        session.stop()
+    reports = [json.loads(p.read_text()) for p in sorted((run_dir / "emulate").glob("calib*"))]
+    assert [c["forward_ms"] for c in reports] == [[30.0], [40.0]]
+    assert all(c["measured"]["forward_ms"][0] != c["forward_ms"][0] for c in reports)
+    actions = session.actions
+    sleeping_f = actions[(actions["rank"] == 0) & (actions["action"] == "F")]
+    assert (sleeping_f["duration_ms"] >= 30.0).all()  # rank 0 sleeps the replayed F
