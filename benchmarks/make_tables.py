@@ -316,6 +316,14 @@ H100_GOV_EVIDENCE = ("h100-2026-12-06b-gov-evidence-s13.json", "governor on 95% 
 #: ms (the default) against its p95 alone, two invocations of one call.
 H100_GUARD_DEFAULT = ("h100-2026-12-06b-guard-default-s3.json", "guard p95 × 1.1 + 0.5 ms")
 H100_GUARD_P95 = ("h100-2026-12-06b-guard-p95-s3.json", "guard p95")
+#: The M = 8 runs of the day, for their bubbles per slot against the guard.
+H100_SLOTS = (
+    (H100_M8_ALL[0], "M = 8, every stage, 4 slices (morning)"),
+    H100_M8_FINE,
+    (H100_B_M8_ALL[0], "M = 8, every stage (later)"),
+    H100_GUARD_DEFAULT,
+    H100_GUARD_P95,
+)
 H100_12_06B = (H100_B_M4_ALL, H100_B_M8_ALL, H100_GOV_MEAN, H100_GOV_EVIDENCE,
                H100_GUARD_DEFAULT, H100_GUARD_P95)  # fmt: skip
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
@@ -1229,6 +1237,32 @@ def _latency_12_06() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def slots_against_the_guard(files: Sequence[tuple[str, str]], stages: Sequence[int]) -> list[str]:
+    """Per file and segment on ``stages``: the stage's bubbles per slot as its vanilla blocks
+    predict them (``stage_bubbles_ms``, sorted), beside the task's smallest step and that step's
+    guard, each its whole step's (solo p95, the governed guard) over the number of smallest
+    steps in it, as the host takes them before it has timed the sizes; and how many slots fall
+    below the step, or fit the step but not its guard."""
+    rows = []
+    for name, label in files:
+        for seg in result(name)["runs"][0]["segments"]:
+            slots, top = seg.get("stage_bubbles_ms"), seg.get("top_step_size")
+            if seg.get("stage") not in stages or not slots or not top:
+                continue
+            step, guard = seg["solo_step_ms_p95"] / top, seg["tight_budget_ms"] / top
+            rows.append([
+                label, f"{seg['stage']} · {seg['task']}",
+                ", ".join(f"{x:.1f}" for x in sorted(slots)), f"{step:.1f}", f"{guard:.1f}",
+                f"{sum(x <= step for x in slots)} of {len(slots)}",
+                f"{sum(step < x <= guard for x in slots)} of {len(slots)}",
+            ])  # fmt: skip
+    return md_table(
+        ["", "stage · task", "bubbles per slot, predicted from vanilla blocks (ms)",
+         "smallest step ms", "its guard ms", "slots under the step", "slots within the guard"],
+        _first_of_run(rows),
+    )  # fmt: skip
+
+
 def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Per run and mode: bubble edge → first side-task step, the part of it before the task's
     host saw the edge, the hop before the edge (the device at the bubble's start → the rank's
@@ -1493,6 +1527,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06b-latency": lambda: signal_latency(_pipeline_rows(H100_12_06B)),
     "h100-12-06b-stages": lambda: _side_by_side(H100_12_06B, ("managed", "governed")),
     "h100-12-06b-idle-split": lambda: _idle_split(H100_12_06B),
+    "h100-12-06b-slots": lambda: slots_against_the_guard(H100_SLOTS, (1, 3)),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
