@@ -392,6 +392,16 @@ def test_a_real_rank_computes_the_cross_entropy_and_a_sleeping_one_a_stand_in(
     assert stand_in.item() == pytest.approx(logits.mean().item()) and logits.grad is not None
 
 
+def _last_of_two_ranks(tmp_path: Path, **emulate: Any) -> Emulation:
+    """Rank 1's emulation of a two-stage text run on the CPU, with ``emulate`` options."""
+    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, **emulate}}
+    config = RunConfig(
+        stages=2, microbatches=4, workload="text", d_model=16, heads=4, seq_len=T,
+        microbatch_size=B, layers=4, runtime=runtime,
+    )  # fmt: skip
+    return Emulation.build(config, 1, [1], 2, RunDir(tmp_path))
+
+
 def test_calibration_counts_the_loss_in_the_last_stages_forward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -404,12 +414,7 @@ def test_calibration_counts_the_loss_in_the_last_stages_forward(
         return text_loss(logits, targets)
 
     monkeypatch.setattr(emulate, "text_loss", slow_loss)
-    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 2}}
-    config = RunConfig(
-        stages=2, microbatches=4, workload="text", d_model=16, heads=4, seq_len=T,
-        microbatch_size=B, layers=4, runtime=runtime,
-    )  # fmt: skip
-    emulation = Emulation.build(config, 1, [1], 2, RunDir(tmp_path))
+    emulation = _last_of_two_ranks(tmp_path, calibrate_iters=2)
     emulation._calibrate_own()
     (last,) = emulation.chunks
     assert last.costs is not None and last.costs.forward_s == pytest.approx(0.25)
@@ -491,11 +496,11 @@ def test_a_real_last_chunk_keeps_its_logits_on_cuda_for_the_loss(tmp_path: Path)
     assert loss.device.type == "cuda" and x.grad is not None and x.grad.device.type == "cpu"
 
 
-@pytest.mark.slow
-def test_an_emulated_zero_bubble_pipeline_trains_with_peers_sleeping_i_and_w_apart(
-    tmp_path: Path,
-) -> None:
-    profile = bench_profile("tiny", "cpu").replace(schedule="InterleavedZeroBubble", chunks=2)
+def _three_steps_with_rank_1_real(
+    profile: Any, tmp_path: Path
+) -> tuple[Session, list[dict[str, Any]]]:
+    """Three steps of ``profile``'s first run on the CPU, rank 1 computing; the finished
+    session and each rank's calibration report."""
     run_dir = tmp_path / "run"
     config = run_config(profile, profile.runs[0], run_dir).replace(steps=3)
     session = Session.launch(config, grace_s=20.0)
@@ -504,9 +509,16 @@ def test_an_emulated_zero_bubble_pipeline_trains_with_peers_sleeping_i_and_w_apa
         assert session.wait(timeout_s=240) is RunState.FINISHED
     finally:
         session.stop()
-    calibrations = [
-        json.loads(p.read_text()) for p in sorted((run_dir / "emulate").glob("calibration-*"))
-    ]
+    paths = sorted((run_dir / "emulate").glob("calibration-*"))
+    return session, [json.loads(p.read_text()) for p in paths]
+
+
+@pytest.mark.slow
+def test_an_emulated_zero_bubble_pipeline_trains_with_peers_sleeping_i_and_w_apart(
+    tmp_path: Path,
+) -> None:
+    profile = bench_profile("tiny", "cpu").replace(schedule="InterleavedZeroBubble", chunks=2)
+    session, calibrations = _three_steps_with_rank_1_real(profile, tmp_path)
     # rank 0 holds stages 0 and 2, rank 1 stages 1 and 3: only stage 0 has no W of its own
     assert [c["weight_ms"][0] > 0 for c in calibrations] == [False, True]
     assert all(w > 0 for c in calibrations for w in c["weight_ms"][1:])
@@ -522,13 +534,7 @@ def _replayed(rank: int, forward_ms: float) -> dict[str, Any]:
 
 def test_a_rank_replays_the_given_costs_and_reports_what_it_measured(tmp_path: Path) -> None:
     costs = [_replayed(0, 30.0), _replayed(1, 40.0)]
-    runtime = {"emulate": {"device": "cpu", "d_model": 64, "heads": 4, "calibrate_iters": 1,
-                           "costs": costs}}  # fmt: skip
-    config = RunConfig(
-        stages=2, microbatches=4, workload="text", d_model=16, heads=4, seq_len=T,
-        microbatch_size=B, layers=4, runtime=runtime,
-    )  # fmt: skip
-    emulation = Emulation.build(config, 1, [1], 2, RunDir(tmp_path))
+    emulation = _last_of_two_ranks(tmp_path, calibrate_iters=1, costs=costs)
     emulation._calibrate_own()
     measured_f = emulation.chunks[0].costs.forward_s  # type: ignore[union-attr]
     report = emulation._replay_costs()
@@ -557,15 +563,7 @@ def test_peers_replaying_one_calibration_sleep_its_costs_in_the_run(tmp_path: Pa
 
     costs = tuple(ReplayCosts.from_report(_replayed(r, f)) for r, f in ((0, 30.0), (1, 40.0)))
     profile = bench_profile("tiny", "cpu").replace(peer_costs=costs)
-    run_dir = tmp_path / "run"
-    config = run_config(profile, profile.runs[0], run_dir).replace(steps=3)
-    session = Session.launch(config, grace_s=20.0)
-    try:
-        ControlFile(run_dir).write(Control(seq=1, real_rank=1))
-        assert session.wait(timeout_s=240) is RunState.FINISHED
-    finally:
-        session.stop()
-    reports = [json.loads(p.read_text()) for p in sorted((run_dir / "emulate").glob("calib*"))]
+    session, reports = _three_steps_with_rank_1_real(profile, tmp_path)
     assert [c["forward_ms"] for c in reports] == [[30.0], [40.0]]
     assert all(c["measured"]["forward_ms"][0] != c["forward_ms"][0] for c in reports)
     actions = session.actions
