@@ -316,8 +316,9 @@ H100_GOV_EVIDENCE = ("h100-2026-12-06b-gov-evidence-s13.json", "governor on 95% 
 #: ms (the default) against its p95 alone, two invocations of one call.
 H100_GUARD_DEFAULT = ("h100-2026-12-06b-guard-default-s3.json", "guard p95 × 1.1 + 0.5 ms")
 H100_GUARD_P95 = ("h100-2026-12-06b-guard-p95-s3.json", "guard p95")
-#: The M = 8 runs of the day, for their bubbles per slot against the guard.
+#: The day's runs at M = 4 and 8, for their bubbles per slot against the guard.
 H100_SLOTS = (
+    (H100_B_M4_ALL[0], "M = 4, every stage (later)"),
     (H100_M8_ALL[0], "M = 8, every stage, 4 slices (morning)"),
     H100_M8_FINE,
     (H100_B_M8_ALL[0], "M = 8, every stage (later)"),
@@ -1237,8 +1238,8 @@ def _latency_12_06() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def slots_against_the_guard(files: Sequence[tuple[str, str]], stages: Sequence[int]) -> list[str]:
-    """Per file and segment on ``stages``: the stage's bubbles per slot as its vanilla blocks
+def slots_against_the_guard(files: Sequence[tuple[str, str]]) -> list[str]:
+    """Per file and segment: the stage's bubbles per slot as its vanilla blocks
     predict them (``stage_bubbles_ms``, sorted), beside the task's smallest step and that step's
     guard, each its whole step's (solo p95, the governed guard) over the number of smallest
     steps in it, as the host takes them before it has timed the sizes; and how many slots fall
@@ -1247,7 +1248,7 @@ def slots_against_the_guard(files: Sequence[tuple[str, str]], stages: Sequence[i
     for name, label in files:
         for seg in result(name)["runs"][0]["segments"]:
             slots, top = seg.get("stage_bubbles_ms"), seg.get("top_step_size")
-            if seg.get("stage") not in stages or not slots or not top:
+            if not slots or not top:
                 continue
             step, guard = seg["solo_step_ms_p95"] / top, seg["tight_budget_ms"] / top
             rows.append([
@@ -1527,7 +1528,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06b-latency": lambda: signal_latency(_pipeline_rows(H100_12_06B)),
     "h100-12-06b-stages": lambda: _side_by_side(H100_12_06B, ("managed", "governed")),
     "h100-12-06b-idle-split": lambda: _idle_split(H100_12_06B),
-    "h100-12-06b-slots": lambda: slots_against_the_guard(H100_SLOTS, (1, 3)),
+    "h100-12-06b-slots": lambda: slots_against_the_guard(H100_SLOTS),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
