@@ -14,7 +14,9 @@ bubbles; on CUDA, from ``gpu.nvml``, the power and power cap of the GPU nearest 
 the lowest SM clock) and applies the
 governor's decisions through ``SideTaskManager.tune``: an SM share (only where an MPS daemon
 serves the run; elsewhere the governor is pinned at 100% and works on budgets alone) and a
-step budget = the task's base budget (set by the user, else profiled) x the decision's scale;
+step budget = the task's base budget (set by the user, else the profile's p95 x 1.1 + 0.5 ms:
+``SideTaskManager.base_budget_s``) x the decision's scale, a task put on its base at once when
+the governor takes it on (it had FreeRide's guard, the median rounded up to 10 ms x 1.2);
 and, for a task attached with gating "trickle", its trickle duty (``core.governor``).
 
 Every decision is logged (``logging``) and appended to ``<run_dir>/governor.jsonl``, which
@@ -136,6 +138,7 @@ class GovernorLoop:
         self._events = events
         self._live = live
         self._governed: set[str] = set()
+        self._started: set[str] = set()  # governed tasks put on their base budget
         self._last_step = -1
         self._cursor = 0  # events folded so far
         self._windows: dict[int, _StepWindow] = {}  # per step not yet observed
@@ -187,8 +190,8 @@ class GovernorLoop:
         if not ready:
             return []
         self._sync_tasks()
+        records = self._start_budgets()
         power_w, cap_w, clock_mhz = self._gpu_reading()
-        records: list[dict[str, Any]] = []
         for step in ready:
             self._last_step = step
             window = self._windows[step]
@@ -254,6 +257,7 @@ class GovernorLoop:
         for task_id in sorted(self._governed - set(live)):
             self.governor.remove_task(task_id)
             self._governed.discard(task_id)
+            self._started.discard(task_id)
         g = self.governor
         for task_id, task in live.items():
             if task_id in self._governed:
@@ -268,6 +272,28 @@ class GovernorLoop:
                 task_id, sm_pct=int(min(max(sm, g.sm_min_pct), g.sm_max_pct)), trickle_duty=duty
             )
             self._governed.add(task_id)
+
+    def _start_budgets(self) -> list[dict[str, Any]]:
+        """Put each governed task whose base budget is known (profiled, or set by the user) on
+        it once: a governed task starts from the base the governor scales, not from the
+        budget it had before (``SideTaskManager.base_budget_s``). The log records each one
+        applied."""
+        records = []
+        for task_id in sorted(self._governed - self._started):
+            base_s = self._base_budget_s(task_id)
+            if base_s is None:
+                continue  # still profiling: the next tick looks again
+            self._started.add(task_id)
+            sm_pct, scale = self.governor.limits(task_id)
+            had_ms = self.manager.task(task_id)["budget_ms"]
+            if had_ms is not None and math.isclose(had_ms, round(base_s * 1e3 * scale, 3)):
+                continue
+            start = GovernorDecision(
+                task_id, sm_pct, scale, "governed: starts from its base budget",
+                self.governor.trickle_duty(task_id),
+            )  # fmt: skip
+            records.append(self._apply(self._last_step, start, None))
+        return records
 
     def _gpu_reading(self) -> tuple[float | None, float | None, float | None]:
         """Board power and power cap (W) of the run's GPU nearest its cap, and the lowest SM

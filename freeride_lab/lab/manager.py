@@ -42,11 +42,13 @@ rule off and the returned dict's ``placement`` says so.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
+from freeride_lab.core.budget import tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.events import ControlAck
 from freeride_lab.core.placement import placement_policy
@@ -339,12 +341,20 @@ class SideTaskManager:
         return [t["id"] for t in self.tasks()]
 
     def base_budget_s(self, task_id: str) -> float | None:
-        """The budget a governor scales: the user's, else the current profile's."""
+        """The budget a governor scales: the user's, else the guard the current profile gives
+        a governed task, its p95 x 1.1 + 0.5 ms (``core.budget.tight_step_budget_s``); an
+        ungoverned task keeps FreeRide's, the median rounded up to 10 ms x 1.2. None while
+        the task is still being profiled."""
         record = self.book.record(task_id)
         if record.user_budget_s is not None:
             return record.user_budget_s
         profile = self.book.profile(record)
-        return None if profile is None else float(profile["budget_s"])
+        if profile is None:
+            return None
+        p95_s = profile.get("p95_step_s")
+        if isinstance(p95_s, int | float) and math.isfinite(p95_s) and p95_s >= 0:
+            return tight_step_budget_s(float(p95_s))
+        return float(profile["budget_s"])  # a profile that did not record its p95
 
     def stages_of(self, rank: int) -> list[int]:
         """The stage indices ``rank`` holds, ascending."""

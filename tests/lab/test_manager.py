@@ -628,6 +628,26 @@ def test_the_governor_backs_off_when_one_of_the_runs_gpus_nears_its_power_cap(
     assert "power 680 W > 665 W (95% of the 700 W cap)" in records[0]["reason"]
 
 
+def test_a_governed_task_without_a_budget_of_its_own_starts_from_its_tight_guard(
+    run: Run,
+) -> None:
+    """Profiled at a median of 58.7 ms and a p95 of 60 ms, a task keeps FreeRide's 72 ms
+    guard (rounded up to 10 ms, x 1.2) until the governor takes it on; governed, it starts
+    from 60 x 1.1 + 0.5 = 66.5 ms, the guard the bench's governed blocks measure."""
+    tid = run.manager.attach(COUNTING, stage=1)["id"]
+    run.state(tid, "PAUSED", "INIT")
+    profile = {"budget_s": 0.072, "median_step_s": 0.0587, "p95_step_s": 0.060,
+               "memory_request_bytes": 0, "t_ns": run.clock[0] + 1}  # fmt: skip
+    profile_path(run.run_dir.path, tid).write_text(json.dumps(profile))
+    assert run.manager.task(tid)["budget_ms"] == pytest.approx(72.0)
+    assert run.manager.base_budget_s(tid) == pytest.approx(0.0665)
+    steps = _steps([1.0] * 4, ranks=4)
+    (start,) = _governor_loop(run, steps, _side_steps([]), baseline_step_s=0.8).tick()
+    assert (start["task_id"], start["budget_ms"], start["applied"]) == (tid, 66.5, True)
+    assert run.manager.task(tid)["budget_ms"] == pytest.approx(66.5)
+    assert _governor_loop(run, steps, _side_steps([]), baseline_step_s=0.8).tick() == []
+
+
 def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(run: Run) -> None:
     """What the benchmark's governed blocks rely on: only the named task is governed, its
     budget scales the base given, and steps before ``skip_to`` are not observed."""
@@ -646,7 +666,12 @@ def test_a_driven_governor_loop_keeps_to_its_tasks_budget_base_and_first_step(ru
         base_budget_s=lambda _: 0.008,
     )
     loop.skip_to(6)  # the slow steps 0-5 ran under other conditions
-    records = loop.tick()
+    start, *records = loop.tick()
+    assert (start["task_id"], start["budget_ms"], start["reason"]) == (
+        mine,
+        8.0,
+        "governed: starts from its base budget",
+    )  # its 20 ms before, put on the base at once
     assert records, "no decision for 20% overhead"
     assert {r["task_id"] for r in records} == {mine}
     assert min(r["step"] for r in records) >= 12  # quiet 6-11 decide nothing: overhead 0
