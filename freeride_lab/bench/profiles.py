@@ -16,7 +16,12 @@ from typing import Any
 from freeride_lab.bench import stats as bs
 from freeride_lab.core.budget import tight_step_budget_s
 from freeride_lab.core.config import RunConfig
-from freeride_lab.core.runtime_options import EmulateOptions, ReplayCosts, RuntimeOptions
+from freeride_lab.core.runtime_options import (
+    EmulateOptions,
+    ReplayCosts,
+    RuntimeOptions,
+    replay_costs,
+)
 
 __all__ = [
     "GOALS",
@@ -175,7 +180,7 @@ class BenchProfile:
                 f"governor_evidence={self.governor_evidence} must be in [0.5, 1) (0.95: a 95% "
                 "one-sided bound; 0.5: the mean alone)"
             )
-        peer_costs = EmulateOptions(device="cpu", costs=self.peer_costs).costs
+        peer_costs = replay_costs(self.peer_costs)
         object.__setattr__(self, "peer_costs", peer_costs)
         if peer_costs and len(peer_costs) != self.stages:
             raise ValueError(

@@ -30,6 +30,7 @@ __all__ = [
     "ReplayCosts",
     "RuntimeOptions",
     "TimedMode",
+    "replay_costs",
 ]
 
 TimedMode = bool | Literal["alternate"]
@@ -82,7 +83,7 @@ class ReplayCosts:
             if (
                 not isinstance(values, list | tuple)
                 or not values
-                or not all(_milliseconds(v) for v in values)
+                or not all(_is_ms(v) for v in values)
             ):
                 raise ValueError(
                     f"replayed costs of rank {self.rank}: {name}={values!r} must be a non-empty "
@@ -99,7 +100,7 @@ class ReplayCosts:
                 f"replayed costs of rank {self.rank}: weight_ms={list(self.weight_ms)} is part "
                 f"of the backward and cannot pass backward_ms={list(self.backward_ms)}"
             )
-        if not _milliseconds(self.optimizer_ms):
+        if not _is_ms(self.optimizer_ms):
             raise ValueError(
                 f"replayed costs of rank {self.rank}: optimizer_ms={self.optimizer_ms!r} must "
                 "be milliseconds >= 0"
@@ -119,9 +120,24 @@ class ReplayCosts:
             ) from exc
 
 
-def _milliseconds(value: Any) -> bool:
+def _is_ms(value: Any) -> bool:
+    """A finite number of milliseconds >= 0 (not a ``bool``)."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     return number and math.isfinite(value) and value >= 0
+
+
+def replay_costs(costs: Any) -> tuple[ReplayCosts, ...]:
+    """``costs`` (``ReplayCosts`` or calibration reports as dicts, one a rank in rank order
+    from 0) as ``ReplayCosts``; ValueError naming what is wrong."""
+    if not isinstance(costs, list | tuple):
+        raise ValueError(f"emulate costs={costs!r} must be a list, one entry a rank")
+    out = tuple(c if isinstance(c, ReplayCosts) else ReplayCosts.from_report(c) for c in costs)
+    if [c.rank for c in out] != list(range(len(out))):
+        raise ValueError(
+            f"emulate costs for ranks {[c.rank for c in out]}: need one a rank, in rank order "
+            "from 0"
+        )
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,17 +193,7 @@ class EmulateOptions:
             raise ValueError(
                 f"emulate d_model={self.d_model} must be divisible by heads={self.heads}"
             )
-        if not isinstance(self.costs, list | tuple):
-            raise ValueError(f"emulate costs={self.costs!r} must be a list, one entry a rank")
-        costs = tuple(
-            c if isinstance(c, ReplayCosts) else ReplayCosts.from_report(c) for c in self.costs
-        )
-        if [c.rank for c in costs] != list(range(len(costs))):
-            raise ValueError(
-                f"emulate costs for ranks {[c.rank for c in costs]}: need one a rank, in rank "
-                "order from 0"
-            )
-        object.__setattr__(self, "costs", costs)
+        object.__setattr__(self, "costs", replay_costs(self.costs))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmulateOptions:
@@ -319,8 +325,7 @@ class RuntimeOptions:
     ) -> None:
         """Check that field ``name`` is milliseconds in [0, high] (or [0, high)); store a float."""
         value = getattr(self, name)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not (number and value >= 0 and (value < high if high_open else value <= high)):
+        if not (_is_ms(value) and (value < high if high_open else value <= high)):
             raise ValueError(
                 f"runtime {name}={value!r} must be milliseconds in [0, {high:g}"
                 f"{')' if high_open else ']'}: {meaning}"
