@@ -285,8 +285,7 @@ class GovernorLoop:
                 continue  # still profiling: the next tick looks again
             self._started.add(task_id)
             sm_pct, scale = self.governor.limits(task_id)
-            had_ms = self.manager.task(task_id)["budget_ms"]
-            if had_ms is not None and math.isclose(had_ms, round(base_s * 1e3 * scale, 3)):
+            if _same_ms(self.manager.task(task_id)["budget_ms"], _scaled_ms(base_s, scale)):
                 continue
             start = GovernorDecision(
                 task_id, sm_pct, scale, "governed: starts from its base budget",
@@ -321,8 +320,8 @@ class GovernorLoop:
             if base_s is None:
                 error = "no budget yet (still profiling): budget scale not applied"
             else:
-                budget_ms = round(base_s * 1e3 * decision.budget_scale, 3)
-                if task["budget_ms"] is None or not math.isclose(task["budget_ms"], budget_ms):
+                budget_ms = _scaled_ms(base_s, decision.budget_scale)
+                if not _same_ms(task["budget_ms"], budget_ms):
                     changes["budget_ms"] = budget_ms
             duty = decision.trickle_duty
             if self.trickle and duty is not None and duty != task.get("trickle_duty"):
@@ -405,6 +404,16 @@ def step_times_s(steps: pd.DataFrame) -> dict[int, float]:
     windows = steps.groupby("step").agg(start=("start_ms", "min"), end=("end_ms", "max"))
     durations = (windows["end"] - windows["start"]) / 1e3
     return {int(k): float(v) for k, v in durations.items()}
+
+
+def _scaled_ms(base_s: float, scale: float) -> float:
+    """The budget a decision applies: the base x its scale, in ms to the microsecond."""
+    return round(base_s * 1e3 * scale, 3)
+
+
+def _same_ms(had_ms: float | None, budget_ms: float) -> bool:
+    """Whether a task's budget already is ``budget_ms`` (None: it has none yet)."""
+    return had_ms is not None and math.isclose(had_ms, budget_ms)
 
 
 def _nan(value: object) -> bool:
