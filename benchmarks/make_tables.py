@@ -63,6 +63,7 @@ from freeride_lab.bench.markdown import (
 from freeride_lab.bench.placement import predicted_fill_ms
 from freeride_lab.bench.results import fill_tables
 from freeride_lab.bench.stats import GATED_MODES
+from freeride_lab.core.budget import sized_budget_ns
 from freeride_lab.core.intervals import Interval
 from freeride_lab.sidetasks.api import doubling_sizes
 
@@ -1250,7 +1251,8 @@ def slots_against_the_guard(files: Sequence[tuple[str, str]]) -> list[str]:
             slots, top = seg.get("stage_bubbles_ms"), seg.get("top_step_size")
             if not slots or not top:
                 continue
-            step, guard = seg["solo_step_ms_p95"] / top, seg["tight_budget_ms"] / top
+            step = seg["solo_step_ms_p95"] / top
+            guard = sized_budget_ns(round(seg["tight_budget_ms"] * 1e6), 1, top, None, None) / 1e6
             rows.append([
                 label, f"{seg['stage']} · {seg['task']}",
                 ", ".join(f"{x:.1f}" for x in sorted(slots)), f"{step:.1f}", f"{guard:.1f}",
