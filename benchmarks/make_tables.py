@@ -45,6 +45,7 @@ from freeride_lab.bench.markdown import (
     PLACEMENT_HEADERS,
     SPIN_COLUMNS,
     SPIN_HEADERS,
+    TAIL_PAST,
     UNUSED_WHY,
     fmt_frac_interval,
     fmt_interval,
@@ -1087,10 +1088,13 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     # the columns of the unused bubbles' split that some row records (each came in its own
     # result version)
     why = [(c, h) for c, h in UNUSED_WHY if any(recorded(r.get(c)) for _, r in picked)]
+    tail = [TAIL_PAST] if any(recorded(r.get(TAIL_PAST[0])) for _, r in picked) else []
     rows = [
         [label, f"{r['stage']} · {r['task']}", r["mode"],
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
-                                      "idle_tail_frac", "idle_unused_frac")),
+                                      "idle_tail_frac")),
+         *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in tail),
+         fmt_pct(r["idle_unused_frac"], 1),
          *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in why),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
@@ -1099,7 +1103,7 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     ]  # fmt: skip
     return md_table(
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
-         "after the last step", "unused bubbles",
+         "after the last step", *(header for _, header in tail), "unused bubbles",
          *(header for _, header in why),
          "throughput in bubbles", "harvest of measured idle [95%]", "overhead [95%]"],
         _first_of_run(rows),

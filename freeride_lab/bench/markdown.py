@@ -380,6 +380,9 @@ UNUSED_WHY: tuple[tuple[str, str], ...] = (
     ("idle_unused_guard_frac", "announced, predicted within the guard"),
 )
 
+#: The time after the last step that lay past the bubble's predicted end: column, header.
+TAIL_PAST: tuple[str, str] = ("idle_tail_unpromised_frac", "of which past the predicted end")
+
 
 def recorded(value: object) -> bool:
     """Whether a result holds ``value`` (a number, not NaN: older results lack newer columns)."""
@@ -398,11 +401,14 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
         for column, header in UNUSED_WHY
         if any(recorded(r.get(column)) for r in rows)
     ]
+    # the tail's part past the predicted end, where recorded (a later result version)
+    tail = [TAIL_PAST] if any(recorded(r.get(TAIL_PAST[0])) for r in rows) else []
     shares = (
         "bubble_used_frac",
         "idle_lead_frac",
         "idle_between_frac",
         "idle_tail_frac",
+        *(column for column, _ in tail),
         "idle_unused_frac",
         *(column for column, _ in why),
         "unused_bubbles_frac",
@@ -410,8 +416,8 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
     return _section(
         "Where the idle time went (share of each block set's bubble time)",
         ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
-         "between steps", "after the last step", "in unused bubbles",
-         *(header for _, header in why), "bubbles unused"],
+         "between steps", "after the last step", *(header for _, header in tail),
+         "in unused bubbles", *(header for _, header in why), "bubbles unused"],
         [
             [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
              *(fmt_pct(r[c], 1) for c in shares)]

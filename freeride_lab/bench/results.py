@@ -409,6 +409,9 @@ def block_row(
         "idle_unused_guard_ms": (
             use.unused_guard_ms if any(len(t) > 3 for t in told) else math.nan
         ),
+        "idle_tail_unpromised_ms": (
+            use.tail_unpromised_ms if any(len(t) > 2 for t in told) else math.nan
+        ),
         "bubbles": use.bubbles,
         "unused_bubbles": use.unused_bubbles,
         "overruns": overruns.overruns,

@@ -84,7 +84,9 @@ SegmentKey = tuple[str, str, int, str]
 #: unused ones a step as short as the block's shortest would have fitted, of those the ones
 #: the rank never announced, the announced ones predicted too short for that step, and of
 #: the rest those predicted within the guard the host held them to (NaN where no step of the
-#: block recorded its guard). Results recorded before each split lack its columns.
+#: block recorded its guard); last, the part of the time after the last step that lay past
+#: the bubbles' predicted end (NaN where no announcement carried one). Results recorded before
+#: each split lack its columns.
 IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_lead_ms",
     "idle_between_ms",
@@ -94,6 +96,7 @@ IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_unused_silent_ms",
     "idle_unused_short_ms",
     "idle_unused_guard_ms",
+    "idle_tail_unpromised_ms",
     "bubbles",
     "unused_bubbles",
 )

@@ -93,6 +93,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "idle_unused_silent_frac",
     "idle_unused_short_frac",
     "idle_unused_guard_frac",
+    # of the time after the last step, the part past the bubble's predicted end (core.idle_use)
+    "idle_tail_unpromised_frac",
     "unused_bubbles_frac",  # bubbles no step ran in ÷ bubbles
     "idle_frac",  # the real rank's *measured* bubble time ÷ wall time in these blocks
     # the same in the segment's vanilla blocks: the idle time training leaves, measured

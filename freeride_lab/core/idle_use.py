@@ -8,7 +8,9 @@ a single "bubble use" share does not say what to fix. Every bubble's time is spl
   launch: faster edges shrink it);
 - ``between``: between two steps of one bubble (the host's per-step round trip);
 - ``tail``: after the last step's end, when the next step was predicted not to fit (finer
-  steps shrink it);
+  steps shrink it; where the announcements carry their predicted end, ``tail_unpromised`` is
+  the part after it: the bubble outlasted its prediction, and only a better predictor reaches
+  that part);
 - ``unused``: bubbles where no step ran at all (too short for any step, not announced, or the
   task was paused; a lower announce threshold or smaller steps shrink it).
 
@@ -43,6 +45,10 @@ for a step and its guard, and left by the host (a paused task, a command, an edg
     >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told)
     >>> use.unused_short_ms, use.unused_guard_ms
     (10.0, 10.0)
+    >>> told = [(0.5, 9.5, 7.0)]  # the used bubble (0, 10) was promised until 7.0
+    >>> use = idle_use(gaps[:1], [(1.0, 4.0)], announced=told)
+    >>> use.tail_ms, use.tail_unpromised_ms
+    (6.0, 3.0)
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class IdleUse:
     unused_silent_ms: float = 0.0  # ... of which no announced bubble overlapped
     unused_short_ms: float = 0.0  # ... announced, every prediction under ``fit_ms``
     unused_guard_ms: float = 0.0  # ... not those, every prediction within its guard
+    tail_unpromised_ms: float = 0.0  # of ``tail_ms``, after the latest predicted end
 
     @property
     def total_ms(self) -> float:
@@ -144,7 +151,9 @@ def idle_use(
             ``unused_fit_ms`` that none overlaps count in ``unused_silent_ms``, those whose
             overlapping announcements all predicted an end sooner than ``fit_ms`` after their
             start in ``unused_short_ms``, and of the rest those whose overlapping announcements
-            all carry a guard and predicted no more than it in ``unused_guard_ms``.
+            all carry a guard and predicted no more than it in ``unused_guard_ms``. In a
+            bubble with steps, the tail after the latest predicted end of the announcements
+            overlapping it counts in ``tail_unpromised_ms`` (none where none predicted).
     """
     work = merge_intervals(steps)
     starts = [s for s, _ in work]
@@ -152,14 +161,15 @@ def idle_use(
     told = merge_intervals((a[0], a[1]) for a in told_all)
     told_starts = [s for s, _ in told]
     # announcements with a prediction, as (start, end) spans and whether it fitted a step
-    predicted = [(a[0], a[1]) for a in told_all if len(a) > 2]
-    predicted_fit = [fit_ms is not None and a[2] - a[0] >= fit_ms for a in told_all if len(a) > 2]
+    with_end = [a for a in told_all if len(a) > 2]
+    predicted = [(a[0], a[1]) for a in with_end]
+    predicted_fit = [fit_ms is not None and a[2] - a[0] >= fit_ms for a in with_end]
     # and whether it left room past the guard the host held it to (True where none is known)
-    past_guard = [len(a) < 4 or a[2] - a[0] > a[3] for a in told_all if len(a) > 2]
+    past_guard = [len(a) < 4 or a[2] - a[0] > a[3] for a in with_end]
     predicted_starts = [s for s, _ in predicted]
     reach = list(itertools.accumulate((e for _, e in predicted), max))  # the latest end so far
     parts = dict.fromkeys(PARTS, 0.0)
-    fit = silent = short = guard = 0.0
+    fit = silent = short = guard = unpromised = 0.0
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
@@ -180,6 +190,9 @@ def idle_use(
         parts["covered"] += covered
         parts["lead"] += inside[0][0] - lo
         parts["tail"] += hi - inside[-1][1]
+        promised = _predicted_end(with_end, predicted_starts, reach, lo, hi)
+        if promised is not None:
+            unpromised += max(hi - max(promised, inside[-1][1]), 0.0)
         parts["between"] += (inside[-1][1] - inside[0][0]) - covered
     return IdleUse(
         **{f"{p}_ms": v for p, v in parts.items()},
@@ -189,7 +202,20 @@ def idle_use(
         unused_silent_ms=silent,
         unused_short_ms=short,
         unused_guard_ms=guard,
+        tail_unpromised_ms=unpromised,
     )
+
+
+def _predicted_end(
+    told: list[tuple[float, ...]], starts: list[float], reach: list[float], lo: float, hi: float
+) -> float | None:
+    """The latest predicted end among the announcements ``told`` (each with a prediction,
+    sorted; ``starts`` and ``reach`` theirs) that overlap (lo, hi); None if none does."""
+    i = bisect.bisect_left(starts, lo)
+    while i > 0 and reach[i - 1] > lo:  # an earlier start may still reach into the bubble
+        i -= 1
+    ends = [a[2] for a in itertools.takewhile(lambda a: a[0] < hi, told[i:]) if a[1] > lo]
+    return max(ends) if ends else None
 
 
 def _no_room_predicted(

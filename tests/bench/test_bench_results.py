@@ -405,12 +405,14 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert (row["idle_unused_ms"], row["bubbles"], row["unused_bubbles"]) == (10.0, 4, 3)
     assert (row["idle_unused_fit_ms"], row["idle_unused_silent_ms"]) == (8.0, 4.0)
     assert row["idle_unused_short_ms"] == 4.0
+    assert row["idle_tail_unpromised_ms"] == 1.0  # 9-10: the bubble outlasted its prediction
     vanilla = {**row, "mode": "vanilla", "order": 0, "progress": 0.0, "side_steps": 0}
     blocks = pd.DataFrame([vanilla, row], columns=[*bs.BLOCK_COLUMNS, "step_ms"])
     summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
     managed = summary[summary["mode"] == "managed"].iloc[0]
     assert managed["bubble_used_frac"] == pytest.approx(6.5 / 20)
     assert managed["idle_tail_frac"] == pytest.approx(2.0 / 20)
+    assert managed["idle_tail_unpromised_frac"] == pytest.approx(1.0 / 20)
     assert managed["idle_unused_frac"] == pytest.approx(10.0 / 20)
     assert managed["idle_unused_fit_frac"] == pytest.approx(8.0 / 20)
     assert managed["idle_unused_silent_frac"] == pytest.approx(4.0 / 20)
@@ -420,7 +422,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
     text = bench_markdown.markdown({"summary": summary.to_dict("records")})
     assert "## Where the idle time went" in text
-    shares = "32.5% | 5.0% | 2.5% | 10.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0%"
+    shares = "32.5% | 5.0% | 2.5% | 10.0% | 5.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0%"
     assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
 
 
@@ -434,6 +436,7 @@ def test_results_recorded_before_the_idle_split_still_summarize() -> None:
     assert not set(bs.IDLE_SPLIT_COLUMNS) & set(blocks.columns)
     summary = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
     assert summary["idle_tail_frac"].isna().all()
+    assert summary["idle_tail_unpromised_frac"].isna().all()
     assert "idle time went" not in bench_markdown.markdown({"summary": summary.to_dict("records")})
 
 

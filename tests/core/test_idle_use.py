@@ -90,6 +90,21 @@ def test_announced_bubbles_predicted_within_their_guard_were_left_for_the_guard(
     assert (use + use).unused_guard_ms == 20.0
 
 
+def test_the_tail_past_a_bubbles_predicted_end_is_the_predictors() -> None:
+    """After its last step a bubble's rest splits at its prediction: a bubble that outlasted
+    it leaves the part past it to the predictor; one predicted longer than it was, or ending
+    before its last step, leaves none; a bubble without a predicted end adds nothing."""
+    bubbles = [(0.0, 10.0), (20.0, 30.0), (40.0, 50.0), (60.0, 70.0)]
+    steps = [(1.0, 6.0), (21.0, 26.0), (41.0, 49.0), (61.0, 65.0)]
+    told = [(0.2, 9.8, 8.0), (20.2, 29.8, 31.0), (40.2, 49.8, 45.0), (60.2, 69.8)]
+    use = idle_use(bubbles, steps, announced=told)
+    assert use.tail_ms == 4.0 + 4.0 + 1.0 + 5.0
+    assert use.tail_unpromised_ms == 2.0 + 0.0 + 1.0  # 8-10; none; 49-50 (past 45 and 49)
+    # two announcements of one bubble: the latest predicted end is the promise
+    late = idle_use(bubbles[:1], steps[:1], announced=[(0.2, 3.0, 4.0), (3.0, 9.8, 9.0)])
+    assert late.tail_unpromised_ms == 1.0
+
+
 _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], t[0] + t[1]))
 
 
@@ -101,6 +116,7 @@ def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -
     assert 0.0 <= use.unused_silent_ms <= use.unused_fit_ms <= use.unused_ms + 1e-9
     assert 0.0 <= use.unused_short_ms <= use.unused_fit_ms - use.unused_silent_ms + 1e-9
     assert use.unused_guard_ms >= 0.0
+    assert 0.0 <= use.tail_unpromised_ms <= use.tail_ms + 1e-9
     assert use.unused_short_ms + use.unused_guard_ms <= (
         use.unused_fit_ms - use.unused_silent_ms + 1e-9
     )
