@@ -329,6 +329,27 @@ H100_SLOTS = (
 )
 H100_12_06B = (H100_B_M4_ALL, H100_B_M8_ALL, H100_GOV_MEAN, H100_GOV_EVIDENCE,
                H100_GUARD_DEFAULT, H100_GUARD_P95)  # fmt: skip
+#: The afternoon's H100 calls of 2026-12-06 (source digest a06fcfbe, commit 385eb62, whose
+#: idle split parts the tail at the predicted end; the results name the checkout's commit before
+#: it, "+changes"): stages 1 and 3 with the options of ``H100_B_M4_ALL``, per M three
+#: invocations of one call: as before, then finer steps (ResNet-18 in 8 graphed slices, VGG-19
+#: in 16), then governed blocks guarded by the solo step's p95 alone (``--governed-guard
+#: 1.0,0``); the last two replay the first's calibration (``--peer-costs``).
+H100_C_M4_OFF = ("h100-2026-12-06c-m4-off-s13.json", "M = 4, as before")
+H100_C_M4_FINE = ("h100-2026-12-06c-m4-fine-s13.json", "M = 4, finer steps")
+H100_C_M4_GUARD = ("h100-2026-12-06c-m4-guard-s13.json", "M = 4, guard p95")
+H100_C_M8_OFF = ("h100-2026-12-06c-m8-off-s13.json", "M = 8, as before")
+H100_C_M8_FINE = ("h100-2026-12-06c-m8-fine-s13.json", "M = 8, finer steps")
+H100_C_M8_GUARD = ("h100-2026-12-06c-m8-guard-s13.json", "M = 8, guard p95")
+#: Then, on a second H100 (the same tree), its peers replaying the calibration of
+#: ``H100_C_M8_OFF``: stages 0 and 2 at M = 8 with those options, then stage 1 with both levers
+#: at once (ResNet-18 in 8 slices, guard p95 alone); another machine than the arms it would
+#: be compared with, so it is shown and not judged.
+H100_C_M8_S02 = ("h100-2026-12-06c-m8-off-s02.json", "M = 8, stages 0, 2 (second machine)")
+H100_C_M8_BOTH = ("h100-2026-12-06c-m8-fineguard-s1.json",
+                  "M = 8, finer steps and guard p95 (second machine)")  # fmt: skip
+H100_12_06C = (H100_C_M4_OFF, H100_C_M4_FINE, H100_C_M4_GUARD, H100_C_M8_OFF, H100_C_M8_FINE,
+               H100_C_M8_GUARD, H100_C_M8_S02, H100_C_M8_BOTH)  # fmt: skip
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1097,6 +1118,7 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
          fmt_pct(r["idle_unused_frac"], 1),
          *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in why),
          f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+         fmt_pct(r.get("step_speed_of_solo_frac", float("nan")), 0),
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
         for label, r in picked
@@ -1105,7 +1127,8 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
         ["", "stage · task", "mode", "steps", "before the first step", "between steps",
          "after the last step", *(header for _, header in tail), "unused bubbles",
          *(header for _, header in why),
-         "throughput in bubbles", "harvest of measured idle [95%]", "overhead [95%]"],
+         "throughput in bubbles", "its steps' speed, of the task alone",
+         "harvest of measured idle [95%]", "overhead [95%]"],
         _first_of_run(rows),
     )  # fmt: skip
 
@@ -1301,7 +1324,7 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in H100_SIZES),
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
-                                 *H100_EDGE_FIRST, *H100_12_06B)),
+                                 *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1399,7 +1422,9 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
                        *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
-                       *_on_off(H100_M8_FINE, H100_M8_ALL, "table `h100-12-06-stages`")],
+                       *_on_off(H100_M8_FINE, H100_M8_ALL, "table `h100-12-06-stages`"),
+                       *_on_off(H100_C_M4_FINE, H100_C_M4_OFF, "table `h100-12-06c-stages`"),
+                       *_on_off(H100_C_M8_FINE, H100_C_M8_OFF, "table `h100-12-06c-stages`")],
         "power": _on_off(H100_SIGNALS[1], H100_SIGNALS[0], "table `h100-12-05d-stages`"),
         "graphs": [*_on_off(resnet_graphed, resnet_eager, "table `h200-12-04f-graphs`"),
                    *_on_off(vgg_graphed, vgg_eager, "table `h200-12-04f-graphs`")],
@@ -1426,7 +1451,9 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                         *_on_off(H100_SPIN4, H100_M4_ALL,
                                  "tables `h100-12-06-latency`, `h100-12-06-stages`")],
         "evidence": _on_off(H100_GOV_EVIDENCE, H100_GOV_MEAN, "table `h100-12-06b-stages`"),
-        "guard": _on_off(H100_GUARD_P95, H100_GUARD_DEFAULT, "table `h100-12-06b-stages`"),
+        "guard": [*_on_off(H100_GUARD_P95, H100_GUARD_DEFAULT, "table `h100-12-06b-stages`"),
+                  *_on_off(H100_C_M4_GUARD, H100_C_M4_OFF, "table `h100-12-06c-stages`"),
+                  *_on_off(H100_C_M8_GUARD, H100_C_M8_OFF, "table `h100-12-06c-stages`")],
         "edge_first": [c for on in H100_EDGE_FIRST
                        for c in _on_off(on, H100_DRAIN_FIRST,
                                         "tables `h100-12-06-latency`, `h100-12-06-stages`")],
@@ -1535,6 +1562,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06b-stages": lambda: _side_by_side(H100_12_06B, ("managed", "governed")),
     "h100-12-06b-idle-split": lambda: _idle_split(H100_12_06B),
     "h100-12-06b-slots": lambda: slots_against_the_guard(H100_SLOTS),
+    "h100-12-06c-stages": lambda: _side_by_side(H100_12_06C, ("governed",)),
+    "h100-12-06c-idle-split": lambda: _idle_split(H100_12_06C),
+    "h100-12-06c-slots": lambda: slots_against_the_guard(H100_12_06C),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices

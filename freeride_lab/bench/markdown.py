@@ -412,15 +412,17 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
         "idle_unused_frac",
         *(column for column, _ in why),
         "unused_bubbles_frac",
+        "step_speed_of_solo_frac",
     )
     return _section(
         "Where the idle time went (share of each block set's bubble time)",
         ["run", "case", "stage", "task", "mode", "side-task steps", "before the first step",
          "between steps", "after the last step", *(header for _, header in tail),
-         "in unused bubbles", *(header for _, header in why), "bubbles unused"],
+         "in unused bubbles", *(header for _, header in why), "bubbles unused",
+         "its steps' speed, of the task alone"],
         [
             [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
-             *(fmt_pct(r[c], 1) for c in shares)]
+             *(fmt_pct(r.get(c, math.nan), 1) for c in shares)]
             for r in rows
         ],
     )  # fmt: skip

@@ -80,6 +80,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "throughput_se_per_s",
     "throughput_df",
     "bubble_used_frac",  # side-task busy time inside bubbles ÷ bubble time
+    # the task's speed while its steps ran (progress ÷ busy time) ÷ its dedicated speed: what
+    # its steps in these blocks (their sizes, their company) made of the time under them
+    "step_speed_of_solo_frac",
     # the rest of the bubble time, by where it went (core.idle_use), each ÷ bubble time:
     # before a bubble's first step, between its steps, after its last, in bubbles left unused
     "idle_lead_frac",
@@ -281,6 +284,7 @@ def summarize_blocks(
                         if bubble_ms > 0
                         else math.nan
                     ),
+                    "step_speed_of_solo_frac": step_speed_of_solo(b, theta),
                     **_idle_parts(b, bubble_ms),
                     "idle_frac": idle.value,
                     "vanilla_idle_frac": vanilla_idle.value,
@@ -476,6 +480,16 @@ def _step_groups(blocks: pd.DataFrame) -> list[list[float]]:
     if "step_ms" not in blocks.columns:
         return []
     return [list(v) for v in blocks["step_ms"] if isinstance(v, list | tuple) and len(v)]
+
+
+def step_speed_of_solo(b: pd.DataFrame, theta: float) -> float:
+    """Units per second of side-task step time in a mode's blocks ÷ the task's dedicated speed
+    ``theta`` (NaN without steps or a dedicated speed): below 1 where its steps ran slower than
+    the task alone, e.g. smaller steps, or steps sharing the device with training."""
+    busy_s = float(b["busy_ms"].sum()) / 1e3
+    if not busy_s > 0 or not theta > 0:
+        return math.nan
+    return float(b["progress"].sum()) / busy_s / theta
 
 
 def _idle_parts(b: pd.DataFrame, bubble_ms: float) -> dict[str, float]:

@@ -422,7 +422,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
     text = bench_markdown.markdown({"summary": summary.to_dict("records")})
     assert "## Where the idle time went" in text
-    shares = "32.5% | 5.0% | 2.5% | 10.0% | 5.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0%"
+    shares = "32.5% | 5.0% | 2.5% | 10.0% | 5.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0% | -"
     assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
 
 

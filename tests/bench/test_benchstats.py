@@ -202,6 +202,20 @@ def test_summary_harvest_values_work_at_the_dedicated_speed_against_the_bubble_l
     assert row["bubble_used_frac"] == pytest.approx(0.75)
 
 
+def test_summary_reports_the_speed_of_the_steps_against_the_task_alone() -> None:
+    """1000 units in 625 ms of steps is 1600/s, 80% of the task alone (2000/s): time under
+    steps that a finer step fills is worth less when its steps run slower; no dedicated speed
+    or no step time leaves it unknown."""
+    managed = _block(order=1, mode="managed", progress=1000.0, busy_ms=625.0)
+    blocks = pd.DataFrame([_block(order=0, mode="vanilla"), managed])
+    speeds = {("m4", "mix", 1, "resnet18"): 2000.0}
+    out = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s=speeds)
+    assert out[out["mode"] == "managed"].iloc[0]["step_speed_of_solo_frac"] == pytest.approx(0.8)
+    assert math.isnan(out[out["mode"] == "vanilla"].iloc[0]["step_speed_of_solo_frac"])
+    unknown = bt.summarize_blocks(blocks, stages=4, microbatches=4, dedicated_per_s={})
+    assert unknown["step_speed_of_solo_frac"].isna().all()
+
+
 def test_summary_reports_the_p99_step_inflation_a_mean_hides_and_energy_per_unit() -> None:
     """Managed blocks whose median step is vanilla's but whose slowest step in 20 is 10% slow:
     the overhead of the medians is 0, the p99 inflation is not."""
