@@ -190,7 +190,7 @@ def idle_use(
         parts["covered"] += covered
         parts["lead"] += inside[0][0] - lo
         parts["tail"] += hi - inside[-1][1]
-        promised = _predicted_end(with_end, predicted_starts, reach, lo, hi)
+        promised = _predicted_end(with_end, predicted, predicted_starts, reach, lo, hi)
         if promised is not None:
             unpromised += max(hi - max(promised, inside[-1][1]), 0.0)
         parts["between"] += (inside[-1][1] - inside[0][0]) - covered
@@ -206,15 +206,36 @@ def idle_use(
     )
 
 
-def _predicted_end(
-    told: list[tuple[float, ...]], starts: list[float], reach: list[float], lo: float, hi: float
-) -> float | None:
-    """The latest predicted end among the announcements ``told`` (each with a prediction,
-    sorted; ``starts`` and ``reach`` theirs) that overlap (lo, hi); None if none does."""
+def _overlapping(
+    spans: list[tuple[float, float]], starts: list[float], reach: list[float], lo: float, hi: float
+) -> list[int]:
+    """The indices of the announcements in ``spans`` (sorted by start; ``starts`` theirs,
+    ``reach`` their running latest end; not merged, since two announcements of one bubble may
+    predict differently) that overlap (lo, hi)."""
     i = bisect.bisect_left(starts, lo)
     while i > 0 and reach[i - 1] > lo:  # an earlier start may still reach into the bubble
         i -= 1
-    ends = [a[2] for a in itertools.takewhile(lambda a: a[0] < hi, told[i:]) if a[1] > lo]
+    out: list[int] = []
+    for j in range(i, len(spans)):
+        s, e = spans[j]
+        if s >= hi:
+            break
+        if e > lo:
+            out.append(j)
+    return out
+
+
+def _predicted_end(
+    told: list[tuple[float, ...]],
+    spans: list[tuple[float, float]],
+    starts: list[float],
+    reach: list[float],
+    lo: float,
+    hi: float,
+) -> float | None:
+    """The latest predicted end among the announcements ``told`` (each with a prediction;
+    ``spans`` their (start, end)) that overlap (lo, hi); None if none does."""
+    ends = [told[j][2] for j in _overlapping(spans, starts, reach, lo, hi)]
     return max(ends) if ends else None
 
 
@@ -227,18 +248,6 @@ def _no_room_predicted(
     hi: float,
 ) -> bool:
     """Whether some announcement with a prediction overlaps (lo, hi) and none of those
-    predicted room (``room``, per announcement: for the shortest step, or past its guard;
-    ``spans`` sorted by start, ``reach`` their running latest end; not merged, since two
-    announcements of one bubble may predict differently)."""
-    i = bisect.bisect_left(starts, lo)
-    while i > 0 and reach[i - 1] > lo:  # an earlier start may still reach into the bubble
-        i -= 1
-    seen = False
-    for (s, e), fits in zip(spans[i:], room[i:], strict=True):
-        if s >= hi:
-            break
-        if e > lo:
-            if fits:
-                return False
-            seen = True
-    return seen
+    predicted room (``room``, per announcement: for the shortest step, or past its guard)."""
+    seen = _overlapping(spans, starts, reach, lo, hi)
+    return bool(seen) and not any(room[j] for j in seen)
