@@ -297,7 +297,11 @@ def _bubble_schedule(s: Source) -> bool:
     return _is_bench(s) and not _zero_bubble(s)
 
 
-_WHERE_IDLE = "2026-12-04, latest: where the idle time goes, and two levers against it"
+_WHERE_IDLE = (
+    "2026-12-04, latest: where the idle time goes, and two levers against it; on the H100, "
+    "2026-12-06, afternoon: finer steps and a narrower guard with the peers held fixed, and "
+    "where the tail goes"
+)
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
 _EDGES = (
