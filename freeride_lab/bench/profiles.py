@@ -155,6 +155,9 @@ class BenchProfile:
     step_group_ms: float = 1.0
     #: how the real rank predicts bubble lengths (``RuntimeOptions.predictor``)
     predictor: str = "min"
+    #: what the side task's host does once a bubble outlives its prediction
+    #: (``RuntimeOptions.outlived``)
+    outlived: str = "stop"
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -194,6 +197,7 @@ class BenchProfile:
             announce_min_ms=self.announce_min_ms,
             step_group_ms=self.step_group_ms,
             predictor=self.predictor,
+            outlived=self.outlived,
         )
         for plan in self.runs:  # an unknown schedule or chunk count, before any run
             RunConfig(
@@ -321,5 +325,6 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
             announce_min_ms=p.announce_min_ms,
             step_group_ms=p.step_group_ms,
             predictor=p.predictor,
+            outlived=p.outlived,
         ),
     )  # fmt: skip

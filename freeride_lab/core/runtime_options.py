@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "OUTLIVED",
     "PREDICTORS",
     "RUNTIME_KEYS",
     "EmulateOptions",
@@ -41,6 +42,8 @@ MAX_ANNOUNCE_MIN_MS = 1e6
 MAX_STEP_GROUP_MS = 100.0
 #: How a rank predicts bubble lengths (``RuntimeOptions.predictor``).
 PREDICTORS: tuple[str, ...] = ("min", "feedback")
+#: What a side task does once a bubble outlives its predicted end (``RuntimeOptions.outlived``).
+OUTLIVED: tuple[str, ...] = ("stop", "survivors")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -230,6 +233,11 @@ class RuntimeOptions:
         predictor: how a rank predicts each bubble's length for its live edges: "min", the
             minimum of the slot's last five (FreeRide's); "feedback", a percentile of its last
             16 moved by its own misses (``core.bubble_prediction``).
+        outlived: what a side task's host does once a bubble outlives the rank's predicted
+            end: "stop", launch no further step (FreeRide's); "survivors", take the bubble to
+            last as long as the shortest of its slot's recent bubbles that were longer than
+            it has lasted so far, and go on stepping while a step fits that
+            (``core.bubble_survival``).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -242,6 +250,7 @@ class RuntimeOptions:
     announce_min_ms: float = 1.0
     step_group_ms: float = 1.0
     predictor: str = "min"
+    outlived: str = "stop"
     emulate: EmulateOptions | None = None
 
     def __post_init__(self) -> None:
@@ -281,6 +290,11 @@ class RuntimeOptions:
             raise ValueError(
                 f"runtime predictor={self.predictor!r}; valid: {', '.join(PREDICTORS)} (the "
                 "minimum of the last five bubbles, or a percentile moved by its misses)"
+            )
+        if self.outlived not in OUTLIVED:
+            raise ValueError(
+                f"runtime outlived={self.outlived!r}; valid: {', '.join(OUTLIVED)} (no step "
+                "past the predicted end, or steps while the slot's longer bubbles say one fits)"
             )
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):

@@ -266,6 +266,19 @@ def test_the_bubble_predictor_reaches_every_runs_ranks(
     assert {c.runtime.predictor for c in configs} == {predictor}
 
 
+@pytest.mark.parametrize(
+    ("words", "outlived"), [((), "stop"), (("--outlived", "survivors"), "survivors")]
+)
+def test_what_a_host_does_past_a_predicted_end_reaches_every_run(
+    tmp_path: Path, words: tuple[str, ...], outlived: str
+) -> None:
+    from freeride_lab.bench.profiles import run_config
+
+    profile = bench_options(*words)
+    configs = [run_config(profile, plan, tmp_path) for plan in profile.runs]  # type: ignore[attr-defined]
+    assert {c.runtime.outlived for c in configs} == {outlived}
+
+
 @pytest.mark.parametrize(("words", "on"), [((), True), (("--governor-signals", "off"), False)])
 def test_the_governors_device_signals_can_be_switched_off_for_an_a_b(
     words: tuple[str, ...], on: bool

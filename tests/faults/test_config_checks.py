@@ -52,6 +52,7 @@ REFUSED = [
     ({"runtime": {"step_group_ms": 1e9}}, "step_group_ms"),
     ({"runtime": {"step_group_ms": True}}, "step_group_ms"),
     ({"runtime": {"predictor": "oracle"}}, "predictor"),
+    ({"runtime": {"outlived": "forever"}}, "outlived"),
     ({"runtime": {"edges_factory": "not a reference"}}, "edges_factory"),
     ({"runtime": {"emulate": [1, 2]}}, "emulate"),
     ({"runtime": {"emulate": {"device": "tpu"}}}, "device"),

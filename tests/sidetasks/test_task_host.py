@@ -151,7 +151,11 @@ def test_the_first_step_in_a_bubble_says_when_its_host_saw_the_bubble_start(
 
 
 def in_process_host(
-    run_dir: RunDir, tmp_path: Path, task: Any, limits: dict[str, Any] | None = None
+    run_dir: RunDir,
+    tmp_path: Path,
+    task: Any,
+    limits: dict[str, Any] | None = None,
+    outlived: str = "stop",
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
     the sink its events go to (``tmp_path / "task.jsonl"``; close it before reading). Its
@@ -167,7 +171,7 @@ def in_process_host(
     )  # fmt: skip
     sink = EventSink(tmp_path / "task.jsonl")
     host = TaskHost(HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-                    conn=None, sink=sink)  # fmt: skip
+                    conn=None, sink=sink, outlived=outlived)  # fmt: skip
     host._send = lambda message: None  # type: ignore[method-assign]
     host.task = task
     for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
@@ -653,3 +657,170 @@ def test_a_malformed_warmup_steps_fails_the_task_saying_why(
     drive_bubbles(edges, 3)
     wait_exit(proc)
     assert "WarmingUp.warmup_steps=-1 must be an integer >= 0" in failed_state(run_dir, proc).reason
+
+
+# -- bubbles that outlive their prediction ----------------------------------------------------
+
+MS = 1_000_000
+
+
+def learn_lengths(host: Any, edges: EdgeWriter, lengths_ms: list[float], slot: int = 0) -> None:
+    """Past bubbles of ``slot`` as the host reads them: a start edge, then its end edge."""
+    t = time.time_ns() - 10**10  # long ago on the run clock; only differences matter
+    for step, length in enumerate(lengths_ms):
+        edges.bubble_start(step, slot, t, t + MS)
+        assert host._wait_for_edge(1.0) is not None
+        edges.bubble_end(step, slot, t + int(length * MS))
+        assert host._wait_for_edge(1.0) is not None
+        t += 200 * MS
+
+
+def live_bubble_steps(
+    host: Any, sink: Any, edges: EdgeWriter, tmp_path: Path, predicted_ms: float
+) -> list[float]:
+    """A bubble of slot 0 predicted ``predicted_ms`` long that does not end: the starts of
+    the steps the host takes in it, in ms after its start."""
+    start = time.time_ns()
+    edges.bubble_start(100, 0, start, start + int(predicted_ms * MS))
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None and edge.in_bubble
+    host._run_bubble(edge)
+    sink.close()
+    return [(s.start_ns - start) / MS for s in steps_of(task_events_at(tmp_path / "task.jsonl"))]
+
+
+@pytest.mark.parametrize("outlived", ["stop", "survivors"])
+def test_past_its_predicted_end_a_bubble_is_filled_as_long_as_its_slots_longer_bubbles_say(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, outlived: str
+) -> None:
+    """The slot's last bubbles lasted 40 ms; this one is predicted 5 ms (a short one among
+    the last five, say) and lasts on. Under "stop" no step starts past 5 ms - the 2 ms guard;
+    under "survivors" steps go on to 40 ms - the guard, and none starts later."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived=outlived
+    )
+    learn_lengths(host, edges, [40, 41, 40])
+    starts = live_bubble_steps(host, sink, edges, tmp_path, predicted_ms=5)
+    assert starts
+    if outlived == "stop":
+        assert max(starts) < 3.5
+    else:
+        assert max(starts) > 20  # well past the prediction
+        assert max(starts) < 38.5  # never past the survivors' end minus the guard
+
+
+def test_a_survivor_too_close_for_a_step_is_waited_out_and_the_next_one_planned_to(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """Bubbles of the slot were 12 ms or 60 ms; this one, predicted 5 ms, outlives both
+    kinds' starts. The host steps to 12 ms - the guard, takes no step while only 12 ms is
+    left to plan to, then, the 12 ms kind passed, steps towards 60 ms."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived="survivors"
+    )
+    learn_lengths(host, edges, [12, 60, 12, 61, 12, 60])
+    starts = live_bubble_steps(host, sink, edges, tmp_path, predicted_ms=5)
+    assert any(t < 9 for t in starts)
+    assert not any(10.5 < t < 12 for t in starts), starts  # waiting out the 12 ms kind
+    assert any(t > 20 for t in starts), starts  # then planned to the 60 ms kind
+    assert max(starts) < 58.5
+
+
+def test_the_edge_that_ends_a_bubble_while_the_host_waits_in_it_is_still_read_and_learnt(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """Bubbles of the slot were 30 ms or 60 ms; under a 10 ms guard the host stops launching
+    at 20 ms and waits out the 30 ms kind, and the bubble ends at 25 ms, in that wait: the host
+    leaves it, its main loop still reads the end edge (the spin clock and the lengths need
+    it), and the new length is learnt once."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), limits={"budget_s": 0.01},
+        outlived="survivors",
+    )  # fmt: skip
+    waits: list[bool] = []
+    wait_in_bubble = host._wait_in_bubble
+    host._wait_in_bubble = lambda *a: waits.append(wait_in_bubble(*a)) or waits[-1]
+    learned = [30, 60, 30, 61, 30, 60]
+    learn_lengths(host, edges, learned)
+    start = time.time_ns()
+    ended: list[int] = []
+
+    def end_bubble() -> None:
+        ended.append(time.time_ns())
+        edges.bubble_end(100, 0, ended[0])
+
+    ender = threading.Timer(0.025, end_bubble)
+    edges.bubble_start(100, 0, start, start + 5 * MS)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None
+    ender.start()
+    host._run_bubble(edge)
+    ender.join()
+    assert waits == [True]  # it waited, and the bubble ended in that wait
+    end = host._wait_for_edge(1.0)
+    assert end is not None and not end.in_bubble and end.step == 100
+    assert host._wait_for_edge(0.05) is None  # read once
+    sink.close()
+    assert sorted(host._survivors._lengths[0]) == sorted(
+        [ended[0] - start] + [x * MS for x in learned]
+    )
+
+
+def test_a_length_is_learnt_from_the_next_edges_report_when_its_end_edge_was_missed(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """The host saw a bubble start, not its end (the next start replaced it on the file); the
+    next edge's report of that end gives the length, once, and an end edge seen twice counts
+    once."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting(), outlived="survivors")
+    t = time.time_ns()
+    edges.bubble_start(0, 0, t, t + MS)
+    assert host._wait_for_edge(1.0) is not None
+    edges.bubble_end(0, 0, t + 10 * MS)
+    edges.bubble_start(0, 1, t + 20 * MS, t + 21 * MS)  # replaces the end before it is read
+    assert host._wait_for_edge(1.0) is not None
+    edges.bubble_end(0, 1, t + 25 * MS)
+    end = host._wait_for_edge(1.0)
+    assert end is not None
+    host._note_length(end)  # seen again
+    sink.close()
+    lengths = host._survivors._lengths
+    assert list(lengths[0]) == [10 * MS] and list(lengths[1]) == [5 * MS]
+
+
+def test_under_stop_nothing_is_learnt_and_an_unknown_choice_is_refused(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    learn_lengths(host, edges, [40, 40, 40])
+    sink.close()
+    assert host._survivors is None and not host._starts
+    with pytest.raises(ValueError, match="outlived='later'"):
+        in_process_host(run_dir, tmp_path, Counting(), outlived="later")
+
+
+def test_the_hosts_choice_past_a_predicted_end_comes_from_the_runs_options(
+    run_dir: RunDir,
+) -> None:
+    from freeride_lab.sidetasks.host.entry import _runtime_options
+    from freeride_lab.sidetasks.spec import HostSpec
+
+    spec = HostSpec(
+        task=TaskSpec.from_dict({"task": ref("Counting"), "task_id": "t1"}),
+        run_dir=str(run_dir.path), rank=0, stage=0,
+    )  # fmt: skip
+    assert _runtime_options(spec).outlived == "stop"  # no run.json: the default
+    run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"outlived": "survivors"}}})
+    assert _runtime_options(spec).outlived == "survivors"
+    run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"outlived": 3}}})
+    assert _runtime_options(spec).outlived == "stop"  # unreadable: the defaults, logged

@@ -20,8 +20,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from freeride_lab.core import events as ev
+from freeride_lab.core.bubble_survival import SurvivorLengths
 from freeride_lab.core.budget import Profile
 from freeride_lab.core.edge_timing import NextBubbleClock
+from freeride_lab.core.runtime_options import OUTLIVED
 from freeride_lab.core.sidetask_state import (
     Rejected,
     SideTaskEvent,
@@ -60,9 +62,16 @@ class HostBase:
         sink: EventSink,
         beacon: TaskBeacon | None = None,
         step_group_ns: int = 0,
+        outlived: str = "stop",
     ) -> None:
+        if outlived not in OUTLIVED:
+            raise ValueError(f"outlived={outlived!r}; valid: {', '.join(OUTLIVED)}")
         self.spec = spec
         self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
+        # once a bubble outlives its prediction: see host.iterative [Note: outlived bubbles]
+        self._survivors = SurvivorLengths() if outlived == "survivors" else None
+        # (step, slot) -> start (ns) of recent bubbles whose length is not yet known
+        self._starts: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         # recent per-step times (ns), which a group's size is planned from
         self._recent_step_ns: collections.deque[float] = collections.deque(maxlen=16)
         # size -> recent times (ns) of steps of that size; see host.iterative [Note: step sizes]

@@ -38,17 +38,17 @@ def _task_sink(spec: HostSpec) -> EventSink:
     return EventSink(path, bus=bus)
 
 
-def _step_group_ns(spec: HostSpec) -> int:
-    """The run's ``RuntimeOptions.step_group_ms`` in ns; its default where run.json has none
-    (see ``host.iterative`` [Note: step groups])."""
+def _runtime_options(spec: HostSpec) -> RuntimeOptions:
+    """The run's ``RuntimeOptions`` (step groups, what to do past a predicted end); the
+    defaults where run.json has none or they are unreadable."""
     try:
         runtime = RunDir(Path(spec.run_dir)).read_run().get("config", {}).get("runtime") or {}
-        options = RuntimeOptions.from_dict(dict(runtime))
+        return RuntimeOptions.from_dict(dict(runtime))
     except (OSError, ValueError, TypeError) as exc:
         options = RuntimeOptions()
-        log.warning("run.json's runtime options unreadable (%s); step groups of %g ms", exc,
-                    options.step_group_ms)  # fmt: skip
-    return round(options.step_group_ms * 1e6)
+        log.warning("run.json's runtime options unreadable (%s); step groups of %g ms, "
+                    "outlived %r", exc, options.step_group_ms, options.outlived)  # fmt: skip
+        return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(spec.control_fd) if spec.control_fd >= 0 else None
     beacon = TaskBeacon.attach(spec.beacon_fd) if spec.beacon_fd >= 0 else None
     sink = _task_sink(spec)
-    host = TaskHost(spec, conn=conn, sink=sink, beacon=beacon, step_group_ns=_step_group_ns(spec))
+    options = _runtime_options(spec)
+    host = TaskHost(
+        spec, conn=conn, sink=sink, beacon=beacon,
+        step_group_ns=round(options.step_group_ms * 1e6), outlived=options.outlived,
+    )  # fmt: skip
     signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
     try:
         code = host.run()

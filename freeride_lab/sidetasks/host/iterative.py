@@ -44,6 +44,20 @@ queued, and sent while the device runs them (on a CPU task, once its step has ru
 keeps the time the transition happened, and any later announcement sends a held one first, so
 every reader still sees RUNNING before the step's record and before the PAUSE that ends it.
 
+[Note: outlived bubbles]
+The rank's prediction is made before a bubble begins; once the bubble has outlived it, the
+host knows more than the rank did. Under ``RuntimeOptions.outlived`` "survivors" the host keeps
+each slot's recent lengths as it saw them (from the edges it reads: a bubble's start, and its
+end from its own end edge or from the next edge's report of it) and, where the rank's
+prediction no longer fits a step of the smallest size, plans to the shortest of those lengths
+that are longer than the bubble has lasted (``core.bubble_survival`` [Note: survivors'
+minimum]). If that length is too close for a step, the host sleeps in the bubble until it has
+passed, or the bubble ends, and asks again: the next survivor is longer. It stops when fewer
+than ``SurvivorLengths.min_survivors`` lengths are left, the bubble ends or a command comes.
+The same holds at a bubble's start, for a bubble predicted too short for any step. The guard is
+the one in force, as for the rank's prediction; profiling steps never go past it. Under "stop"
+(FreeRide's) nothing is learnt and no step starts past the rank's prediction.
+
 [Note: trickle]
 Under gating "trickle" a task steps in bubbles exactly as under "bubbles", and between bubbles,
 while the rank computes, it runs groups of steps (about ``_TRICKLE_GROUP_NS`` long, one device
@@ -69,7 +83,7 @@ from typing import Any
 from freeride_lab.core.budget import should_step, sized_budget_ns
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
 from freeride_lab.sidetasks.api import IterativeSideTask, SideTaskBase
-from freeride_lab.sidetasks.edges import Edge
+from freeride_lab.sidetasks.edges import Edge, Phase
 from freeride_lab.sidetasks.host.accounting import StepAccounting, training_busy_ns
 
 __all__ = ["IterativeSteps"]
@@ -77,6 +91,8 @@ __all__ = ["IterativeSteps"]
 _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
 _TRICKLE_GROUP_NS = 2_000_000  # gating "trickle": steps launched between two device waits
 _TRICKLE_STALE_NS = 5 * 10**9  # no step between bubbles once the newest edge is this old
+_IN_BUBBLE_WAIT_S = 0.25  # the longest sleep in a bubble for a survivor's length to pass
+_STARTS_KEPT = 64  # bubble starts remembered until their ends are seen
 
 
 class IterativeSteps(StepAccounting):
@@ -116,7 +132,12 @@ class IterativeSteps(StepAccounting):
         if profiling and not largest:
             return  # profile samples come from the largest bubbles only
         if not should_step(self.reader.now_ns(), predicted_end_ns, self._guard_ns(1), False):
-            return  # too short (or seen too late) for one step: leave it without events
+            if profiling:
+                return
+            outlived_end_ns = self._outlived_end(bubble)  # [Note: outlived bubbles]
+            if outlived_end_ns is None:
+                return  # too short (or seen too late) for one step: leave it without events
+            predicted_end_ns = outlived_end_ns
         if not self._apply(SideTaskEvent.START, hold=True):  # [Note: launch, then tell]
             return
         too_large = 0  # the smallest size whose guard no longer fitted this bubble; 0: none
@@ -125,7 +146,11 @@ class IterativeSteps(StepAccounting):
             now_ns = self.reader.now_ns()
             budget_ns = self._guard_ns(1)
             if not should_step(now_ns, predicted_end_ns, budget_ns, ended):
-                break
+                outlived_end_ns = None if ended or profiling else self._outlived_end(bubble)
+                if outlived_end_ns is None:
+                    break
+                predicted_end_ns = outlived_end_ns
+                continue
             remaining_ns = predicted_end_ns - now_ns
             sizes = self._step_sizes(task)
             size, too_large = self._fitting_size(sizes, remaining_ns, too_large)
@@ -137,6 +162,70 @@ class IterativeSteps(StepAccounting):
             if self.machine.terminal or self._policy_paused or profiling:
                 break  # a profiling step is alone in its bubble
         self._apply(SideTaskEvent.PAUSE)
+
+    def _outlived_end(self, bubble: Edge) -> int | None:
+        """Under ``outlived="survivors"``, for ``bubble`` past the end it was planned to: an
+        end that a step of the smallest size fits before now, the shortest of the slot's recent
+        lengths longer than the bubble has lasted, waiting in the bubble while only a length
+        too close for a step is left to pass; None once none is (or the bubble ends, or a
+        command comes). Under "stop", None ([Note: outlived bubbles])."""
+        survivors = self._survivors
+        if survivors is None:
+            return None
+        while self._cmds.empty():
+            now_ns = self.reader.now_ns()
+            length_ns = survivors.length_after(bubble.slot, now_ns - bubble.start_ns)
+            if length_ns is None:
+                return None
+            end_ns = bubble.start_ns + length_ns
+            if should_step(now_ns, end_ns, self._guard_ns(1), False):
+                return end_ns
+            if self._wait_in_bubble(bubble, end_ns):
+                return None
+        return None
+
+    def _wait_in_bubble(self, bubble: Edge, until_ns: int) -> bool:
+        """Sleep until just past ``until_ns`` or until ``bubble`` ends (or a command comes);
+        True if it ended. The edge that ended it stays unread for the main loop."""
+        reader = self.reader
+        timeout_s = min(_IN_BUBBLE_WAIT_S, max(0, until_ns - reader.now_ns()) / 1e9 + 20e-6)
+        last_seq = reader.last_seq
+        if self.beacon is not None:
+            self.beacon.waiting(timeout_s)
+        try:
+            edge = reader.wait(timeout_s, after_seq=bubble.seq)
+        finally:
+            reader.last_seq = last_seq
+            if self.beacon is not None:
+                self.beacon.busy()
+        return edge is not None or _has_ended(bubble, reader.latest())
+
+    def _note_length(self, edge: Edge) -> None:
+        """Learn the slots' bubble lengths from an edge the host saw (under
+        ``outlived="survivors"``): a start is kept, and a length is noted once its end is
+        known, from the edge's own end or the one it reports for the bubble before it."""
+        if self._survivors is None:
+            return
+        starts = self._starts
+        if edge.in_bubble:
+            starts.setdefault((edge.step, edge.slot), edge.start_ns)
+            while len(starts) > _STARTS_KEPT:
+                starts.popitem(last=False)
+        elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
+            self._length_known(edge.step, edge.slot, edge.observed_end_ns, edge.start_ns)
+        if edge.previous_end_ns is not None:
+            self._length_known(edge.previous_step, edge.previous_slot, edge.previous_end_ns)
+
+    def _length_known(self, step: int, slot: int, end_ns: int, start_ns: int | None = None) -> None:
+        """Note the length of bubble (``step``, ``slot``) once, if its start is known."""
+        assert self._survivors is not None
+        key = (step, slot)
+        start = self._starts.get(key, start_ns)
+        if start is None or start < 0:
+            return  # start never seen, or length already noted
+        self._starts[key] = -1
+        if end_ns >= start:
+            self._survivors.observe(slot, end_ns - start)
 
     def _group_size(self, remaining_ns: int, budget_ns: int) -> int:
         """How many steps to launch before the next device wait ([Note: step groups])."""

@@ -186,6 +186,7 @@ class TaskHost(IterativeSteps):
                 edge, seen_ns = self._wait(limit_s, spin_s=spin_s)
         if edge is None:
             return None
+        self._note_length(edge)
         if edge.in_bubble:
             expected_ns = self._clock.bubble_started(
                 start_ns=edge.start_ns,
