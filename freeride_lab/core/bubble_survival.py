@@ -5,8 +5,9 @@ slot's last five, say); a side task stops launching steps once the next one woul
 before it. A bubble still open past that point has told the task something the prediction
 did not know: it is not one of the slot's short ones. ``SurvivorLengths`` keeps the slot's
 recent lengths as the side task saw them and answers, for a bubble that has lasted
-``elapsed_ns``, with the shortest of those lengths that are longer than that: the survivors'
-minimum ([Note: survivors' minimum]).
+``elapsed_ns``, with the shortest of those lengths that are longer than that, the survivors'
+minimum ([Note: survivors' minimum]), and, where that is too close for a step, when the next
+one will be.
 
 [Note: survivors' minimum]
 The minimum of the last k lengths is the unconditional rule: a step starts only if every
@@ -20,18 +21,18 @@ is what the task should do there.
 
 A step launched on that answer overruns when the bubble ends before it, as one launched on the
 rank's prediction does when the bubble is shorter than predicted. Two limits keep that rare:
-the answer needs at least ``min_survivors`` recent lengths longer than e (the fewer there are,
+an answer needs at least ``min_survivors`` recent lengths longer than e (the fewer there are,
 the less one of them says), and it never comes from lengths older than the last ``k``.
 ``core.budget.should_step`` then decides with it as it does with the rank's prediction.
 
     >>> s = SurvivorLengths(k=8, min_survivors=2)
     >>> for length in (5, 50, 5, 52, 51):
     ...     s.observe(0, length)
-    >>> s.length_after(0, 3)      # all five outlast 3: the shortest, 5
-    5
-    >>> s.length_after(0, 6)      # past the short kind: the long ones remain
-    50
-    >>> s.length_after(0, 51) is None   # one survivor says too little
+    >>> s.room_after(0, 1, guard_ns=2)    # all five outlast 1 ns: the shortest, 5, has room
+    (1, 5)
+    >>> s.room_after(0, 4, guard_ns=2)    # 5 is too close: wait it out, then 50
+    (5, 50)
+    >>> s.room_after(0, 51, guard_ns=0) is None   # one survivor says too little
     True
 """
 
@@ -78,15 +79,38 @@ class SurvivorLengths:
             lengths = self._lengths[slot] = deque(maxlen=self.k)
         lengths.append(int(duration_ns))
 
-    def length_after(self, slot: Hashable, elapsed_ns: int) -> int | None:
-        """The shortest recent length of ``slot`` longer than ``elapsed_ns``: how long a bubble
-        of it that has lasted ``elapsed_ns`` is taken to last; None when fewer than
-        ``min_survivors`` recent lengths are longer (or the slot is new)."""
+    def room_after(self, slot: Hashable, elapsed_ns: int, guard_ns: int) -> tuple[int, int] | None:
+        """Where a step that needs more than ``guard_ns`` fits in a bubble of ``slot`` that has
+        lasted ``elapsed_ns``: (from, length), the earliest time since the bubble's start, not
+        before ``elapsed_ns``, at which the survivors' minimum (the shortest kept length longer
+        than that time) is more than ``guard_ns`` away, and that minimum; None if no such time
+        comes before too few survivors are left. A survivor too close for a step is waited
+        out: once it has passed, the next one is the minimum.
+
+            >>> s = SurvivorLengths(k=8, min_survivors=2)
+            >>> for length in (12, 60, 12, 61):
+            ...     s.observe(0, length)
+            >>> s.room_after(0, 4, guard_ns=2)    # 12 is 8 away: now, until 12
+            (4, 12)
+            >>> s.room_after(0, 11, guard_ns=2)   # 12 is too close: from 12, until 60
+            (12, 60)
+            >>> s.room_after(0, 59, guard_ns=2) is None
+            True
+        """
         lengths = self._lengths.get(slot)
         if lengths is None:
             return None
-        longer = [length for length in lengths if length > elapsed_ns]
-        return min(longer) if len(longer) >= self.min_survivors else None
+        ahead = sorted(length for length in lengths if length > elapsed_ns)
+        at = elapsed_ns
+        for i, length in enumerate(ahead):
+            if length <= at:
+                continue  # passed with an equal one before it
+            if len(ahead) - i < self.min_survivors:
+                return None
+            if length - at > guard_ns:
+                return at, length
+            at = length  # too close: wait it out
+        return None
 
     def __repr__(self) -> str:
         return (

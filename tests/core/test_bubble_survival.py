@@ -9,33 +9,42 @@ from hypothesis import strategies as st
 from freeride_lab.core.bubble_survival import SurvivorLengths
 
 
-def test_a_bubble_past_the_short_kind_is_taken_to_last_as_long_as_the_shortest_long_one() -> None:
-    """A slot whose bubbles are 5 ms when a peer is early and ~50 ms otherwise: before 5 ms the
-    answer is 5 ms (what the minimum says too); past it, the shortest of the long ones."""
+def test_a_bubble_past_the_short_kind_is_planned_to_the_shortest_long_one() -> None:
+    """A slot whose bubbles are 5 ms when a peer is early and ~50 ms otherwise, a step needing
+    more than 2: early on, the room is up to 5 (what the minimum says too); once 5 is too
+    close, wait it out and plan to the shortest long one."""
     s = SurvivorLengths(k=8, min_survivors=3)
     for length in (5, 52, 5, 50, 51, 5):
         s.observe("a", length)
-    assert s.length_after("a", 0) == 5
-    assert s.length_after("a", 5) == 50  # 5 is not longer than 5: that kind has passed
-    assert s.length_after("a", 49) == 50
-    assert s.length_after("a", 50) is None  # two left: too few to say
+    assert s.room_after("a", 0, guard_ns=2) == (0, 5)
+    assert s.room_after("a", 3, guard_ns=2) == (5, 50)
+    assert s.room_after("a", 5, guard_ns=2) == (5, 50)  # 5 is not longer than 5: passed
+    assert s.room_after("a", 47, guard_ns=2) == (47, 50)
+    assert s.room_after("a", 48, guard_ns=2) is None  # 50 too close, then two left: too few
 
 
-def test_no_answer_for_an_unknown_slot_or_from_fewer_survivors_than_asked() -> None:
+def test_no_room_for_an_unknown_slot_or_from_fewer_survivors_than_asked() -> None:
     s = SurvivorLengths(k=4, min_survivors=2)
-    assert s.length_after("new", 0) is None
+    assert s.room_after("new", 0, guard_ns=0) is None
     s.observe("a", 10)
-    assert s.length_after("a", 0) is None  # one length: one past bubble's word
+    assert s.room_after("a", 0, guard_ns=0) is None  # one length: one past bubble's word
     s.observe("a", 20)
-    assert s.length_after("a", 0) == 10
-    assert s.length_after("other", 0) is None  # slots are kept apart
+    assert s.room_after("a", 0, guard_ns=0) == (0, 10)
+    assert s.room_after("other", 0, guard_ns=0) is None  # slots are kept apart
 
 
 def test_only_the_last_k_lengths_speak() -> None:
     s = SurvivorLengths(k=3, min_survivors=1)
     for length in (100, 100, 100, 10, 10, 10):
         s.observe(0, length)
-    assert s.length_after(0, 11) is None  # the long ones are older than the last three
+    assert s.room_after(0, 11, guard_ns=0) is None  # the long ones are older than the last 3
+
+
+def test_equal_lengths_pass_together() -> None:
+    s = SurvivorLengths(k=8, min_survivors=2)
+    for length in (10, 10, 10, 30, 31):
+        s.observe(0, length)
+    assert s.room_after(0, 9, guard_ns=5) == (10, 30)
 
 
 @pytest.mark.parametrize(
@@ -58,24 +67,29 @@ def test_a_negative_length_is_refused_naming_its_slot() -> None:
 
 
 @given(
-    lengths=st.lists(st.integers(0, 10**9), min_size=1, max_size=40),
-    elapsed=st.integers(0, 10**9),
+    lengths=st.lists(st.integers(0, 1000), min_size=1, max_size=40),
+    elapsed=st.integers(0, 1000),
+    guard=st.integers(0, 300),
     k=st.integers(1, 16),
     need=st.integers(1, 4),
 )
-def test_the_answer_is_a_kept_length_longer_than_the_elapsed_time_with_enough_beside_it(
-    lengths: list[int], elapsed: int, k: int, need: int
+def test_room_starts_at_the_earliest_moment_a_step_fits_before_the_survivors_minimum(
+    lengths: list[int], elapsed: int, guard: int, k: int, need: int
 ) -> None:
-    """Whatever the history: an answer is one of the last k lengths, longer than the elapsed
-    time and no longer than any other such length, given by at least ``need`` of them."""
+    """Against a brute-force scan of every moment from ``elapsed`` on: the room starts at the
+    first moment t whose survivors (kept lengths > t, at least ``need`` of them) have a
+    minimum more than ``guard`` away, and ends at that minimum; None if no moment has."""
     need = min(need, k)
     s = SurvivorLengths(k=k, min_survivors=need)
     for length in lengths:
         s.observe(0, length)
     kept = lengths[-k:]
-    longer = sorted(x for x in kept if x > elapsed)
-    answer = s.length_after(0, elapsed)
-    if len(longer) >= need:
-        assert answer == longer[0]
-    else:
-        assert answer is None
+    expected = None
+    for t in range(elapsed, max(kept) + 1):
+        longer = [x for x in kept if x > t]
+        if len(longer) < need:
+            break
+        if min(longer) - t > guard:
+            expected = (t, min(longer))
+            break
+    assert s.room_after(0, elapsed, guard) == expected

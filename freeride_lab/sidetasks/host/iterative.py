@@ -166,21 +166,22 @@ class IterativeSteps(StepAccounting):
     def _outlived_end(self, bubble: Edge) -> int | None:
         """Under ``outlived="survivors"``, for ``bubble`` past the end it was planned to: an
         end that a step of the smallest size fits before now, the shortest of the slot's recent
-        lengths longer than the bubble has lasted, waiting in the bubble while only a length
-        too close for a step is left to pass; None once none is (or the bubble ends, or a
-        command comes). Under "stop", None ([Note: outlived bubbles])."""
+        lengths longer than the bubble has lasted; where that is too close for a step, the
+        host sleeps in the bubble until it has passed and plans to the next. None once no
+        length is left to plan to, the bubble ends or a command comes; always None under
+        "stop" ([Note: outlived bubbles])."""
         survivors = self._survivors
         if survivors is None:
             return None
         while self._cmds.empty():
             now_ns = self.reader.now_ns()
-            length_ns = survivors.length_after(bubble.slot, now_ns - bubble.start_ns)
-            if length_ns is None:
+            room = survivors.room_after(bubble.slot, now_ns - bubble.start_ns, self._guard_ns(1))
+            if room is None:
                 return None
-            end_ns = bubble.start_ns + length_ns
-            if should_step(now_ns, end_ns, self._guard_ns(1), False):
-                return end_ns
-            if self._wait_in_bubble(bubble, end_ns):
+            from_ns, length_ns = (bubble.start_ns + t for t in room)
+            if from_ns <= now_ns:
+                return length_ns
+            if self._wait_in_bubble(bubble, from_ns):
                 return None
         return None
 
