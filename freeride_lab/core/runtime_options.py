@@ -235,9 +235,9 @@ class RuntimeOptions:
             16 moved by its own misses (``core.bubble_prediction``).
         outlived: what a side task's host does once a bubble outlives the rank's predicted
             end: "stop", launch no further step (FreeRide's); "survivors", take the bubble to
-            last as long as the shortest of its slot's recent bubbles that were longer than
-            it has lasted so far, and go on stepping while a step fits that
-            (``core.bubble_survival``).
+            last as long as its slot's recent bubbles that were longer than it has lasted so
+            far say (their shortest, one in five set aside), and go on stepping while a step
+            fits that (``core.bubble_survival``).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """

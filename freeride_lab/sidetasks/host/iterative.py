@@ -49,13 +49,13 @@ The rank's prediction is made before a bubble begins; once the bubble has outliv
 host knows more than the rank did. Under ``RuntimeOptions.outlived`` "survivors" the host keeps
 each slot's recent lengths as it saw them (from the edges it reads: a bubble's start, and its
 end from its own end edge or from the next edge's report of it) and, where the rank's
-prediction no longer fits a step of the smallest size, plans to the shortest of those lengths
-that are longer than the bubble has lasted (``core.bubble_survival`` [Note: survivors'
-minimum]). If that length is too close for a step, the host sleeps in the bubble until it has
-passed, or the bubble ends, and asks again: the next survivor is longer. It stops when fewer
-than ``SurvivorLengths.min_survivors`` lengths are left, the bubble ends or a command comes.
-The same holds at a bubble's start, for a bubble predicted too short for any step. The guard is
-the one in force, as for the rank's prediction; profiling steps never go past it. Under "stop"
+prediction no longer fits a step of the smallest size, plans to the end those of them longer
+than the bubble has lasted give (``core.bubble_survival`` [Note: survivors' minimum]: their
+shortest, once one in five is set aside). If that end is too close for a step, the host
+sleeps in the bubble until the shortest of them has passed, or the bubble ends, and asks
+again. It stops when too few lengths are left, the bubble ends or a command comes. The same
+holds at a bubble's start, for a bubble predicted too short for any step. The guard is the one
+in force, as for the rank's prediction; profiling steps never go past it. Under "stop"
 (FreeRide's) nothing is learnt and no step starts past the rank's prediction.
 
 [Note: trickle]
