@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench_outlived import edges_of
+
 from freeride_lab.core.budget import step_budget_s
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.sidetasks.api import IterativeSideTask
@@ -79,22 +81,7 @@ class ReplayedSlices(IterativeSideTask):
 
 def extract(run_dir: Path, rank: int) -> list[tuple[float, float]]:
     """(predicted, real) length in ms of every bubble ``rank`` announced in ``run_dir``."""
-    starts: dict[tuple[int, int], dict[str, Any]] = {}
-    out = []
-    for line in (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if e.get("kind") != "bubble_edge":
-            continue
-        key = (e["step"], e["slot"])
-        if e["edge"] == "start":
-            starts[key] = e
-        elif key in starts and starts[key].get("predicted_end_ns"):
-            s = starts.pop(key)
-            out.append((
-                round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
-                round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
-            ))  # fmt: skip
-    return out
+    return [(b.predicted_ms, b.real_ms) for b in edges_of(run_dir, rank)]
 
 
 def run_arm(

@@ -413,6 +413,12 @@ LEVERS: tuple[Lever, ...] = (
           "a percentile of the slot's last 16, the percentile moved by the predictions' own "
           "misses towards one in ten (off: FreeRide's minimum of the last five)",
           ""),
+    Lever("outlived", "1. predictor: past the predicted end",
+          "`--outlived survivors` (`RuntimeOptions.outlived`): once a bubble outlives the "
+          "rank's prediction, the side task's host plans to the end its slot's recent bubbles "
+          "that lasted longer give (their shortest, one in five set aside) and goes on "
+          "stepping while a step fits it, sleeping through lengths too close for one (off: "
+          "`stop`, FreeRide's: no step past the prediction)", ""),
     Lever("micro_batches", "2. fit the tails: micro-batches",
           "a vision task's batch in K slices with gradient accumulation: shorter steps, the same "
           "optimizer steps", ""),

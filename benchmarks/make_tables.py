@@ -148,6 +148,11 @@ STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-vgg19.json", "vgg19",
      "today's: a size too large for the remainder stays out"),
 )  # fmt: skip
+#: Past a bubble's predicted end, the survivors against stopping, replayed over the bubbles the
+#: evening's first H100 call announced (bench_outlived.py): its two runs, by which arm ran them.
+OUTLIVED_REPLAY = "outlived-h100-2026-12-06d.json"
+OUTLIVED_RUNS = ("minimum of five", "feedback predictor")
+OUTLIVED_TASKS = {0: "pagerank", 2: "image"}
 #: The CUDA edge watcher's sleeping wait against the old polling one (bench_edge_watcher.py).
 EDGE_WATCHER = "edge-watcher-h200-2026-12-04.json"
 #: The M = 4 time-sliced run of the restructured tree (quiet slots, pipe wake-ups, one governor
@@ -962,6 +967,44 @@ def step_sizes_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def outlived_replay() -> list[str]:
+    """Stop against the survivors (each share of early ones) past a bubble's predicted end,
+    replayed over recorded bubbles (``OUTLIVED_REPLAY``), per run and rank."""
+    data = raw(OUTLIVED_REPLAY)
+    runs = list(dict.fromkeys(res["run"] for res in data["results"]))
+    rows = []
+    for res in data["results"]:
+        first = True
+        for name, arm in res["arms"].items():
+            head = (
+                [
+                    f"{OUTLIVED_RUNS[runs.index(res['run'])]}, rank {res['rank']} · "
+                    f"{OUTLIVED_TASKS[res['rank']]}",
+                    f"{res['guard_ms']:g} ms",
+                    f"{res['blocks']} × {res['bubbles'] // res['blocks']}",
+                ]
+                if first
+                else [""] * 3
+            )
+            first = False
+            diff = name != "stop"
+            rows.append([
+                *head, name.replace("survivors ", "survivors, early share "),
+                _record_interval(arm["plannable_frac"], 1, pct=True),
+                _record_interval(arm["plannable_frac_vs_stop"], 1, pct=True, signed=True)
+                if diff else "-",
+                _record_interval(arm["overrun_frac"], 1, pct=True),
+                _record_interval(arm["overrun_frac_vs_stop"], 1, pct=True, signed=True)
+                if diff else "-",
+            ])  # fmt: skip
+    return md_table(
+        ["run, rank · task", "guard of its smallest step", "blocks × bubbles",
+         "past the predicted end", "bubble time steps may run in [95%]", "− stop [95%]",
+         "bubbles that ended with steps allowed past their end [95%]", "− stop [95%]"],
+        rows,
+    )  # fmt: skip
+
+
 def boundary_cpu() -> list[str]:
     """Device → edge, the hop before the signal latency, with the boundary bubble opened
     after or before the step's events are written (``BOUNDARY_CPU``; block bootstrap)."""
@@ -1617,6 +1660,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "fidelity-cpu": fidelity_cpu,
     "predictor-cpu": predictor_cpu,
     "step-sizes-cpu": step_sizes_cpu,
+    "outlived-replay": outlived_replay,
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
     "host-path-cpu": host_path_cpu,
