@@ -5,8 +5,9 @@ steps (``RuntimeOptions.outlived="stop"``, FreeRide's) or plans to the end that 
 recent longer bubbles give (``"survivors"``, ``core.bubble_survival``). Which pays depends on
 how a pipeline's bubbles spread, so this benchmark replays the bubbles a real run's ranks
 announced (each one's slot, predicted and real length, in order; ``--extract RUN_DIR`` writes
-them from a run's events) through ``SurvivorLengths`` exactly as the host consults it, for
-each share of early survivors (``max_early``), and scores per bubble:
+them from a run's events with ``bench.readout.announced_bubbles``) through ``SurvivorLengths``
+as the host consults it, for each share of early survivors (``max_early``), and scores per
+bubble:
 
 - *plannable*: the part of the bubble that steps may run in: up to the predicted end under
   "stop" (none where the prediction is within the guard), plus every stretch the survivors
@@ -33,12 +34,13 @@ import argparse
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench_output import command_line, write_results
 
+from freeride_lab.bench.readout import AnnouncedBubble as Bubble
+from freeride_lab.bench.readout import announced_bubbles
 from freeride_lab.core.bubble_survival import SurvivorLengths
 from freeride_lab.core.intervals import mean_interval
 
@@ -46,38 +48,6 @@ from freeride_lab.core.intervals import mean_interval
 SHARES = (0.0, 0.1, 0.2, 0.34)
 LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses, not training's
 FIGURES = ("plannable_frac", "overrun_frac")
-
-
-@dataclass(frozen=True)
-class Bubble:
-    """One announced bubble: its step and slot, the rank's predicted length and the real one
-    (ms)."""
-
-    step: int
-    slot: int
-    predicted_ms: float
-    real_ms: float
-
-
-def edges_of(run_dir: Path, rank: int) -> list[Bubble]:
-    """Every bubble ``rank`` announced with a prediction in ``run_dir``, in order."""
-    starts: dict[tuple[int, int], dict[str, Any]] = {}
-    out = []
-    for line in (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if e.get("kind") != "bubble_edge":
-            continue
-        key = (e["step"], e["slot"])
-        if e["edge"] == "start":
-            starts[key] = e
-        elif key in starts and starts[key].get("predicted_end_ns"):
-            s = starts.pop(key)
-            out.append(Bubble(
-                int(e["step"]), int(e["slot"]),
-                round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
-                round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
-            ))  # fmt: skip
-    return out
 
 
 def replay_bubble(b: Bubble, survivors: SurvivorLengths | None, guard_ns: int) -> tuple[int, bool]:
@@ -168,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {
             "runs": {
                 path.name: {str(r): [[b.step, b.slot, b.predicted_ms, b.real_ms]
-                                     for b in edges_of(path, r)] for r in ranks}
+                                     for b in announced_bubbles(path, r)] for r in ranks}
                 for path in args.extract
             }
         }  # fmt: skip

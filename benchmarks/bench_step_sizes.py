@@ -37,8 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_outlived import edges_of
-
 from freeride_lab.core.budget import step_budget_s
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.sidetasks.api import IterativeSideTask
@@ -81,7 +79,9 @@ class ReplayedSlices(IterativeSideTask):
 
 def extract(run_dir: Path, rank: int) -> list[tuple[float, float]]:
     """(predicted, real) length in ms of every bubble ``rank`` announced in ``run_dir``."""
-    return [(b.predicted_ms, b.real_ms) for b in edges_of(run_dir, rank)]
+    from freeride_lab.bench.readout import announced_bubbles  # not in the task's process
+
+    return [(b.predicted_ms, b.real_ms) for b in announced_bubbles(run_dir, rank)]
 
 
 def run_arm(

@@ -4,7 +4,7 @@ Every number of ``freeride-lab bench`` comes from the run directory after (or, f
 phase, during) the run: ``collect_blocks`` turns the driver's blocks into rows
 (``bench.stats.BLOCK_COLUMNS``) and notes each segment's stage bubbles as the lab's placer
 predicts them (``predicted_bubbles_ms``), ``stage_memory`` and ``task_steps`` read single
-event kinds.
+event kinds; ``announced_bubbles`` replays a rank's live bubble edges for offline studies.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -31,6 +31,8 @@ from freeride_lab.lab.tables import (
 from freeride_lab.sidetasks.spec import profile_path, profiled_top_size
 
 __all__ = [
+    "AnnouncedBubble",
+    "announced_bubbles",
     "collect_blocks",
     "predicted_bubbles_ms",
     "read_calibration",
@@ -152,4 +154,38 @@ def task_steps(path: Path, since_ns: int) -> list[dict[str, Any]]:
                 e = json.loads(line)
                 if e.get("kind") == "side_task_step" and int(e["start_ns"]) >= since_ns:
                     out.append(e)
+    return out
+
+
+class AnnouncedBubble(NamedTuple):
+    """One bubble a rank announced live: its step and slot, the length the rank predicted and
+    the one it had (ms)."""
+
+    step: int
+    slot: int
+    predicted_ms: float
+    real_ms: float
+
+
+def announced_bubbles(run_dir: Path, rank: int) -> list[AnnouncedBubble]:
+    """Every bubble ``rank`` announced with a prediction in ``run_dir``, in order (its
+    ``bubble_edge`` events, a start with its end; a start without a prediction is left out:
+    no side-task step could be planned against it)."""
+    starts: dict[tuple[int, int], dict[str, Any]] = {}
+    out = []
+    for line in (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            e = json.loads(line)
+            if e.get("kind") != "bubble_edge":
+                continue
+            key = (int(e["step"]), int(e["slot"]))
+            if e["edge"] == "start":
+                starts[key] = e
+            elif key in starts and starts[key].get("predicted_end_ns"):
+                s = starts.pop(key)
+                out.append(AnnouncedBubble(
+                    *key,
+                    round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
+                    round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
+                ))  # fmt: skip
     return out
