@@ -355,6 +355,14 @@ H100_C_M8_BOTH = ("h100-2026-12-06c-m8-fineguard-s1.json",
                   "M = 8, finer steps and guard p95 (second machine)")  # fmt: skip
 H100_12_06C = (H100_C_M4_OFF, H100_C_M4_FINE, H100_C_M4_GUARD, H100_C_M8_OFF, H100_C_M8_FINE,
                H100_C_M8_GUARD, H100_C_M8_S02, H100_C_M8_BOTH)  # fmt: skip
+#: The evening's H100 call of 2026-12-06 (source digest a17bb115, commit 4510141; the results
+#: name an older checkout commit, "+changes"): stages 0 and 2 at M = 8 with the options of
+#: ``H100_C_M8_OFF``, the peers replaying ``H100_C_M8_S02``'s calibration; the rank predicting
+#: with the minimum of five, then with the feedback predictor (its image segment skipped by the
+#: time budget).
+H100_D_MIN = ("h100-2026-12-06d-m8-min-s02.json", "M = 8, minimum of five")
+H100_D_FEEDBACK = ("h100-2026-12-06d-m8-feedback-s02.json", "M = 8, feedback predictor")
+H100_12_06D = (H100_D_MIN, H100_D_FEEDBACK)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1367,7 +1375,8 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in H100_SIZES),
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
-                                 *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C)),
+                                 *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
+                                 *H100_12_06D)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1412,10 +1421,13 @@ def _on_off(on: tuple[str, str], off: tuple[str, str], where: str) -> list[Compa
 
 
 def _predictor() -> list[Comparison]:
-    """The feedback predictor against FreeRide's minimum on the H100, per pair of stages."""
-    where = _H100_IDLE
+    """The feedback predictor against FreeRide's minimum on the H100, per pair of stages, then
+    at M = 8 with the peers held fixed."""
     pairs = zip(H100_FEEDBACK, H100_HEADLINE, strict=True)
-    return [c for on, off in pairs for c in _on_off(on, off, where)]
+    return [
+        *(c for on, off in pairs for c in _on_off(on, off, _H100_IDLE)),
+        *_on_off(H100_D_FEEDBACK, H100_D_MIN, "table `h100-12-06d-stages`"),
+    ]
 
 
 def _modes(names: tuple[str, ...], on: str, off: str, table: str) -> list[Comparison]:
@@ -1608,6 +1620,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06c-stages": lambda: _side_by_side(H100_12_06C, ("governed",)),
     "h100-12-06c-idle-split": lambda: _idle_split(H100_12_06C),
     "h100-12-06c-slots": lambda: slots_against_the_guard(H100_12_06C),
+    "h100-12-06d-stages": lambda: _side_by_side(H100_12_06D, ("governed",)),
+    "h100-12-06d-idle-split": lambda: _idle_split(H100_12_06D),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
