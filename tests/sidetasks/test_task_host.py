@@ -772,6 +772,27 @@ def test_the_edge_that_ends_a_bubble_while_the_host_waits_in_it_is_still_read_an
     )
 
 
+def test_a_bubble_seen_after_it_ended_is_left_alone_whatever_its_slot_says(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """Predicted too short for a step, its slot's past long: had the bubble still been open
+    the survivors would have planned it, but it has ended by the time the host looks, so the
+    task neither starts nor pauses in it."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting(), outlived="survivors")
+    learn_lengths(host, edges, [40, 41, 40])
+    now = time.time_ns()
+    edges.bubble_start(100, 0, now, now + MS)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None and edge.in_bubble
+    edges.bubble_end(100, 0, now + MS)
+    host._run_bubble(edge)
+    sink.close()
+    states = [e.state for e in states_of(task_events_at(tmp_path / "task.jsonl"))]
+    assert "RUNNING" not in states, states
+
+
 def test_a_length_is_learnt_from_the_next_edges_report_when_its_end_edge_was_missed(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
 ) -> None:

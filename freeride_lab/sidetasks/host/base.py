@@ -70,8 +70,10 @@ class HostBase:
         self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
         # once a bubble outlives its prediction: see host.iterative [Note: outlived bubbles]
         self._survivors = SurvivorLengths() if outlived == "survivors" else None
-        # (step, slot) -> start (ns) of recent bubbles whose length is not yet known
-        self._starts: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+        # (step, slot) -> start (ns) of recent bubbles; None once their length is noted
+        self._starts: collections.OrderedDict[tuple[int, int], int | None] = (
+            collections.OrderedDict()
+        )
         # recent per-step times (ns), which a group's size is planned from
         self._recent_step_ns: collections.deque[float] = collections.deque(maxlen=16)
         # size -> recent times (ns) of steps of that size; see host.iterative [Note: step sizes]

@@ -165,22 +165,22 @@ class IterativeSteps(StepAccounting):
 
     def _outlived_end(self, bubble: Edge) -> int | None:
         """Under ``outlived="survivors"``, for ``bubble`` past the end it was planned to: an
-        end that a step of the smallest size fits before now, the shortest of the slot's recent
-        lengths longer than the bubble has lasted; where that is too close for a step, the
-        host sleeps in the bubble until it has passed and plans to the next. None once no
-        length is left to plan to, the bubble ends or a command comes; always None under
-        "stop" ([Note: outlived bubbles])."""
+        end that a step of the smallest size fits before now, from the slot's recent lengths
+        longer than the bubble has lasted (``SurvivorLengths.room_after``); where none is far
+        enough yet, the host sleeps in the bubble until one may be and asks again. None once
+        none is left, the bubble ends or a command comes; always None under "stop" ([Note:
+        outlived bubbles])."""
         survivors = self._survivors
         if survivors is None:
             return None
-        while self._cmds.empty():
+        while self._cmds.empty() and not _has_ended(bubble, self.reader.latest()):
             now_ns = self.reader.now_ns()
             room = survivors.room_after(bubble.slot, now_ns - bubble.start_ns, self._guard_ns(1))
             if room is None:
                 return None
-            from_ns, length_ns = (bubble.start_ns + t for t in room)
+            from_ns, end_ns = (bubble.start_ns + t for t in room)
             if from_ns <= now_ns:
-                return length_ns
+                return end_ns
             if self._wait_in_bubble(bubble, from_ns):
                 return None
         return None
@@ -207,24 +207,24 @@ class IterativeSteps(StepAccounting):
         known, from the edge's own end or the one it reports for the bubble before it."""
         if self._survivors is None:
             return
-        starts = self._starts
         if edge.in_bubble:
-            starts.setdefault((edge.step, edge.slot), edge.start_ns)
-            while len(starts) > _STARTS_KEPT:
-                starts.popitem(last=False)
+            self._starts.setdefault((edge.step, edge.slot), edge.start_ns)
         elif edge.phase is Phase.BUSY and edge.observed_end_ns is not None:
             self._length_known(edge.step, edge.slot, edge.observed_end_ns, edge.start_ns)
         if edge.previous_end_ns is not None:
             self._length_known(edge.previous_step, edge.previous_slot, edge.previous_end_ns)
+        while len(self._starts) > _STARTS_KEPT:
+            self._starts.popitem(last=False)
 
     def _length_known(self, step: int, slot: int, end_ns: int, start_ns: int | None = None) -> None:
-        """Note the length of bubble (``step``, ``slot``) once, if its start is known."""
+        """Note the length of bubble (``step``, ``slot``) once, if its start is known (kept,
+        or ``start_ns``); its start is then kept as None: noted."""
         assert self._survivors is not None
         key = (step, slot)
         start = self._starts.get(key, start_ns)
-        if start is None or start < 0:
+        if start is None:
             return  # start never seen, or length already noted
-        self._starts[key] = -1
+        self._starts[key] = None
         if end_ns >= start:
             self._survivors.observe(slot, end_ns - start)
 
