@@ -362,7 +362,12 @@ H100_12_06C = (H100_C_M4_OFF, H100_C_M4_FINE, H100_C_M4_GUARD, H100_C_M8_OFF, H1
 #: time budget).
 H100_D_MIN = ("h100-2026-12-06d-m8-min-s02.json", "M = 8, minimum of five")
 H100_D_FEEDBACK = ("h100-2026-12-06d-m8-feedback-s02.json", "M = 8, feedback predictor")
-H100_12_06D = (H100_D_MIN, H100_D_FEEDBACK)
+#: A second call on another H100 (source digest 0db55778, commit a44e044), the same stages,
+#: options and replayed peers, the rank on the minimum of five: the host going on past a
+#: bubble's predicted end on its slot's survivors (``--outlived survivors``), then stopping.
+H100_D_SURVIVORS = ("h100-2026-12-06d-m8-survivors-s02.json", "M = 8, past the end: survivors")
+H100_D_STOP = ("h100-2026-12-06d-m8-stop-s02.json", "M = 8, past the end: stop")
+H100_12_06D = (H100_D_MIN, H100_D_FEEDBACK, H100_D_SURVIVORS, H100_D_STOP)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1474,6 +1479,7 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
         "predictor": _predictor(),
+        "outlived": _on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
                        *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
