@@ -106,18 +106,13 @@ def replay_rank(
         entry: dict[str, Any] = {}
         for fig in FIGURES:
             values = [f[fig] for f in figures]
-            entry[fig] = _interval(values)
+            entry[fig] = mean_interval(values).record()
             if name != "stop":
-                entry[f"{fig}_vs_stop"] = _interval(
+                entry[f"{fig}_vs_stop"] = mean_interval(
                     [a - f[fig] for a, f in zip(values, arms["stop"], strict=True)]
-                )
+                ).record()
         out["arms"][name] = entry
     return out
-
-
-def _interval(values: list[float]) -> dict[str, float]:
-    iv = mean_interval(values)
-    return {"value": round(iv.value, 5), "lo": round(iv.lo, 5), "hi": round(iv.hi, 5)}
 
 
 def main(argv: list[str] | None = None) -> int:

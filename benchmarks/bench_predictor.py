@@ -101,12 +101,12 @@ def replay_run(bubbles: pd.DataFrame, *, skip: int, blocks: int) -> dict[str, An
         entry: dict[str, Any] = {}
         for fig in FIGURES:
             values = [f[fig] for f in figures]
-            entry[fig] = _interval(values)
+            entry[fig] = mean_interval(values).record()
             if name != REFERENCE:
                 ref = [f[fig] for f in per_block[REFERENCE]]
-                entry[f"{fig}_vs_{REFERENCE}"] = _interval(
+                entry[f"{fig}_vs_{REFERENCE}"] = mean_interval(
                     [a - b for a, b in zip(values, ref, strict=True)]
-                )
+                ).record()
         entry["bubbles"] = sum(f["bubbles"] for f in figures)
         out["predictors"][name] = entry
     return out
@@ -116,11 +116,6 @@ def _figures(pairs: Sequence[tuple[int | None, int]]) -> dict[str, float]:
     s = score_of([p for p, _ in pairs], [n for _, n in pairs])
     return {"planned_frac": s.planned_frac, "over_frac": s.over_frac,
             "miss_frac": s.miss_frac, "bubbles": s.bubbles}  # fmt: skip
-
-
-def _interval(values: list[float]) -> dict[str, float]:
-    iv = mean_interval(values)
-    return {"value": round(iv.value, 5), "lo": round(iv.lo, 5), "hi": round(iv.hi, 5)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,17 +174,14 @@ def replay(
             print(f"block {b} {arm}: {per[arm][-1]}", flush=True)
     out: dict[str, Any] = {"bubbles_per_block": n, "blocks": blocks, "arms": {}}
     for arm, figs in per.items():
-        out["arms"][arm] = {k: _interval([f[k] for f in figs]) for k in figs[0]}
+        out["arms"][arm] = {k: mean_interval([f[k] for f in figs]).record() for k in figs[0]}
     out["fit_minus_fixed"] = {
-        k: _interval([a[k] - b[k] for a, b in zip(per["fit"], per["fixed"], strict=True)])
+        k: mean_interval(
+            [a[k] - b[k] for a, b in zip(per["fit"], per["fixed"], strict=True)]
+        ).record()
         for k in per["fit"][0]
     }
     return out
-
-
-def _interval(values: list[float]) -> dict[str, float]:
-    iv = mean_interval(values)
-    return {"value": round(iv.value, 5), "lo": round(iv.lo, 5), "hi": round(iv.hi, 5)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,14 @@ class Interval:
     def has_bounds(self) -> bool:
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
+    def record(self, digits: int = 5) -> dict[str, float]:
+        """The figure and its bounds as a result file keeps them, rounded to ``digits``.
+
+        >>> Interval.of(0.123456789, 0.01, 4, 5).record(3)
+        {'value': 0.123, 'lo': 0.096, 'hi': 0.151}
+        """
+        return {k: round(getattr(self, k), digits) for k in ("value", "lo", "hi")}
+
 
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (df may be fractional).
