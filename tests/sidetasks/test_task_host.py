@@ -743,9 +743,14 @@ def test_the_edge_that_ends_a_bubble_while_the_host_waits_in_it_is_still_read_an
         run_dir, tmp_path, Counting(step_s=0.001, limit=None), limits={"budget_s": 0.01},
         outlived="survivors",
     )  # fmt: skip
-    waits: list[bool] = []
+    waits: list[bool] = []  # what each of the host's waits in the bubble returned
     wait_in_bubble = host._wait_in_bubble
-    host._wait_in_bubble = lambda *a: waits.append(wait_in_bubble(*a)) or waits[-1]
+
+    def recorded_wait(bubble: Any, until_ns: int) -> bool:
+        waits.append(wait_in_bubble(bubble, until_ns))
+        return waits[-1]
+
+    host._wait_in_bubble = recorded_wait
     learned = [30, 60, 30, 61, 30, 60]
     learn_lengths(host, edges, learned)
     start = time.time_ns()
