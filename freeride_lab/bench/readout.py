@@ -170,22 +170,21 @@ class AnnouncedBubble(NamedTuple):
 def announced_bubbles(run_dir: Path, rank: int) -> list[AnnouncedBubble]:
     """Every bubble ``rank`` announced with a prediction in ``run_dir``, in order (its
     ``bubble_edge`` events, a start with its end; a start without a prediction is left out:
-    no side-task step could be planned against it)."""
+    no side-task step could be planned against it). Damaged lines are skipped as
+    ``read_events`` skips them."""
     starts: dict[tuple[int, int], dict[str, Any]] = {}
     out = []
-    for line in (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            e = json.loads(line)
-            if e.get("kind") != "bubble_edge":
-                continue
-            key = (int(e["step"]), int(e["slot"]))
-            if e["edge"] == "start":
-                starts[key] = e
-            elif key in starts and starts[key].get("predicted_end_ns"):
-                s = starts.pop(key)
-                out.append(AnnouncedBubble(
-                    *key,
-                    round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
-                    round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
-                ))  # fmt: skip
+    for e in read_events(run_dir):
+        if e.get("kind") != "bubble_edge" or e["rank"] != rank:
+            continue
+        key = (int(e["step"]), int(e["slot"]))
+        if e["edge"] == "start":
+            starts[key] = e
+        elif key in starts and starts[key].get("predicted_end_ns"):
+            s = starts.pop(key)
+            out.append(AnnouncedBubble(
+                *key,
+                round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
+                round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
+            ))  # fmt: skip
     return out

@@ -26,7 +26,7 @@ def test_announced_bubbles_are_read_with_step_slot_prediction_and_length(tmp_pat
         {"kind": "bubble_edge", "step": 3, "slot": 4, "edge": "start", "t_ns": 30 * MS},
         {"kind": "bubble_edge", "step": 3, "slot": 4, "edge": "end", "t_ns": 40 * MS},
     ]  # fmt: skip
-    text = "".join(json.dumps(e) + "\n" for e in lines)
+    text = "".join(json.dumps({"rank": 0, "stage": 0, **e}) + "\n" for e in lines)
     (events / "rank-0.jsonl").write_text(text + '{"kind": "bubble_ed')  # a torn last line
     assert announced_bubbles(tmp_path, 0) == [Bubble(3, 2, 20.0, 18.0)]
 

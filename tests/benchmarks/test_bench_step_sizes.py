@@ -29,7 +29,8 @@ def test_bubbles_are_read_from_a_ranks_edges_with_their_predicted_and_real_lengt
          "predicted_end_ns": 55 * ms},
         {"kind": "bubble_edge", "step": 2, "slot": 0, "edge": "end", "t_ns": 57 * ms},
     ]  # fmt: skip
-    (events / "rank-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    whole = [{"rank": 1, "stage": 1, **e} if e["kind"] == "bubble_edge" else e for e in lines]
+    (events / "rank-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in whole))
     assert bench_step_sizes.extract(tmp_path, 1) == [(20.0, 18.0), (5.0, 7.0)]
 
 
