@@ -236,7 +236,9 @@ class EdgeReader:
     ) -> Edge | None:
         """Block until an edge newer than ``after_seq`` exists, then return the newest edge.
 
-        ``after_seq`` defaults to the last edge this reader returned from ``wait``. Returns
+        ``after_seq`` defaults to the last edge this reader returned from ``wait``; given, the
+        wait is a look past that edge and leaves ``last_seq`` as it was, so the edge it returns
+        is still new to the next ``wait`` without one (the caller keeps its own place). Returns
         None after ``timeout_s`` seconds (None = no limit) or when ``interrupt()`` is called.
         ``spin_s`` > 0 first checks the file in a busy loop for that long (no kernel wake-up
         to pay: a few µs instead of tens), then sleeps until woken; spin only across a
@@ -254,7 +256,8 @@ class EdgeReader:
                 self._wake.drain()
                 edge = self.latest()
             if edge is not None and edge.seq > after:
-                self.last_seq = edge.seq
+                if after_seq is None:
+                    self.last_seq = edge.seq
                 return edge
             if self._interrupted:
                 self._interrupted = False

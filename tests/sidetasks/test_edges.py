@@ -130,6 +130,22 @@ def test_wait_returns_each_new_edge_once(path: Path) -> None:
     assert reader.wait(timeout_s=0.05) is None
 
 
+def test_a_wait_past_a_given_edge_is_a_look_that_leaves_the_edge_new(path: Path) -> None:
+    """A host waiting inside a bubble for its end (``after_seq`` = the bubble's edge) gets the
+    end edge, and its main loop's next plain wait still gets it too."""
+    writer = EdgeWriter.create(path)
+    reader = EdgeReader.open(path)
+    writer.bubble_start(step=0, slot=0, t_ns=1, predicted_end_ns=9)
+    start = reader.wait(timeout_s=1)
+    assert start is not None
+    writer.bubble_end(step=0, slot=0, t_ns=5)
+    looked = reader.wait(timeout_s=1, after_seq=start.seq)
+    assert looked is not None and not looked.in_bubble
+    assert reader.last_seq == start.seq
+    again = reader.wait(timeout_s=1)
+    assert again is not None and again.seq == looked.seq
+
+
 def _write_later(writer: EdgeWriter, delay_s: float) -> threading.Thread:
     def write() -> None:
         time.sleep(delay_s)

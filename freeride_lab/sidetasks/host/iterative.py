@@ -190,13 +190,11 @@ class IterativeSteps(StepAccounting):
         True if it ended. The edge that ended it stays unread for the main loop."""
         reader = self.reader
         timeout_s = min(_IN_BUBBLE_WAIT_S, max(0, until_ns - reader.now_ns()) / 1e9 + 20e-6)
-        last_seq = reader.last_seq
         if self.beacon is not None:
             self.beacon.waiting(timeout_s)
         try:
-            edge = reader.wait(timeout_s, after_seq=bubble.seq)
+            edge = reader.wait(timeout_s, after_seq=bubble.seq)  # a look: the edge stays new
         finally:
-            reader.last_seq = last_seq
             if self.beacon is not None:
                 self.beacon.busy()
         return edge is not None or _has_ended(bubble, reader.latest())
