@@ -302,9 +302,9 @@ def add_attach(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gating",
         default="bubbles",
-        choices=["bubbles", "trickle", "none"],  # sidetasks.spec.GATINGS (numpy-free here)
-        help="trickle = also between bubbles, as the overhead governor allows; "
-        "none = naive co-location",
+        choices=["bubbles", "trickle", "leftovers", "none"],  # sidetasks.spec.GATINGS
+        help="trickle = also between bubbles, as the overhead governor allows; leftovers = "
+        "only the bubble time the stage's main task leaves; none = naive co-location",
     )
     p.add_argument(
         "--placement",

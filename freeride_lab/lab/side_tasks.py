@@ -156,8 +156,11 @@ class SideTaskControls:
             options: keyword arguments of the task class.
             policy: overrun policy: WARN, SHRINK_BUDGET, PAUSE or KILL.
             gating: "bubbles" (managed), "trickle" (managed, and between bubbles as much as
-                the overhead governor allows: ``enable_governor`` starts at 1% if it is off)
-                or "none" (naive: runs through training's compute).
+                the overhead governor allows: ``enable_governor`` starts at 1% if it is off),
+                "leftovers" (beside the stage's main task, only in the bubble time it leaves:
+                bubbles too short for its steps, and the end of each bubble after its last
+                step; it waits while the stage has no main task) or "none" (naive: runs
+                through training's compute).
             placement: with ``stage=None``, "freeride" (FreeRide's rule: the shortest queue)
                 or "harvest" (the stage whose bubbles the task's steps fill most, shared with
                 its queue; ``core.placement``).

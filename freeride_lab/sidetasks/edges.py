@@ -54,7 +54,7 @@ from freeride_lab.sidetasks.edge_record import (
 )
 from freeride_lab.sidetasks.edge_wake import WakeReceiver, WakeSender, wake_dir
 
-__all__ = ["Edge", "EdgeReader", "EdgeWriter", "Phase", "edge_path"]
+__all__ = ["Edge", "EdgeReader", "EdgeWriter", "Phase", "edge_path", "leftovers_path"]
 
 _MAX_WAIT_CHUNK_S = 0.25  # bounded waits keep Ctrl-C and interrupt() responsive
 
@@ -62,6 +62,13 @@ _MAX_WAIT_CHUNK_S = 0.25  # bounded waits keep Ctrl-C and interrupt() responsive
 def edge_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """The edge file of ``rank`` inside ``run_dir``."""
     return Path(run_dir) / "edges" / f"rank-{rank}.edge"
+
+
+def leftovers_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The edge file through which the main side task of ``rank`` hands on the bubble time
+    it leaves to the rank's leftovers task (gating "leftovers"; ``host.iterative`` [Note:
+    leftovers])."""
+    return Path(run_dir) / "edges" / f"rank-{rank}.leftovers.edge"
 
 
 class EdgeWriter:
@@ -134,6 +141,13 @@ class EdgeWriter:
         if self._closed:
             return
         self._publish(Phase.CLOSED, -1, -1, NO_TIME, NO_TIME, NO_TIME)
+        self.release()
+
+    def release(self) -> None:
+        """Unmap without publishing anything: the file stays open to its readers, and a later
+        writer takes it over where this one left it (``create``). Idempotent."""
+        if self._closed:
+            return
         self._closed = True
         try:
             self._wake.close()

@@ -41,8 +41,11 @@ __all__ = [
 ]
 
 #: How a task meets training: "bubbles" steps only inside bubbles (managed, FreeRide);
-#: "none" runs it continuously beside training (naive co-location, for comparisons).
-GATINGS = ("bubbles", "trickle", "none")
+#: "trickle" also between them, paced; "leftovers" steps only in the bubble time the stage's
+#: main task leaves (bubbles too short for its steps, and what follows its last step in a
+#: bubble; ``host.iterative`` [Note: leftovers]); "none" runs it continuously beside training
+#: (naive co-location, for comparisons).
+GATINGS = ("bubbles", "trickle", "leftovers", "none")
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -65,7 +68,8 @@ class TaskSpec:
         pause_grace_s: imperative tasks: time between a bubble end and SIGSTOP at the latest.
         checkpoint_interval_s: periodic checkpoints while paused.
         gating: "bubbles" (step only inside bubbles), "trickle" (inside bubbles, and between
-            them paced to ``limits.trickle_duty``; iterative tasks only) or "none" (run
+            them paced to ``limits.trickle_duty``; iterative tasks only), "leftovers" (only in
+            the bubble time the stage's main task leaves; iterative tasks only) or "none" (run
             continuously, for comparisons); see ``GATINGS``.
         profile_steps: steps measured for the task's ``Profile`` (median step time, peak
             memory); without a fixed budget they are taken one per bubble, in the largest
@@ -161,7 +165,10 @@ class HostSpec:
 
     Args:
         device: "cpu" or "cuda:<i>" (the CUDA ordinal as the task process sees it).
-        edge_file: the rank's edge file; "" = ``edge_path(run_dir, rank)``.
+        edge_file: the edges the host steps by; "" = the rank's, ``edge_path(run_dir, rank)``
+            (a leftovers task's are the main task's hand-ons, ``leftovers_path``).
+        leftovers_file: where the host hands on the bubble time it leaves, to the stage's
+            leftovers task; "" = nowhere.
         control_fd: the host's end of the worker's socketpair; -1 = no worker (tests).
         mps_active: an MPS daemon serves the run (limits came in the environment).
         beacon_fd: the shared memory the host marks its steps and waits in, for the worker's
@@ -174,6 +181,7 @@ class HostSpec:
     stage: int
     device: str = "cpu"
     edge_file: str = ""
+    leftovers_file: str = ""
     control_fd: int = -1
     mps_active: bool = False
     beacon_fd: int = -1

@@ -6,7 +6,9 @@ or started by the rank itself (``worker_client.open_edges``, rank.py's ``edges_f
 
 The worker holds an ``EdgeReader`` on its rank's edge file, starts one task process per
 attached task (``TaskProcess``: ``task_host`` with the limits in its environment), activates
-the first live task of its FIFO (only that one takes bubbles), stops and continues imperative
+the first live task of its FIFO (only that one takes bubbles) and, beside it, the first live
+task attached with gating "leftovers" (it takes only the bubble time the first one hands on:
+``host.iterative`` [Note: leftovers]), stops and continues imperative
 tasks with SIGSTOP/SIGCONT at bubble edges (``worker_edges``), and acknowledges every command
 (``worker_control`` [Note: worker control]) in its event file (``events/worker-<r>.jsonl``)
 with a ``ControlAck``. Tasks write their own states and steps to ``events/task-<id>.jsonl``.
@@ -50,7 +52,7 @@ from freeride_lab.io.fast_exit import exit_now
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.client import worker_address_file
-from freeride_lab.sidetasks.edges import edge_path
+from freeride_lab.sidetasks.edges import EdgeWriter, edge_path, leftovers_path
 from freeride_lab.sidetasks.heartbeat import WorkerHeartbeat, heartbeat_path
 from freeride_lab.sidetasks.limits import GpuLimits, env_for, restart_fields
 from freeride_lab.sidetasks.loader import check_task_ref
@@ -111,8 +113,9 @@ class Worker:
         self._tasks: dict[str, TaskProcess] = {}  # FIFO order = insertion order
         # the latest tasks that left this worker, for status replies
         self._ended: collections.deque[dict[str, Any]] = collections.deque(maxlen=_ENDED_KEPT)
-        self._active: TaskProcess | None = None
-        self._preempting = ""  # the active task asked to make way (core.task_queue)
+        self._active: TaskProcess | None = None  # the main task: it takes the bubbles
+        self._filling: TaskProcess | None = None  # the leftovers task: what the main one leaves
+        self._preempting: set[str] = set()  # active tasks asked to make way (core.task_queue)
         self._commands: queue.Queue[tuple[dict[str, Any], Reply]] = queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
@@ -326,7 +329,8 @@ class Worker:
         return self._ack("tune", ok, f"{task.task_id} tuned" if ok else "no answer", payload)
 
     def _status(self) -> dict[str, Any]:
-        tasks = [t.describe(active=t is self._active) for t in self._tasks.values()]
+        holders = (self._active, self._filling)
+        tasks = [t.describe(active=t in holders) for t in self._tasks.values()]
         return {
             "rank": self.rank,
             "stage": self.stage,
@@ -341,12 +345,18 @@ class Worker:
 
     def _spawn(self, task: TaskProcess) -> None:
         index = int(self.device.partition(":")[2] or 0) if self.device.startswith("cuda") else 0
+        leftovers = leftovers_path(self.run_dir.path, self.rank)
+        fills = task.spec.gating == "leftovers"
+        if fills and not leftovers.exists():  # the main task's host hands on once it exists
+            EdgeWriter.create(leftovers, clock_offset_ns=self._clock_offset_ns).release()
         host = HostSpec(
             task=task.spec,
             run_dir=str(self.run_dir.path),
             rank=self.rank,
             stage=self.stage,
             device=self.device,
+            edge_file=str(leftovers) if fills else "",
+            leftovers_file="" if fills else str(leftovers),
             mps_active=self.mps_active,
         )
         env = env_for(task.spec.limits, mps_active=self.mps_active, device_index=index)
@@ -370,8 +380,7 @@ class Worker:
         stop = {"cmd": "stop", "reason": reason, "restart": True}
         task.request(stop, timeout_s=STOP_GRACE_S, on_message=self._on_message)
         task.wait_exit(max(0.0, deadline - time.monotonic()))
-        if self._active is task:
-            self._active = None
+        self._let_go(task)
         self._spawn(task)
         task.busy = False
 
@@ -391,32 +400,47 @@ class Worker:
             self._emit_state(task, "FAIL", reason)
         task.close()
         self._tasks.pop(task.task_id, None)
-        if self._active is task:
-            self._active = None
+        self._let_go(task)
         self._ended.append({"task_id": task.task_id, "state": str(task.state), "exit_code": code})
 
     def _activate_next(self) -> None:
         """Let the first task in priority order take bubbles if none does, preempting an active
-        task of a lower priority (``core.task_queue``)."""
-        active = self._active
+        task of a lower priority (``core.task_queue``); the same, apart, for the tasks attached
+        with gating "leftovers"."""
         if self._stopping:
             return
+        self._active = self._next_holder(self._active, leftovers=False)
+        self._filling = self._next_holder(self._filling, leftovers=True)
+
+    def _next_holder(self, active: TaskProcess | None, *, leftovers: bool) -> TaskProcess | None:
+        """The task that holds the main bubbles (or the leftovers) after this turn's move."""
         if active is not None and (not active.alive or self._made_way(active)):
-            self._active = active = None  # gone, or off the device for a preempting task
+            self._preempting.discard(active.task_id)
+            active = None  # gone, or off the device for a preempting task
         queued = [
             Queued(t.task_id, t.spec.limits.priority, t.state, t.mode, t.alive and not t.busy)
             for t in self._tasks.values()
+            if (t.spec.gating == "leftovers") == leftovers
         ]
         move = next_move(queued, active.task_id if active is not None else None)
-        if active is not None and move.preempt and self._preempting != move.preempt:
+        if active is not None and move.preempt and move.preempt not in self._preempting:
             if active.send({"cmd": "preempt"}):
-                self._preempting = move.preempt
+                self._preempting.add(move.preempt)
         elif move.activate and self._tasks[move.activate].send({"cmd": "activate"}):
-            self._active, self._preempting = self._tasks[move.activate], ""
+            return self._tasks[move.activate]
+        return active
 
     def _made_way(self, task: TaskProcess) -> bool:
         """Whether ``task`` was asked to preempt and has moved off the device."""
-        return self._preempting == task.task_id and task.state is SideTaskState.CREATED
+        return task.task_id in self._preempting and task.state is SideTaskState.CREATED
+
+    def _let_go(self, task: TaskProcess) -> None:
+        """``task`` no longer holds bubbles (it ended, or restarts)."""
+        if self._active is task:
+            self._active = None
+        if self._filling is task:
+            self._filling = None
+        self._preempting.discard(task.task_id)
 
     # -- edges --
 

@@ -156,6 +156,7 @@ def in_process_host(
     task: Any,
     limits: dict[str, Any] | None = None,
     outlived: str = "stop",
+    leftovers_file: str = "",
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
     the sink its events go to (``tmp_path / "task.jsonl"``; close it before reading). Its
@@ -170,8 +171,10 @@ def in_process_host(
          "limits": {"budget_s": 0.002} if limits is None else limits}
     )  # fmt: skip
     sink = EventSink(tmp_path / "task.jsonl")
-    host = TaskHost(HostSpec(task=spec, run_dir=str(run_dir.path), rank=0, stage=0),
-                    conn=None, sink=sink, outlived=outlived)  # fmt: skip
+    host_spec = HostSpec(
+        task=spec, run_dir=str(run_dir.path), rank=0, stage=0, leftovers_file=leftovers_file
+    )
+    host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived)
     host._send = lambda message: None  # type: ignore[method-assign]
     host.task = task
     for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
@@ -605,14 +608,15 @@ def test_malformed_step_sizes_fail_the_task_saying_why(
     )
 
 
-def test_an_imperative_task_cannot_trickle_and_fails_saying_why(
-    run_dir: RunDir, hosts: list[TaskProcess]
+@pytest.mark.parametrize("gating", ["trickle", "leftovers"])
+def test_an_imperative_task_cannot_trickle_nor_take_leftovers_and_fails_saying_why(
+    run_dir: RunDir, hosts: list[TaskProcess], gating: str
 ) -> None:
-    proc = start_task_host(run_dir, hosts, ref("FreeCounter"), gating="trickle")
+    proc = start_task_host(run_dir, hosts, ref("FreeCounter"), gating=gating)
     assert wait_exit(proc) == 1
     failed = states_of(task_events(run_dir, "t1"))[-1]
     assert failed.state == "FAILED"
-    assert "gating 'trickle' needs an iterative task (step()); FreeCounter is imperative" in (
+    assert f"gating '{gating}' needs an iterative task (step()); FreeCounter is imperative" in (
         failed.reason
     )
 
@@ -850,3 +854,67 @@ def test_the_hosts_choice_past_a_predicted_end_comes_from_the_runs_options(
     assert _runtime_options(spec).outlived == "survivors"
     run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"outlived": 3}}})
     assert _runtime_options(spec).outlived == "stop"  # unreadable: the defaults, logged
+
+
+# -- hand-ons to a leftovers task -------------------------------------------------------------
+
+
+def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_prediction_and_end(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """A bubble too short for the 2 ms guard goes on whole; a longer one after the host's last
+    step; each ends where the rank says it ended."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import EdgeReader, Phase, leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    EdgeWriter.create(path).release()  # as the leftovers task's worker makes it
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
+    )
+    rest = EdgeReader.open(path)
+    for step, predicted_ms in ((7, 1.0), (8, 8.0)):
+        start = time.time_ns()
+        edges.bubble_start(step, 3, start, start + int(predicted_ms * MS))
+        edge = host._wait_for_edge(1.0)
+        assert edge is not None and edge.in_bubble
+        host._run_bubble(edge)
+        handed = rest.latest()
+        assert handed is not None and handed.in_bubble
+        assert (handed.step, handed.slot) == (step, 3)
+        assert handed.predicted_end_ns == start + int(predicted_ms * MS)
+        assert handed.start_ns >= start
+        end = start + int(predicted_ms * MS) + 2 * MS  # it ended later than predicted
+        edges.bubble_end(step, 3, end)
+        assert host._wait_for_edge(1.0) is not None
+        ended = rest.latest()
+        assert ended is not None and ended.phase is Phase.BUSY
+        assert (ended.step, ended.slot, ended.observed_end_ns) == (step, 3, end)
+    sink.close()
+    steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
+    assert steps and {s.step for s in steps} == {8}  # none fitted the 1 ms bubble
+    assert handed.start_ns >= max(s.end_ns for s in steps)
+    host._release_leftovers()
+    assert rest.latest() == ended  # released, not closed: the next main task takes it over
+    rest.close()
+
+
+def test_a_main_task_without_a_leftovers_task_hands_nothing_on(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
+    )
+    start = time.time_ns()
+    edges.bubble_start(0, 0, start, start + MS)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None
+    host._run_bubble(edge)
+    sink.close()
+    assert not path.exists()

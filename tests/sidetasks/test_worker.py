@@ -66,9 +66,12 @@ def states(run_dir: RunDir, task_id: str) -> list[ev.SideTaskStateChanged]:
     ]
 
 
-def attach_counting(client: WorkerClient, task_id: str, **limits: Any) -> ev.ControlAck:
+def attach_counting(
+    client: WorkerClient, task_id: str, gating: str = "bubbles", **limits: Any
+) -> ev.ControlAck:
     """Queue a ``Counting`` task (2 ms steps) under a 4 ms step budget, plus ``limits``."""
-    return client.attach(ref("Counting"), task_id=task_id, limits={"budget_s": 0.004, **limits})
+    limits = {"budget_s": 0.004, **limits}
+    return client.attach(ref("Counting"), task_id=task_id, gating=gating, limits=limits)
 
 
 def has_state(run_dir: RunDir, task_id: str, state: str) -> bool:
@@ -161,6 +164,64 @@ def test_a_higher_priority_task_preempts_the_active_one_which_resumes_after_it(
     trainer.until_steps("low", len(low_before) + 1)
     progress = [s.progress for s in steps(run_dir, "low")]
     assert sum(progress) == len(progress)  # one count per step, none lost or repeated
+
+
+def overlaps(a: list[ev.SideTaskStep], b: list[ev.SideTaskStep]) -> list[tuple[int, int]]:
+    """The (start of a, start of b) of steps of ``a`` and ``b`` that ran at the same time."""
+    return [(x.start_ns, y.start_ns) for x in a for y in b
+            if x.start_ns < y.end_ns and y.start_ns < x.end_ns]  # fmt: skip
+
+
+def test_a_leftovers_task_steps_after_the_main_tasks_last_step_in_a_bubble_never_beside_it(
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
+) -> None:
+    """Bubbles of 40 ms predicted 50: the main task's 15 ms steps under a 20 ms guard stop
+    after two or three, and the leftovers task's 2 ms steps take the rest of each bubble,
+    each after the main task's last step in it has ended."""
+    client.attach(ref("Counting"), task_id="main", options={"step_s": 0.015},
+                  limits={"budget_s": 0.02})  # fmt: skip
+    attach_counting(client, "rest", gating="leftovers")
+    trainer.until(
+        lambda: len(steps(run_dir, "main")) >= 6 and len(steps(run_dir, "rest")) >= 6,
+        what="steps of both tasks",
+    )
+    main, rest = steps(run_dir, "main"), steps(run_dir, "rest")
+    assert overlaps(main, rest) == []
+    for step in rest:
+        before = [m for m in main if m.step == step.step]  # the main task's in that bubble
+        assert before, f"a leftovers step in bubble {step.step}, which the main task never used"
+        assert step.start_ns >= max(m.end_ns for m in before)
+
+
+def test_bubbles_too_short_for_the_main_tasks_steps_go_whole_to_the_leftovers_task(
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
+) -> None:
+    attach_counting(client, "main", budget_s=0.2)  # no bubble of 50 ms holds its guard
+    attach_counting(client, "rest", gating="leftovers")
+    trainer.until(
+        lambda: len({s.step for s in steps(run_dir, "rest")}) >= 3, what="three bubbles used"
+    )
+    assert steps(run_dir, "main") == []
+
+
+def test_a_leftovers_task_waits_for_a_main_task_and_outlives_it(
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
+) -> None:
+    """Alone, a leftovers task takes nothing; each main task attached hands on to it, the
+    next one through the same file once the first is detached."""
+    attach_counting(client, "rest", gating="leftovers")
+    wait_until(
+        lambda: has_state(run_dir, "rest", "PAUSED"), what="the leftovers task on the device"
+    )
+    for _ in range(5):
+        trainer.bubble()
+    assert steps(run_dir, "rest") == []
+    for main in ("main-1", "main-2"):
+        attach_counting(client, main, budget_s=0.2)
+        before = len(steps(run_dir, "rest"))
+        trainer.until_steps("rest", before + 3)
+        assert client.detach(main).ok
+    assert has_state(run_dir, "rest", "RUNNING") and not has_state(run_dir, "rest", "STOPPED")
 
 
 def test_hung_step_is_killed_under_kill_policy_and_the_worker_goes_on(

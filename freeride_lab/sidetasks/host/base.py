@@ -32,7 +32,7 @@ from freeride_lab.core.sidetask_state import (
 )
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.api import SideTaskBase
-from freeride_lab.sidetasks.edges import Edge, EdgeReader
+from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter
 from freeride_lab.sidetasks.heartbeat import TaskBeacon
 from freeride_lab.sidetasks.host.imperative import ImperativeDriver
 from freeride_lab.sidetasks.spec import HostSpec
@@ -84,6 +84,11 @@ class HostBase:
         self.sink = sink
         self.beacon = beacon  # marks for the worker's watchdog; written by this thread only
         self._reader: EdgeReader | None = None  # opened once the rank's edge file exists
+        # the hand-ons to the stage's leftovers task, opened at the first (host.iterative
+        # [Note: leftovers]); False once that failed
+        self._leftovers: EdgeWriter | bool | None = None
+        self._handed: tuple[int, int] | None = None  # the bubble handed on and not yet ended
+        self._leftovers_look_s = 0.0  # no look for the leftovers file before (monotonic)
         self.machine = SideTaskMachine()
         self.task: SideTaskBase | None = None
         self.mode = "iterative"

@@ -58,6 +58,22 @@ holds at a bubble's start, for a bubble predicted too short for any step. The gu
 in force, as for the rank's prediction; profiling steps never go past it. Under "stop"
 (FreeRide's) nothing is learnt and no step starts past the rank's prediction.
 
+[Note: leftovers]
+FreeRide runs at most one side task per GPU, and the bubble time its steps cannot use stays
+empty: bubbles shorter than its smallest step (with its guard), and the end of a bubble after
+its last step fitted. A task attached with gating "leftovers" takes that time, and only that.
+The stage's main task's host hands it on: where it leaves a bubble that has not ended (it
+never stepped in it, or its next step no longer fits), it writes a bubble start to the stage's
+leftovers file (``edges.leftovers_path``) with the rank's slot and predicted end, starting
+now; when it reads the rank's end of that bubble, it writes that end there too. The leftovers
+task's host reads that file as any host reads its rank's edges, so its steps are planned and
+guarded by its own budget, sizes and profile, against the rank's predicted end. The main
+task's last step has finished on the device before the hand-on is written, so the two never
+step at once (a leftovers step is guarded to the bubble's end as every step is). The hand-on
+costs the main task nothing before its steps: it is written after them. Nothing is handed on
+from a bubble without a prediction, nor while the main task is off the device; a main task's
+host that ends leaves the file to the next one (``EdgeWriter.release``).
+
 [Note: trickle]
 Under gating "trickle" a task steps in bubbles exactly as under "bubbles", and between bubbles,
 while the rank computes, it runs groups of steps (about ``_TRICKLE_GROUP_NS`` long, one device
@@ -75,6 +91,8 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
+import os
 import statistics
 import sys
 import time
@@ -83,16 +101,19 @@ from typing import Any
 from freeride_lab.core.budget import should_step, sized_budget_ns
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
 from freeride_lab.sidetasks.api import IterativeSideTask, SideTaskBase
-from freeride_lab.sidetasks.edges import Edge, Phase
+from freeride_lab.sidetasks.edges import Edge, EdgeWriter, Phase
 from freeride_lab.sidetasks.host.accounting import StepAccounting, training_busy_ns
 
 __all__ = ["IterativeSteps"]
+
+log = logging.getLogger("freeride_lab.sidetasks.host")
 
 _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
 _TRICKLE_GROUP_NS = 2_000_000  # gating "trickle": steps launched between two device waits
 _TRICKLE_STALE_NS = 5 * 10**9  # no step between bubbles once the newest edge is this old
 _IN_BUBBLE_WAIT_S = 0.25  # the longest sleep in a bubble for a survivor's length to pass
 _STARTS_KEPT = 64  # bubble starts remembered until their ends are seen
+_LEFTOVERS_LOOK_S = 0.5  # how often a main task's host looks for a leftovers file
 
 
 class IterativeSteps(StepAccounting):
@@ -130,14 +151,14 @@ class IterativeSteps(StepAccounting):
         if predicted_end_ns is None:
             return  # no prediction yet: a step could not be checked against the bubble's length
         if profiling and not largest:
+            self._hand_on(bubble)
             return  # profile samples come from the largest bubbles only
         if not should_step(self.reader.now_ns(), predicted_end_ns, self._guard_ns(1), False):
-            if profiling:
-                return
-            outlived_end_ns = self._outlived_end(bubble)  # [Note: outlived bubbles]
+            outlived_end_ns = None if profiling else self._outlived_end(bubble)
             if outlived_end_ns is None:
+                self._hand_on(bubble)
                 return  # too short (or seen too late) for one step: leave it without events
-            predicted_end_ns = outlived_end_ns
+            predicted_end_ns = outlived_end_ns  # [Note: outlived bubbles]
         if not self._apply(SideTaskEvent.START, hold=True):  # [Note: launch, then tell]
             return
         too_large = 0  # the smallest size whose guard no longer fitted this bubble; 0: none
@@ -158,10 +179,76 @@ class IterativeSteps(StepAccounting):
             calls = self._group_size(remaining_ns, budget_ns) if grouped else 1
             self._entry_guard_ns = budget_ns  # the step's record tells the guard it cleared
             if not self._step_in(task, bubble, calls, size):
+                self._hand_on(bubble)
                 return  # finished
             if self.machine.terminal or self._policy_paused or profiling:
                 break  # a profiling step is alone in its bubble
+        self._hand_on(bubble)  # before the PAUSE's announcement: the rest is not this task's
         self._apply(SideTaskEvent.PAUSE)
+
+    def _hand_on(self, bubble: Edge) -> None:
+        """Hand what is left of ``bubble`` to the stage's leftovers task, if it has not ended
+        ([Note: leftovers]); a host without a leftovers file does nothing."""
+        path = self.spec.leftovers_file
+        if (
+            not path
+            or bubble.predicted_end_ns is None
+            or self._handed == (bubble.step, bubble.slot)
+        ):
+            return
+        reader = self.reader
+        if _has_ended(bubble, reader.latest()):
+            return
+        writer = self._leftovers
+        if writer is None:
+            writer = self._open_leftovers(path)
+        if not isinstance(writer, EdgeWriter):
+            return
+        writer.set_clock_offset(reader.clock_offset_ns)
+        self._forward_end(bubble)  # a bubble still handed on ends before the next one starts
+        writer.bubble_start(bubble.step, bubble.slot, reader.now_ns(), bubble.predicted_end_ns)
+        self._handed = (bubble.step, bubble.slot)
+
+    def _open_leftovers(self, path: str) -> EdgeWriter | None:
+        """The writer of the leftovers file once a leftovers task's worker has made it (looked
+        for at most every ``_LEFTOVERS_LOOK_S``); None before, and after a failure (logged)."""
+        now_s = time.monotonic()
+        if now_s < self._leftovers_look_s or not os.path.exists(path):
+            self._leftovers_look_s = max(self._leftovers_look_s, now_s + _LEFTOVERS_LOOK_S)
+            return None
+        try:
+            writer = EdgeWriter.create(path, clock_offset_ns=self.reader.clock_offset_ns)
+        except OSError as exc:
+            log.warning("no hand-ons to the leftovers task (%s): %s", path, exc)
+            self._leftovers = False
+            return None
+        self._leftovers = writer
+        return writer
+
+    def _forward_end(self, edge: Edge) -> None:
+        """Pass the end of the bubble handed on, once an edge newer than its start is read:
+        the rank's end of it (from ``edge`` itself or the end it reports for the bubble
+        before it), or now ([Note: leftovers])."""
+        handed = self._handed
+        writer = self._leftovers
+        if handed is None or not isinstance(writer, EdgeWriter):
+            return
+        if edge.in_bubble and (edge.step, edge.slot) == handed:
+            return  # the bubble handed on itself
+        if edge.phase is Phase.BUSY and (edge.step, edge.slot) == handed:
+            end_ns = edge.observed_end_ns
+        elif (edge.previous_step, edge.previous_slot) == handed:
+            end_ns = edge.previous_end_ns
+        else:
+            end_ns = None
+        writer.bubble_end(*handed, self.reader.now_ns() if end_ns is None else end_ns)
+        self._handed = None
+
+    def _release_leftovers(self) -> None:
+        """Leave the leftovers file to the stage's next main task (the host ends)."""
+        writer, self._leftovers = self._leftovers, None
+        if isinstance(writer, EdgeWriter):
+            writer.release()
 
     def _outlived_end(self, bubble: Edge) -> int | None:
         """Under ``outlived="survivors"``, for ``bubble`` past the end it was planned to: an

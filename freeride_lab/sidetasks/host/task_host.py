@@ -78,9 +78,10 @@ class TaskHost(IterativeSteps):
         try:
             cls = load_task_class(self.spec.task.task)
             self.mode = "imperative" if issubclass(cls, ImperativeSideTask) else "iterative"
-            if self.mode == "imperative" and self.spec.task.gating == "trickle":
+            gating = self.spec.task.gating
+            if self.mode == "imperative" and gating in ("trickle", "leftovers"):
                 raise ValueError(
-                    f"gating 'trickle' needs an iterative task (step()); {cls.__name__} is "
+                    f"gating {gating!r} needs an iterative task (step()); {cls.__name__} is "
                     "imperative (run()): attach it with gating 'bubbles'"
                 )
             self._where = "applying limits"
@@ -104,6 +105,7 @@ class TaskHost(IterativeSteps):
             self._fail(exc, traceback.format_exc())
         finally:
             self._done.set()
+            self._release_leftovers()
             if self._reader is not None:
                 self._reader.close()  # its wake-up pipe goes with it
         state = self.machine.state
@@ -186,6 +188,7 @@ class TaskHost(IterativeSteps):
                 edge, seen_ns = self._wait(limit_s, spin_s=spin_s)
         if edge is None:
             return None
+        self._forward_end(edge)  # host.iterative [Note: leftovers]
         self._note_length(edge)
         if edge.in_bubble:
             expected_ns = self._clock.bubble_started(
