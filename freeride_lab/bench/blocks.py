@@ -56,6 +56,7 @@ _ON_DEVICE = ("PAUSED", "RUNNING")
 _ENDED = ("FINISHED", "STOPPED", "FAILED")
 _POLL_S = 0.05
 _TIMED_STEPS = 4  # step-to-step gaps timed before a run's first segment is estimated
+_PARKED_MS = 2 * 3600e3  # a guard no bubble holds, the open gate's hour included
 Progress = Callable[[str], None]
 
 
@@ -191,20 +192,36 @@ class RunDriver:
 
     # -- side tasks --
 
-    def _attach(self, seg: Segment) -> None:
-        """Attach the segment's task (its set-up is timed by the segment, until it is on the
-        device)."""
+    def _attach(self, seg: Segment, *, leftovers: bool = False) -> str:
+        """Attach the segment's task, or the task beside it that takes its leftovers; its id
+        (its set-up is timed by the segment, until it is on the device)."""
+        task = seg.leftovers if leftovers else seg.task
         gating = "trickle" if "trickle" in self.modes else "bubbles"  # duty 0 = "bubbles"
         # the blocks set every duty; a governor started by the attach would raise it at once
         self.session.govern_trickle_tasks = False
         options = {"preset": self.profile.task_preset,
-                   **self.profile.task_options.get(seg.task, {})}  # fmt: skip
-        task = self.session.attach(
-            seg.task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
-            gating=gating,
+                   **self.profile.task_options.get(task, {})}  # fmt: skip
+        attached = self.session.attach(
+            task, stage=seg.stage, options=options, budget_ms=1.0, policy="WARN",
+            gating="leftovers" if leftovers else gating,
         )  # fmt: skip
-        seg.task_id = str(task["id"])
-        self.say(f"  attached {seg.task}@{seg.stage}")
+        task_id = str(attached["id"])
+        if leftovers:
+            seg.leftovers_id = task_id
+        else:
+            seg.task_id = task_id
+        self.say(f"  attached {task}@{seg.stage}{' (leftovers)' if leftovers else ''}")
+        return task_id
+
+    def _ready(self, seg: Segment, task_id: str) -> None:
+        """Wait until ``task_id`` is on the device."""
+        self._wait(
+            lambda: self._task(task_id).get("state") in _ON_DEVICE,
+            self.profile.attach_timeout_s,
+            f"side task {task_id} on stage {seg.stage} to be ready",
+            fail_on=lambda: self._task(task_id).get("state") in _ENDED,
+            poll_s=0.2,
+        )
 
     def _attached(self) -> int:
         """Side tasks attached and not ended."""
@@ -241,15 +258,8 @@ class RunDriver:
         t0 = time.monotonic()
         rec: dict[str, Any] = {"case": seg.case, "stage": seg.stage, "task": seg.task}
         self.record["segments"].append(rec)
-        self._attach(seg)
+        self._ready(seg, self._attach(seg))
         rec["task_id"] = seg.task_id
-        self._wait(
-            lambda: self._task(seg.task_id).get("state") in _ON_DEVICE,
-            p.attach_timeout_s,
-            f"side task {seg.task} ({seg.task_id}) on stage {seg.stage} to be ready",
-            fail_on=lambda: self._task(seg.task_id).get("state") in _ENDED,
-            poll_s=0.2,
-        )
         rec["setup_s"] = round(time.monotonic() - t0, 1)
         self.setup_s_estimate = rec["setup_s"]
         rec["attached_tasks"] = self._attached()  # this one alone, unless a detach failed
@@ -262,7 +272,22 @@ class RunDriver:
             with contextlib.suppress(Exception):
                 self.session.detach(seg.task_id)
             return
-        self.session.tune(seg.task_id, budget_ms=budget_ms)
+        budgets = {seg.task_id: (budget_ms, solo.get("tight_budget_ms", budget_ms))}
+        if seg.leftovers:
+            beside = self._leftovers_segment(seg, budget_ms)
+            rec["leftovers"] = beside
+            if beside.get("budget_ms") is None:
+                self.say(f"  segment {seg.case}@{seg.stage}: too few leftovers solo steps; skipped")
+                for task_id in (seg.task_id, seg.leftovers_id):
+                    with contextlib.suppress(Exception):
+                        self.session.detach(task_id)
+                return
+            budgets[seg.leftovers_id] = (
+                beside["budget_ms"],
+                beside.get("tight_budget_ms", beside["budget_ms"]),
+            )
+        for task_id, (managed_ms, _) in budgets.items():
+            self.session.tune(task_id, budget_ms=managed_ms)
         governor, trickler = (
             OverheadGovernor(
                 target_frac=p.governor_target_frac, sm_min_pct=100, sm_max_pct=100, window=3,
@@ -271,30 +296,36 @@ class RunDriver:
             )
             for _ in range(2)
         )  # fmt: skip
-        governor.add_task(seg.task_id)
+        for task_id in budgets:
+            governor.add_task(task_id)
         trickler.add_task(seg.task_id, trickle_duty=0.0)
         # Governed blocks start from the tight budget (no 10 ms rounding) and let the
         # governor widen it when training slows; managed blocks keep FreeRide's rule.
-        governed_base_ms = solo.get("tight_budget_ms", budget_ms)
+        governed_base_ms = {task_id: tight for task_id, (_, tight) in budgets.items()}
+        held = {"governed": tuple(budgets), "trickle": (seg.task_id,)}  # what each loop governs
         loops = {
             mode: self.session.governor_loop(
-                g, task_ids=(seg.task_id,), base_budget_s=lambda _: governed_base_ms / 1e3,
+                g, task_ids=held[mode],
+                base_budget_s=lambda task_id: governed_base_ms[task_id] / 1e3,
                 trickle=mode == "trickle",
             )
             for mode, g in (("governed", governor), ("trickle", trickler))
         }  # fmt: skip
-        current = (budget_ms, 0.0)
+        current = {task_id: (managed_ms, 0.0) for task_id, (managed_ms, _) in budgets.items()}
         for repeat, mode in bs.interleave(self.modes, p.repeats, closed=True):
             loop = loops.get(mode)
-            want = (budget_ms, 0.0)
-            if loop is not None:
-                want = _limits_of(loop.governor, seg.task_id, governed_base_ms)
-            if want != current:
-                self.session.tune(seg.task_id, budget_ms=want[0], trickle_duty=want[1])
-                current = want
+            governs = held[mode] if loop is not None else ()
+            for task_id, (managed_ms, _) in budgets.items():
+                want = (managed_ms, 0.0)
+                if loop is not None and task_id in governs:
+                    want = _limits_of(loop.governor, task_id, governed_base_ms[task_id])
+                if want != current[task_id]:
+                    self.session.tune(task_id, budget_ms=want[0], trickle_duty=want[1])
+                    current[task_id] = want
             self._block(seg, repeat, mode, loop=loop)
             if loop is not None:
-                current = _limits_of(loop.governor, seg.task_id, governed_base_ms)
+                for task_id in governs:
+                    current[task_id] = _limits_of(loop.governor, task_id, governed_base_ms[task_id])
         after = self._solo(seg)  # the same measurement after the blocks: did the speed move?
         rec.update(
             solo_after_steps=after["solo_steps"],
@@ -302,8 +333,12 @@ class RunDriver:
             dedicated_after_per_s=after.get("dedicated_per_s"),
         )
         rec.update(bs.dedicated_speed(rec["dedicated_before_per_s"], rec["dedicated_after_per_s"]))
-        with contextlib.suppress(Exception):
-            self.session.detach(seg.task_id)
+        if seg.leftovers:
+            self._leftovers_solo_after(seg, rec["leftovers"], budget_ms)
+        for task_id in (seg.task_id, seg.leftovers_id):
+            if task_id:
+                with contextlib.suppress(Exception):
+                    self.session.detach(task_id)
         rec["elapsed_s"] = round(time.monotonic() - t0, 1)
         unit = f"{rec.get('unit', '')}/s"
         spread = rec.get("dedicated_spread_frac")
@@ -318,18 +353,56 @@ class RunDriver:
             f"{_g(rec['dedicated_after_per_s'])} {unit} after{flag}"
         )
 
-    def _solo(self, seg: Segment) -> dict[str, Any]:
+    def _leftovers_segment(self, seg: Segment, budget_ms: float) -> dict[str, Any]:
+        """Attach the task that takes ``seg``'s leftovers and measure it alone, the segment's
+        task parked (``_parked``); its segment record (``leftovers`` of the segment's)."""
+        t0 = time.monotonic()
+        self._ready(seg, self._attach(seg, leftovers=True))
+        beside: dict[str, Any] = {"task": seg.leftovers, "task_id": seg.leftovers_id}
+        beside["setup_s"] = round(time.monotonic() - t0, 1)
+        with self._parked(seg, budget_ms):
+            beside.update(self._solo(seg, leftovers=True))
+        beside["dedicated_before_per_s"] = beside.pop("dedicated_per_s", None)
+        return beside
+
+    def _leftovers_solo_after(self, seg: Segment, beside: dict[str, Any], budget_ms: float) -> None:
+        """The leftovers task alone once more, after the blocks (as the segment's task)."""
+        with self._parked(seg, budget_ms):
+            after = self._solo(seg, leftovers=True)
+        beside.update(
+            solo_after_steps=after["solo_steps"],
+            solo_after_s=after["solo_s"],
+            dedicated_after_per_s=after.get("dedicated_per_s"),
+        )
+        beside.update(
+            bs.dedicated_speed(beside["dedicated_before_per_s"], beside["dedicated_after_per_s"])
+        )
+
+    @contextlib.contextmanager
+    def _parked(self, seg: Segment, budget_ms: float) -> Iterator[None]:
+        """The segment's task under a guard no bubble holds, so that it hands every bubble
+        on whole to the task beside it (the open gate's too: ``_PARKED_MS`` outlasts it);
+        ``budget_ms`` again after."""
+        self.session.tune(seg.task_id, budget_ms=_PARKED_MS)
+        try:
+            yield
+        finally:
+            self.session.tune(seg.task_id, budget_ms=budget_ms)
+
+    def _solo(self, seg: Segment, *, leftovers: bool = False) -> dict[str, Any]:
         """Hold training, let the task run alone, release: its dedicated speed and budget.
 
         The phase lasts at least ``solo_min_s`` and ``solo_steps`` measured steps (a
         fraction of a second measured speeds that moved by half between runs), at most
-        ``solo_max_s``.
+        ``solo_max_s``. ``leftovers``: the task beside the segment's (which the caller
+        parks).
         """
         p = self.profile
+        task, task_id = (seg.leftovers, seg.leftovers_id) if leftovers else (seg.task, seg.task_id)
         self._settle()
         seq = self._write_control(real_rank=seg.stage, gate=Gate.OPEN, hold=True)
         start_ns = self._wait_applied(seq)["t_ns"]
-        path = self.run_dir / "events" / f"task-{seg.task_id}.jsonl"
+        path = self.run_dir / "events" / f"task-{task_id}.jsonl"
         t_min = time.monotonic() + p.solo_min_s
         t_end = time.monotonic() + p.solo_max_s
         while time.monotonic() < t_end:
@@ -362,7 +435,7 @@ class RunDriver:
                 slack_s=p.governed_guard_slack_ms / 1e3,
             )
         else:
-            self.record["errors"].append(f"{seg.task}@{seg.stage}: only {len(steps)} solo steps")
+            self.record["errors"].append(f"{task}@{seg.stage}: only {len(steps)} solo steps")
         return out
 
     def _block(
@@ -405,6 +478,7 @@ class RunDriver:
         self.blocks.append(
             {"order": len(self.blocks), "repeat": repeat, "mode": mode, "case": seg.case,
              "stage": seg.stage, "task": seg.task, "task_id": seg.task_id,
+             "leftovers_task": seg.leftovers, "leftovers_task_id": seg.leftovers_id,
              "first_step": first, "steps": p.block_steps}
         )  # fmt: skip
         self._update_step_estimate()

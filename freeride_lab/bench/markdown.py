@@ -25,6 +25,7 @@ __all__ = [
     "fmt_num",
     "fmt_pct",
     "fmt_rate",
+    "fmt_throughput",
     "goal_figure",
     "markdown",
     "md_table",
@@ -77,6 +78,23 @@ def fmt_rate(v: Any) -> str:
     if abs(x) >= 1000:
         return f"{round(x, -len(str(int(abs(x)))) + 3):,.0f}"
     return f"{x:.3g}"
+
+
+def fmt_throughput(r: Mapping[str, Any]) -> str:
+    """A summary row's side-task throughput, and its leftovers task's beside it.
+
+    >>> fmt_throughput({"throughput_per_s": 242.4, "unit": "samples"})
+    '242 samples/s'
+    >>> fmt_throughput({"throughput_per_s": 242.4, "unit": "samples",
+    ...     "leftovers_task": "image", "leftovers_throughput_per_s": 1.2,
+    ...     "leftovers_unit": "images"})
+    '242 samples/s + 1.2 images/s'
+    """
+    text = f"{fmt_rate(r.get('throughput_per_s'))} {r.get('unit', '')}/s"
+    if r.get("leftovers_task"):
+        rate = fmt_rate(r.get("leftovers_throughput_per_s"))
+        text += f" + {rate} {r.get('leftovers_unit', '')}/s"
+    return text
 
 
 def fmt_frac_interval(
@@ -331,9 +349,9 @@ def markdown(result: Mapping[str, Any]) -> str:
          "median (min..max)", "throughput", "bubble used", "idle", "harvest [95%]",
          "of theory limit", "of measured idle", "overruns (blocks)", "SM MHz", "W"],
         [
-            [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
+            [r["run"], r["case"], r["stage"], bs.side_work(r) or "-", r["mode"],
              r["blocks"], fmt_num(r["step_ms_median"], ".1f"), *_overhead_cells(r),
-             f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+             fmt_throughput(r),
              fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_frac"], 0),
              fmt_frac_interval(r, "harvest", 1),
              fmt_frac_interval(r, "harvest_of_theory_limit", 0),
@@ -421,7 +439,7 @@ def _idle_use_lines(summary: list[dict[str, Any]]) -> list[str]:
          "in unused bubbles", *(header for _, header in why), "bubbles unused",
          "its steps' speed, of the task alone"],
         [
-            [r["run"], r["case"], r["stage"], r["task"] or "-", r["mode"],
+            [r["run"], r["case"], r["stage"], bs.side_work(r) or "-", r["mode"],
              *(fmt_pct(r.get(c, math.nan), 1) for c in shares)]
             for r in rows
         ],

@@ -158,6 +158,10 @@ class BenchProfile:
     #: what the side task's host does once a bubble outlives its prediction
     #: (``RuntimeOptions.outlived``)
     outlived: str = "stop"
+    #: a built-in task attached beside every segment's task on its stage with gating
+    #: "leftovers" (``host.iterative`` [Note: leftovers]): the segment's side work is then
+    #: both tasks', each valued at its own dedicated speed; "" = none
+    leftovers: str = ""
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
     attach_timeout_s: float = 120.0
@@ -275,6 +279,8 @@ class Segment:
     stage: int
     task: str
     task_id: str = ""
+    leftovers: str = ""  # the task beside it with gating "leftovers" ("" = none)
+    leftovers_id: str = ""
 
 
 def run_segments(
@@ -286,9 +292,8 @@ def run_segments(
     for case in plan.cases:
         for s in plan.real_stages or range(p.stages):
             if (case, s) not in done:
-                out.append(
-                    Segment(case=case, stage=s, task=MIX[s % len(MIX)] if case == "mix" else case)
-                )
+                task = MIX[s % len(MIX)] if case == "mix" else case
+                out.append(Segment(case=case, stage=s, task=task, leftovers=p.leftovers))
     return out
 
 

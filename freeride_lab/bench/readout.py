@@ -75,10 +75,13 @@ def collect_blocks(
     edges = [e for e in events if e.get("kind") == "bubble_edge"]
     record["stage_memory"] = stage_memory(events)
     for rec in record["segments"]:
-        if rec.get("task_id"):  # every step of the task in this run, as its host counts
-            mine = side[side["task_id"] == rec["task_id"]]
-            stats = OverrunStats.of(mine["overrun_ms"] * 1e6)
-            rec.update(task_steps_total=stats.steps, task_overruns_total=stats.overruns)
+        beside = rec.get("leftovers")
+        for one in (rec, beside) if isinstance(beside, dict) else (rec,):
+            if one.get("task_id"):  # every step of the task in this run, as its host counts
+                mine = side[side["task_id"] == one["task_id"]]
+                stats = OverrunStats.of(mine["overrun_ms"] * 1e6)
+                one.update(task_steps_total=stats.steps, task_overruns_total=stats.overruns)
+        if rec.get("task_id"):
             vanilla = [
                 b for b in blocks if b.get("task_id") == rec["task_id"] and b["mode"] == "vanilla"
             ]

@@ -122,35 +122,42 @@ def segment_speeds(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One ``DEDICATED_COLUMNS`` row per segment with a side task, in run order."""
     out: list[dict[str, Any]] = []
     for run in runs:
-        for seg in run.get("segments", []):
-            if not seg.get("task"):
+        for whole in run.get("segments", []):
+            if not whole.get("task"):
                 continue
-            new = "dedicated_before_per_s" in seg
-            before = _finite(seg.get("dedicated_before_per_s" if new else "dedicated_per_s"))
-            after = _finite(seg.get("dedicated_after_per_s")) if new else None
-            speed = bs.dedicated_speed(before, after)
-            out.append(
-                {
-                    "run": str(run["name"]),
-                    "case": str(seg.get("case", "")),
-                    "stage": int(seg["stage"]),
-                    "task": str(seg["task"]),
-                    "unit": str(seg.get("unit", "")),
-                    "before_per_s": before,
-                    "after_per_s": after,
-                    "dedicated_per_s": speed["dedicated_per_s"],
-                    "spread_frac": speed["dedicated_spread_frac"],
-                    "unstable": speed["dedicated_unstable"],
-                    "after_measured": new,
-                    "solo_before_s": seg.get("solo_s"),
-                    "solo_after_s": seg.get("solo_after_s"),
-                    "solo_before_steps": seg.get("solo_steps"),
-                    "solo_after_steps": seg.get("solo_after_steps"),
-                    "task_steps_total": seg.get("task_steps_total"),
-                    "task_overruns_total": seg.get("task_overruns_total"),
-                }
-            )
+            beside = whole.get("leftovers")
+            for seg in (whole, beside) if isinstance(beside, Mapping) else (whole,):
+                out.append(_segment_speed(str(run["name"]), whole, seg))
     return out
+
+
+def _segment_speed(run: str, whole: Mapping[str, Any], seg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``DEDICATED_COLUMNS`` row of ``seg``: segment ``whole``'s task, or the task beside
+    it that took its leftovers (named by ``bench.stats.leftovers_key``)."""
+    task = str(seg["task"]) if seg is whole else bs.leftovers_key(str(seg["task"]))
+    new = "dedicated_before_per_s" in seg
+    before = _finite(seg.get("dedicated_before_per_s" if new else "dedicated_per_s"))
+    after = _finite(seg.get("dedicated_after_per_s")) if new else None
+    speed = bs.dedicated_speed(before, after)
+    return {
+        "run": run,
+        "case": str(whole.get("case", "")),
+        "stage": int(whole["stage"]),
+        "task": task,
+        "unit": str(seg.get("unit", "")),
+        "before_per_s": before,
+        "after_per_s": after,
+        "dedicated_per_s": speed["dedicated_per_s"],
+        "spread_frac": speed["dedicated_spread_frac"],
+        "unstable": speed["dedicated_unstable"],
+        "after_measured": new,
+        "solo_before_s": seg.get("solo_s"),
+        "solo_after_s": seg.get("solo_after_s"),
+        "solo_before_steps": seg.get("solo_steps"),
+        "solo_after_steps": seg.get("solo_after_steps"),
+        "task_steps_total": seg.get("task_steps_total"),
+        "task_overruns_total": seg.get("task_overruns_total"),
+    }
 
 
 def _finite(v: Any) -> float | None:
@@ -328,8 +335,11 @@ def block_row(
     mine = bubbles[(bubbles["rank"] == r) & bubbles["step"].between(first, first + k - 1)]
     gaps = list(zip(mine["start_ms"], mine["end_ms"], strict=True))
     s = side[(side["stage"] == r) & (side["start_ms"] >= lo_ms) & (side["start_ms"] < hi_ms)]
-    if b.get("task_id"):
-        s = s[s["task_id"] == b["task_id"]]
+    rest_id = str(b.get("leftovers_task_id") or "")
+    if b.get("task_id"):  # the stage's side work: its task's steps and its leftovers task's
+        s = s[s["task_id"].isin([b["task_id"], rest_id])].sort_values("start_ms", kind="stable")
+    rest = s[s["task_id"] == rest_id] if rest_id else s.iloc[0:0]
+    main = s[s["task_id"] != rest_id] if rest_id else s
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
     wake: list[float] = []
@@ -394,8 +404,8 @@ def block_row(
         "step_ms_median": bs.median(periods),
         "wall_s": (ns_ok[-1] - ns_ok[0]) / 1e9,
         "bubble_ms": float(mine["duration_ms"].sum()),
-        "progress": float(s["progress"].sum()),
-        "unit": str(s["unit"].iloc[0]) if len(s) else "",
+        "progress": float(main["progress"].sum()),
+        "unit": str(main["unit"].iloc[0]) if len(main) else "",
         "side_steps": len(s),
         "busy_ms": float(sum(e - a for a, e in busy if e > a)),
         "busy_in_bubble_ms": use.covered_ms,
@@ -424,6 +434,9 @@ def block_row(
         "pause_ms": pause,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),
+        "leftovers_task": str(b.get("leftovers_task") or ""),
+        "leftovers_progress": float(rest["progress"].sum()),
+        "leftovers_unit": str(rest["unit"].iloc[0]) if len(rest) else "",
         "step_ms": [round(x, 4) for x in periods],
     }
 

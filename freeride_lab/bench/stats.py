@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,7 @@ __all__ = [
     "BLOCK_COLUMNS",
     "GATED_MODES",
     "IDLE_SPLIT_COLUMNS",
+    "LEFTOVERS_COLUMNS",
     "MODES",
     "REFERENCE_MODE",
     "SPREAD_FLAG_FRAC",
@@ -57,6 +59,7 @@ __all__ = [
     "dedicated_speed",
     "dedicated_throughput_per_s",
     "interleave",
+    "leftovers_key",
     "median",
     "merge_intervals",
     "overhead_interval",
@@ -65,6 +68,7 @@ __all__ = [
     "pause_latency_ms",
     "percentile",
     "pipeline_cost",
+    "side_work",
     "signal_latency_ms",
     "spin_catches",
     "step_periods_ms",
@@ -102,6 +106,13 @@ IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
 )
 
 #: Columns of the blocks table ``bench/driver.py`` builds (one row per block), in order.
+#: The block columns of the task beside the segment's that took its leftovers (gating
+#: "leftovers"): its name ("" for none), its units done inside the block and their name. The
+#: block's steps, busy time, idle split, latencies and overruns are both tasks' (the stage's
+#: side work); ``progress`` and ``unit`` stay the segment's task's. Results recorded before
+#: them lack these columns.
+LEFTOVERS_COLUMNS: tuple[str, ...] = ("leftovers_task", "leftovers_progress", "leftovers_unit")
+
 BLOCK_COLUMNS: tuple[str, ...] = (
     "run",  # which pipeline run (one process tree): e.g. "m4-timeslice"
     "case",  # what its side tasks were: "mix", a task name, or "instrumentation"
@@ -140,7 +151,30 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     "pause_ms",
     "sm_clock_mhz",  # median NVML SM clock in the block (NaN without NVML)
     "power_w",  # median NVML board power in the block (NaN without NVML)
+    *LEFTOVERS_COLUMNS,
 )
+
+
+def side_work(row: Mapping[str, Any]) -> str:
+    """A summary row's side work in words: its task, and the task that took its leftovers.
+
+    >>> side_work({"task": "vgg19", "leftovers_task": "image"})
+    'vgg19 + image (leftovers)'
+    >>> side_work({"task": "vgg19"})
+    'vgg19'
+    """
+    task, rest = str(row.get("task") or ""), row.get("leftovers_task") or ""
+    return f"{task} + {leftovers_key(str(rest))}" if rest else task
+
+
+def leftovers_key(task: str) -> str:
+    """The name a leftovers task's dedicated speed goes by in its segment's ``SegmentKey``
+    (apart from the segment's own task, which may be the same task).
+
+        >>> leftovers_key("image")
+        'image (leftovers)'
+    """
+    return f"{task} (leftovers)"
 
 
 # -- order and statistics ---------------------------------------------------------------------

@@ -17,9 +17,11 @@ import pandas as pd
 from freeride_lab.bench.stats import (
     BLOCK_COLUMNS,
     IDLE_SPLIT_COLUMNS,
+    LEFTOVERS_COLUMNS,
     MODES,
     REFERENCE_MODE,
     SegmentKey,
+    leftovers_key,
     median,
     overhead_interval,
     paired_ratios,
@@ -105,6 +107,17 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "vanilla_idle_se_frac",
     "vanilla_idle_df",
     "dedicated_per_s",  # this segment's own dedicated speed (its solo phases)
+    # the task beside it that took its leftovers ("" for none: bench.stats.LEFTOVERS_COLUMNS),
+    # its work, speed and dedicated speed, and its own share of the stage's harvest; where it
+    # ran, harvest and the idle split above are the stage's, both tasks' together
+    "leftovers_task",
+    "leftovers_unit",
+    "leftovers_progress",
+    "leftovers_throughput_per_s",
+    "leftovers_throughput_se_per_s",
+    "leftovers_throughput_df",
+    "leftovers_dedicated_per_s",
+    *with_interval("leftovers_harvest_of_measured_idle", "frac"),
     *with_interval("harvest", "frac"),  # work at that speed ÷ wall time
     "harvest_se_frac",
     "harvest_df",
@@ -176,18 +189,28 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
 
 #: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
 _LISTS_LATER: tuple[str, ...] = ("pause_ms", "wake_ms", "announce_ms", "late_ms", "spun")
-_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, *_LISTS_LATER)
+_LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, *_LISTS_LATER, *LEFTOVERS_COLUMNS)
 
 
 def _with_later_columns(blocks: pd.DataFrame) -> pd.DataFrame:
     """``blocks`` with what older results did not record read as not measured: NaN for the
     idle split, no pauses or wake-ups (an empty tuple) where a block has no list of them."""
     blocks = blocks.assign(**{c: math.nan for c in IDLE_SPLIT_COLUMNS if c not in blocks.columns})
+    defaults: tuple[str | float, ...] = ("", 0.0, "")  # no task took leftovers
+    blocks = blocks.assign(
+        **{c: _column(blocks, c, d) for c, d in zip(LEFTOVERS_COLUMNS, defaults, strict=True)}
+    )
     lists = {}
     for name in _LISTS_LATER:
         given = blocks[name] if name in blocks.columns else [None] * len(blocks)
         lists[name] = [tuple(x) if isinstance(x, list | tuple) else () for x in given]
     return blocks.assign(**lists)
+
+
+def _column(blocks: pd.DataFrame, name: str, default: str | float) -> list[str | float]:
+    """``blocks[name]`` with ``default`` where it is missing (NaN, None, or no column)."""
+    given = blocks[name] if name in blocks.columns else [None] * len(blocks)
+    return [default if x is None or (isinstance(x, float) and math.isnan(x)) else x for x in given]
 
 
 def summarize_blocks(
@@ -229,6 +252,12 @@ def summarize_blocks(
         m = microbatches if isinstance(microbatches, int) else microbatches[run]
         limit = (limits or {}).get(run, bubble_limit(stages, m))
         theta = float(dedicated_per_s.get((run, case, stage, task), math.nan)) if task else math.nan
+        rest = next((str(x) for x in seg["leftovers_task"] if x), "")
+        theta_rest = (
+            float(dedicated_per_s.get((run, case, stage, leftovers_key(rest)), math.nan))
+            if rest
+            else math.nan
+        )
         order, modes, step_ms = list(seg["order"]), list(seg["mode"]), list(seg["step_ms_median"])
         ref = seg[seg["mode"] == REFERENCE_MODE]
         ref_steps = _step_groups(ref)
@@ -250,8 +279,15 @@ def summarize_blocks(
             progress = float(done.sum())
             throughput = ratio_interval(done, wall)
             idle = ratio_interval(bubble_s, wall)  # of these blocks, for the tables
-            if task and theta > 0:
-                harvest = ratio_interval(done / theta, wall)
+            done_rest = b["leftovers_progress"].to_numpy(dtype=float)
+            rest_harvest = Interval.point(math.nan, len(b))
+            if rest and theta_rest > 0:
+                rest_harvest = ratio_interval(done_rest / theta_rest, wall)
+            if rest and not theta_rest > 0:  # the stage's work cannot be valued whole
+                harvest = Interval.point(math.nan, len(b))
+            elif task and theta > 0:
+                work_s = done / theta + (done_rest / theta_rest if rest else 0.0)
+                harvest = ratio_interval(work_s, wall)
             elif not task or progress == 0:
                 harvest = Interval(0.0, 0.0, 0.0, 0.0, math.nan, len(b))
             else:
@@ -284,13 +320,14 @@ def summarize_blocks(
                         if bubble_ms > 0
                         else math.nan
                     ),
-                    "step_speed_of_solo_frac": step_speed_of_solo(b, theta),
+                    "step_speed_of_solo_frac": step_speed_of_solo(b, theta, theta_rest),
                     **_idle_parts(b, bubble_ms),
                     "idle_frac": idle.value,
                     "vanilla_idle_frac": vanilla_idle.value,
                     "vanilla_idle_se_frac": vanilla_idle.se,
                     "vanilla_idle_df": vanilla_idle.df,
                     "dedicated_per_s": theta,
+                    **_leftovers_columns(b, rest, theta_rest, rest_harvest, vanilla_idle),
                     **interval_columns("harvest", "frac", harvest, spread=True),
                     "bubble_limit_frac": limit,
                     **interval_columns(
@@ -454,13 +491,16 @@ def _cost_intervals(
     rates: dict[str, float] = {}
     parts: list[tuple[str, Interval]] = []
     for _, r in g.iterrows():
-        key = reference_keys.get(str(r["task"]), str(r["task"]))
-        rate = float(r["throughput_per_s"])
-        if math.isfinite(rate):
-            rates[key] = rates.get(key, 0.0) + rate
-            iv = Interval.of(rate, float(r["throughput_se_per_s"]), float(r["throughput_df"]),
-                             int(r["blocks"]))  # fmt: skip
-            parts.append((key, iv))
+        for prefix, task in (("", r["task"]), ("leftovers_", r.get("leftovers_task", ""))):
+            if not task:
+                continue
+            key = reference_keys.get(str(task), str(task))
+            rate = float(r[f"{prefix}throughput_per_s"])
+            if math.isfinite(rate):
+                rates[key] = rates.get(key, 0.0) + rate
+                iv = Interval.of(rate, float(r[f"{prefix}throughput_se_per_s"]),
+                                 float(r[f"{prefix}throughput_df"]), int(r["blocks"]))  # fmt: skip
+                parts.append((key, iv))
     o = overhead.value
     if not rates or not math.isfinite(o) or o <= -1:
         return none, none, math.nan
@@ -482,14 +522,43 @@ def _step_groups(blocks: pd.DataFrame) -> list[list[float]]:
     return [list(v) for v in blocks["step_ms"] if isinstance(v, list | tuple) and len(v)]
 
 
-def step_speed_of_solo(b: pd.DataFrame, theta: float) -> float:
+def step_speed_of_solo(b: pd.DataFrame, theta: float, theta_rest: float = math.nan) -> float:
     """Units per second of side-task step time in a mode's blocks ÷ the task's dedicated speed
     ``theta`` (NaN without steps or a dedicated speed): below 1 where its steps ran slower than
-    the task alone, e.g. smaller steps, or steps sharing the device with training."""
+    the task alone, e.g. smaller steps, or steps sharing the device with training. With a task
+    that took the leftovers (dedicated speed ``theta_rest``), the work of both at their own
+    speeds alone per second of their steps."""
     busy_s = float(b["busy_ms"].sum()) / 1e3
     if not busy_s > 0 or not theta > 0:
         return math.nan
-    return float(b["progress"].sum()) / busy_s / theta
+    work_s = float(b["progress"].sum()) / theta
+    rest_done = float(b["leftovers_progress"].sum())
+    if rest_done > 0:
+        if not theta_rest > 0:
+            return math.nan
+        work_s += rest_done / theta_rest
+    return work_s / busy_s
+
+
+def _leftovers_columns(
+    b: pd.DataFrame, rest: str, theta: float, harvest: Interval, vanilla_idle: Interval
+) -> dict[str, object]:
+    """The summary's ``leftovers_*`` columns of a mode's blocks (``rest`` "": none)."""
+    wall = b["wall_s"].to_numpy(dtype=float)
+    done = b["leftovers_progress"].to_numpy(dtype=float)
+    throughput = ratio_interval(done, wall) if rest else Interval.point(math.nan, len(b))
+    return {
+        "leftovers_task": rest,
+        "leftovers_unit": next((str(u) for u in b["leftovers_unit"] if u), ""),
+        "leftovers_progress": float(done.sum()),
+        "leftovers_throughput_per_s": throughput.value,
+        "leftovers_throughput_se_per_s": throughput.se,
+        "leftovers_throughput_df": throughput.df,
+        "leftovers_dedicated_per_s": theta,
+        **interval_columns(
+            "leftovers_harvest_of_measured_idle", "frac", quotient_interval(harvest, vanilla_idle)
+        ),
+    }
 
 
 def _idle_parts(b: pd.DataFrame, bubble_ms: float) -> dict[str, float]:

@@ -279,6 +279,18 @@ def test_what_a_host_does_past_a_predicted_end_reaches_every_run(
     assert {c.runtime.outlived for c in configs} == {outlived}
 
 
+@pytest.mark.parametrize(("words", "leftovers"), [((), ""), (("--leftovers", "image"), "image")])
+def test_a_task_beside_every_segments_task_takes_its_leftovers_when_named(
+    words: tuple[str, ...], leftovers: str
+) -> None:
+    from freeride_lab.bench.profiles import run_segments
+
+    profile = bench_options(*words)
+    plan = profile.runs[0]  # type: ignore[attr-defined]
+    segments = run_segments(profile, plan)  # type: ignore[arg-type]
+    assert segments and {s.leftovers for s in segments} == {leftovers}
+
+
 @pytest.mark.parametrize(("words", "on"), [((), True), (("--governor-signals", "off"), False)])
 def test_the_governors_device_signals_can_be_switched_off_for_an_a_b(
     words: tuple[str, ...], on: bool
@@ -406,3 +418,44 @@ def test_each_segment_measures_with_its_own_task_alone_attached(tmp_path: Path) 
         seg = segments["pagerank", stage]
         assert seg["attached_tasks"] == 1
         assert 0 < seg["setup_s"] < seg["elapsed_s"]
+
+
+@pytest.mark.slow
+def test_a_segment_with_a_leftovers_task_measures_both_alone_and_their_steps_never_meet(
+    tmp_path: Path,
+) -> None:
+    """ResNet-18's CPU step fits none of the tiny run's bubbles: PageRank, beside it with
+    gating "leftovers", is handed them whole. Both are timed alone (ResNet-18 with PageRank
+    attached and idle; PageRank with ResNet-18 parked), and the stage's harvest is theirs."""
+    from runs import read_events
+
+    from freeride_lab.core import events as ev
+
+    out = tmp_path / "leftovers.json"
+    code = main(
+        [
+            "bench", "--profile", "tiny", "--emulate-peers", "--device", "cpu",
+            "--real-stage", "1", "--modes", "vanilla,governed", "--cases", "resnet18",
+            "--leftovers", "pagerank", "--out", str(out), "--run-root", str(tmp_path / "runs"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    (run,) = result["runs"]
+    (seg,) = [s for s in run["segments"] if s["task"] == "resnet18"]
+    beside = seg["leftovers"]
+    assert beside["task"] == "pagerank" and beside["dedicated_before_per_s"] > 0
+    assert beside["dedicated_after_per_s"] > 0
+    (row,) = [r for r in result["summary"] if r["mode"] == "governed"]
+    assert (row["task"], row["leftovers_task"]) == ("resnet18", "pagerank")
+    assert row["leftovers_progress"] > 0
+    rest_share = row["leftovers_harvest_of_measured_idle_frac"] * row["vanilla_idle_frac"]
+    assert row["harvest_frac"] >= rest_share * (1 - 1e-9)  # both tasks' work, PageRank's in it
+    events = Path(run["run_dir"]) / "events"
+    spans = {}
+    for task_id in (seg["task_id"], beside["task_id"]):
+        steps = read_events(events / f"task-{task_id}.jsonl")
+        spans[task_id] = [(e.start_ns, e.end_ns) for e in steps if isinstance(e, ev.SideTaskStep)]
+    main_steps, rest_steps = spans[seg["task_id"]], spans[beside["task_id"]]
+    assert rest_steps
+    assert not [(a, b) for a in main_steps for b in rest_steps if a[0] < b[1] and b[0] < a[1]]

@@ -338,6 +338,7 @@ def _managed_block_row(
     steps: list[list[object]],
     bubbles_ms: list[tuple[float, float]],
     announced: list[tuple[float, float, float]],
+    **block_fields: object,
 ) -> dict[str, Any] | None:
     """``block_row`` of a managed block of task t1 on stage 0 (training step 0, 0-30 ms): its
     side-task ``steps`` (rows of ``SIDE_TASK_STEP_COLUMNS``), the rank's measured bubbles and
@@ -358,7 +359,8 @@ def _managed_block_row(
         for edge, ms in (("start", a), ("end", b))
     ]  # fmt: skip
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
-             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1}  # fmt: skip
+             "task": "counting", "task_id": "t1", "repeat": 0, "order": 1,
+             **block_fields}  # fmt: skip
     return bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
                                    edges, [], 0)  # fmt: skip
 
@@ -599,3 +601,72 @@ def test_a_result_records_the_product_settings_its_processes_inherited(
     environment = bench_results.machine()["environment"]
     assert environment["FREERIDE_SPIN_LEAD_US"] == "0"
     assert all(name.startswith("FREERIDE_") for name in environment)
+
+
+# -- a second task on the stage, taking the first one's leftovers ------------------------------
+
+
+def test_a_block_with_a_leftovers_task_splits_the_stages_bubble_time_over_both_tasks_steps() -> (
+    None
+):
+    """Bubble 0-10 ms: the main task's steps 1-4 and 4.5-7, then the leftovers task's 7.2-8
+    and 8-9.5; bubble 12-14 too short for the main task, taken whole by the leftovers task
+    (12.3-13.8). Another task's steps on the stage are not the block's."""
+    nan = float("nan")
+    rows = [("t1", "counting", 1.0, 4.0, 2.0), ("t1", "counting", 4.5, 7.0, 2.0),
+            ("t2", "tiles", 7.2, 8.0, 5.0), ("t2", "tiles", 8.0, 9.5, 5.0),
+            ("t2", "tiles", 12.3, 13.8, 5.0), ("t9", "other", 20.0, 21.0, 9.0)]  # fmt: skip
+    steps = [[task_id, name, 0, 0, 1, a, b, b - a, done, "u-" + name, 0.0, *[nan] * 5]
+             for task_id, name, a, b, done in rows]  # fmt: skip
+    row = _managed_block_row(
+        steps, [(0.0, 10.0), (12.0, 14.0)], [(0.0, 10.0, 9.8), (12.0, 14.0, 13.9)],
+        leftovers_task="tiles", leftovers_task_id="t2",
+    )  # fmt: skip
+    assert row is not None
+    assert (row["progress"], row["unit"]) == (4.0, "u-counting")  # the segment's task's
+    assert (row["leftovers_task"], row["leftovers_progress"]) == ("tiles", 15.0)
+    assert row["leftovers_unit"] == "u-tiles"
+    assert row["side_steps"] == 5
+    assert row["busy_in_bubble_ms"] == pytest.approx(3.0 + 2.5 + 0.8 + 1.5 + 1.5)
+    assert (row["idle_unused_ms"], row["unused_bubbles"]) == (0.0, 0)
+    assert row["idle_tail_ms"] == pytest.approx(0.5 + 0.2)
+
+
+def _with_leftovers(result: dict[str, Any], progress: float, speed: float) -> None:
+    """Give every pagerank segment of ``result`` an image task beside it that did
+    ``progress`` units in each managed block, alone at ``speed`` units/s."""
+    for run in result["runs"]:
+        for seg in run["segments"]:
+            seg["leftovers"] = {"task": "image", "task_id": "t2", "unit": "images",
+                                "dedicated_before_per_s": speed}  # fmt: skip
+    for block in result["blocks"]:
+        block["leftovers_task"] = "image"
+        block["leftovers_unit"] = "images" if block["mode"] == "managed" else ""
+        block["leftovers_progress"] = progress if block["mode"] == "managed" else 0.0
+
+
+def test_a_stages_harvest_is_both_tasks_work_each_at_its_own_dedicated_speed() -> None:
+    """Per managed block of 0.4 s: 400 iterations of pagerank (4,000/s alone) and 20 images
+    (500/s alone): 0.1 s + 0.04 s of dedicated work in 0.4 s, harvest 35%, the image task's
+    own 10%; its speed is keyed apart from the segment's task's."""
+    result = _result(_run("m4", {"dedicated_per_s": 4000.0}, (1.0,) * 5))
+    _with_leftovers(result, progress=20.0, speed=500.0)
+    bench_results.fill_tables(result, stages=4)
+    row = _managed(result, "m4")
+    assert row["harvest_frac"] == pytest.approx((400 / 4000 + 20 / 500) / 0.4)
+    assert row["leftovers_task"] == "image"
+    assert row["leftovers_throughput_per_s"] == pytest.approx(20 / 0.4)
+    idle = row["vanilla_idle_frac"]
+    assert row["leftovers_harvest_of_measured_idle_frac"] == pytest.approx(20 / 500 / 0.4 / idle)
+    assert row["harvest_of_measured_idle_frac"] == pytest.approx(row["harvest_frac"] / idle)
+    speeds = {(d["task"], d["dedicated_per_s"]) for d in result["dedicated"]}
+    assert speeds == {("pagerank", 4000.0), ("image (leftovers)", 500.0)}
+    (pipeline,) = [r for r in result["pipeline"] if r["mode"] == "managed"]
+    assert pipeline["harvest_frac"] == pytest.approx(row["harvest_frac"] / 4)
+
+
+def test_a_stages_harvest_is_unknown_while_its_leftovers_tasks_speed_is() -> None:
+    result = _result(_run("m4", {"dedicated_per_s": 4000.0}, (1.0,) * 5))
+    _with_leftovers(result, progress=20.0, speed=float("nan"))
+    bench_results.fill_tables(result, stages=4)
+    assert _managed(result, "m4")["harvest_frac"] is None  # not the main task's alone
