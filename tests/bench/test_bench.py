@@ -291,6 +291,17 @@ def test_a_task_beside_every_segments_task_takes_its_leftovers_when_named(
     assert segments and {s.leftovers for s in segments} == {leftovers}
 
 
+def test_a_parked_tasks_smallest_step_fits_no_bubble_the_open_gate_included() -> None:
+    """While the task beside it is timed alone, the segment's task is parked under a guard no
+    bubble holds; a task with step sizes guards its smallest step with a share of it."""
+    from freeride_lab.bench import blocks
+    from freeride_lab.core.budget import sized_budget_ns
+    from freeride_lab.pipeline import emulate_control
+
+    guard_ns = sized_budget_ns(int(blocks._PARKED_MS * 1e6), 1, 64, None, None)
+    assert guard_ns > emulate_control._OPEN_FOR_NS
+
+
 @pytest.mark.parametrize(("words", "on"), [((), True), (("--governor-signals", "off"), False)])
 def test_the_governors_device_signals_can_be_switched_off_for_an_a_b(
     words: tuple[str, ...], on: bool
