@@ -300,8 +300,8 @@ def _bubble_schedule(s: Source) -> bool:
 _WHERE_IDLE = (
     "2026-12-04, latest: where the idle time goes, and two levers against it; on the H100, "
     "2026-12-06, afternoon: finer steps and a narrower guard with the peers held fixed, and "
-    "where the tail goes; and evening: past the predicted end, and the feedback predictor at "
-    "M = 8"
+    "where the tail goes; evening: past the predicted end, and the feedback predictor at "
+    "M = 8; and night: a second task on the leftovers"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"

@@ -37,6 +37,7 @@ from typing import Any
 from goal_status import PEER_FIX_NOTE, Source, before_peer_fix
 
 from freeride_lab.bench.markdown import fmt_interval, md_table, run_label
+from freeride_lab.bench.stats import side_work
 from freeride_lab.core.intervals import Interval, quotient_interval, sum_interval
 
 __all__ = [
@@ -214,11 +215,11 @@ def bench_comparisons(on: Arm, off: Arm | None, shown: str) -> list[Comparison]:
         other = off_rows.get(key)
         if off is not None and other is None:
             continue
-        run, _, stage, task = key
+        run, _, stage, _ = key
         mode = "" if off is not None and off.mode != on.mode else f", {on.mode}"
         out.append(
             Comparison(
-                _ab_text(on, off, shown), f"{stage} · {task}{mode} ({run_label(run)})",
+                _ab_text(on, off, shown), f"{stage} · {side_work(row)}{mode} ({run_label(run)})",
                 _effect(_harvest(row), None if other is None else _harvest(other)),
                 _effect(_overhead(row), None if other is None else _overhead(other)),
                 (on.source,) if off is None else (on.source, off.source),
@@ -419,6 +420,13 @@ LEVERS: tuple[Lever, ...] = (
           "that lasted longer give (their shortest, one in five set aside) and goes on "
           "stepping while a step fits it, sleeping through lengths too close for one (off: "
           "`stop`, FreeRide's: no step past the prediction)", ""),
+    Lever("leftovers", "2. fit the tails: a second task on the leftovers",
+          "`--leftovers image` (gating \"leftovers\"): the image task beside each stage's "
+          "task takes the bubble time it leaves, the bubbles too short for its steps and the "
+          "end of each bubble after its last step, handed on by its host (off: the stage's task "
+          "alone, FreeRide's one side task per GPU). Harvest counts both tasks' work, each at "
+          "its own speed alone; arms from two invocations back to back on one machine, the "
+          "peers replaying one calibration", ""),
     Lever("micro_batches", "2. fit the tails: micro-batches",
           "a vision task's batch in K slices with gradient accumulation: shorter steps, the same "
           "optimizer steps", ""),

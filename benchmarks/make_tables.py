@@ -53,6 +53,7 @@ from freeride_lab.bench.markdown import (
     fmt_num,
     fmt_pct,
     fmt_rate,
+    fmt_throughput,
     goal_figure,
     markdown,
     md_table,
@@ -63,7 +64,7 @@ from freeride_lab.bench.markdown import (
 )
 from freeride_lab.bench.placement import predicted_fill_ms
 from freeride_lab.bench.results import fill_tables
-from freeride_lab.bench.stats import GATED_MODES
+from freeride_lab.bench.stats import GATED_MODES, side_work
 from freeride_lab.core.budget import sized_budget_ns
 from freeride_lab.core.intervals import Interval
 from freeride_lab.sidetasks.api import doubling_sizes
@@ -372,6 +373,16 @@ H100_D_FEEDBACK = ("h100-2026-12-06d-m8-feedback-s02.json", "M = 8, feedback pre
 H100_D_SURVIVORS = ("h100-2026-12-06d-m8-survivors-s02.json", "M = 8, past the end: survivors")
 H100_D_STOP = ("h100-2026-12-06d-m8-stop-s02.json", "M = 8, past the end: stop")
 H100_12_06D = (H100_D_MIN, H100_D_FEEDBACK, H100_D_SURVIVORS, H100_D_STOP)
+#: The night's two H100 calls of 2026-12-06 (one machine, source digest 16da3c39, commit
+#: c060353; the results name an older checkout commit, "+changes"): stages 1 and 3 with the
+#: options of ``H100_C_M8_OFF``, the peers replaying the afternoon's stages-1-and-3
+#: calibration of the same M; the image task beside each stage's task with gating
+#: "leftovers" (``--leftovers image``), then each stage's task alone. M = 8 first, then M = 4.
+H100_E_M8_ON = ("h100-2026-12-06e-m8-leftovers-s13.json", "M = 8, image on the leftovers")
+H100_E_M8_OFF = ("h100-2026-12-06e-m8-alone-s13.json", "M = 8, alone")
+H100_E_M4_ON = ("h100-2026-12-06e-m4-leftovers-s13.json", "M = 4, image on the leftovers")
+H100_E_M4_OFF = ("h100-2026-12-06e-m4-alone-s13.json", "M = 4, alone")
+H100_12_06E = (H100_E_M8_ON, H100_E_M8_OFF, H100_E_M4_ON, H100_E_M4_OFF)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1162,13 +1173,13 @@ def _idle_split(files: Sequence[tuple[str, str]]) -> list[str]:
     why = [(c, h) for c, h in UNUSED_WHY if any(recorded(r.get(c)) for _, r in picked)]
     tail = [TAIL_PAST] if any(recorded(r.get(TAIL_PAST[0])) for _, r in picked) else []
     rows = [
-        [label, f"{r['stage']} · {r['task']}", r["mode"],
+        [label, f"{r['stage']} · {side_work(r)}", r["mode"],
          *(fmt_pct(r[c], 1) for c in ("bubble_used_frac", "idle_lead_frac", "idle_between_frac",
                                       "idle_tail_frac")),
          *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in tail),
          fmt_pct(r["idle_unused_frac"], 1),
          *(fmt_pct(r.get(c, float("nan")), 1) for c, _ in why),
-         f"{fmt_rate(r['throughput_per_s'])} {r['unit']}/s",
+         fmt_throughput(r),
          fmt_pct(r.get("step_speed_of_solo_frac", float("nan")), 0),
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_frac_interval(r, "overhead", 2, signed=True)]
@@ -1199,13 +1210,21 @@ def _throughput_interval(r: dict[str, Any]) -> str:
     """A row's side-task throughput with its 95% interval over blocks."""
     iv = Interval.of(r["throughput_per_s"], r["throughput_se_per_s"], r["throughput_df"],
                      int(r["blocks"]))  # fmt: skip
-    return f"{fmt_rate(iv.value)} [{fmt_rate(iv.lo)}, {fmt_rate(iv.hi)}] {r['unit']}/s"
+    text = f"{fmt_rate(iv.value)} [{fmt_rate(iv.lo)}, {fmt_rate(iv.hi)}] {r['unit']}/s"
+    if r.get("leftovers_task"):  # and the work of the task that took its leftovers
+        rest = Interval.of(r["leftovers_throughput_per_s"], r["leftovers_throughput_se_per_s"],
+                           r["leftovers_throughput_df"], int(r["blocks"]))  # fmt: skip
+        text += (
+            f" + {fmt_rate(rest.value)} [{fmt_rate(rest.lo)}, {fmt_rate(rest.hi)}] "
+            f"{r['leftovers_unit']}/s"
+        )
+    return text
 
 
 def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> list[str]:
     """Per file, stage and mode: the work done, what it cost, and where it ran."""
     rows = [
-        [label, f"{r['stage']} · {r['task']}", r["mode"],
+        [label, f"{r['stage']} · {side_work(r)}", r["mode"],
          _highest_duty(data, r["stage"]) if r["mode"] == "trickle" else "—",
          _throughput_interval(r),
          fmt_frac_interval(r, "overhead", 2, signed=True),
@@ -1376,7 +1395,7 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
-                                 *H100_12_06D)),
+                                 *H100_12_06D, *H100_12_06E)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1475,6 +1494,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
         "predictor": _predictor(),
         "outlived": _on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
+        "leftovers": [*_on_off(H100_E_M8_ON, H100_E_M8_OFF, "table `h100-12-06e-stages`"),
+                      *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`")],
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
                        *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
@@ -1623,6 +1644,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06c-slots": lambda: slots_against_the_guard(H100_12_06C),
     "h100-12-06d-stages": lambda: _side_by_side(H100_12_06D, ("governed",)),
     "h100-12-06d-idle-split": lambda: _idle_split(H100_12_06D),
+    "h100-12-06e-stages": lambda: _side_by_side(H100_12_06E, ("governed",)),
+    "h100-12-06e-idle-split": lambda: _idle_split(H100_12_06E),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices

@@ -470,8 +470,10 @@ class RunDriver:
         def done() -> bool:
             if loop is not None:
                 for rec in loop.tick():
+                    rest = seg.leftovers_id and rec.get("task_id") == seg.leftovers_id
                     self.record["governor"].append(
-                        {"stage": seg.stage, "task": seg.task, "mode": mode,
+                        {"stage": seg.stage, "mode": mode,
+                         "task": bs.leftovers_key(seg.leftovers) if rest else seg.task,
                          "budget_ms": rec["budget_ms"], "trickle_duty": rec["trickle_duty"],
                          "reason": rec["reason"], "applied": rec["applied"]}
                     )  # fmt: skip
