@@ -918,3 +918,28 @@ def test_a_main_task_without_a_leftovers_task_hands_nothing_on(
     host._run_bubble(edge)
     sink.close()
     assert not path.exists()
+
+
+def test_a_damaged_leftovers_file_leaves_the_main_task_stepping(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    path.write_bytes(b"not an edge file")
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
+    )
+    for step in range(2):
+        start = time.time_ns()
+        edges.bubble_start(step, 0, start, start + 8 * MS)
+        edge = host._wait_for_edge(1.0)
+        assert edge is not None
+        host._run_bubble(edge)  # hands on nothing, raises nothing
+        edges.bubble_end(step, 0, time.time_ns())
+        assert host._wait_for_edge(1.0) is not None
+    sink.close()
+    assert {s.step for s in steps_of(task_events_at(tmp_path / "task.jsonl"))} == {0, 1}
+    assert path.read_bytes() == b"not an edge file"

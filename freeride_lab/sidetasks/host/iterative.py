@@ -218,7 +218,7 @@ class IterativeSteps(StepAccounting):
             return None
         try:
             writer = EdgeWriter.create(path, clock_offset_ns=self.reader.clock_offset_ns)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # unwritable, or not an edge file: this task goes on
             log.warning("no hand-ons to the leftovers task (%s): %s", path, exc)
             self._leftovers = False
             return None
