@@ -110,7 +110,20 @@ class StagePlacer:
     ) -> tuple[int, str]:
         """The rank for ``record`` under ``limits``, and how it was chosen (placement rules,
         ``policy`` ordering the stages when ``stage`` is None)."""
-        infos, notes = self.stage_infos(exclude=record.id)
+        leftovers = record.gating == "leftovers"
+        infos, notes = self.stage_infos(exclude=record.id, leftovers=leftovers)
+        if leftovers:  # beside a stage's main task, in the queue of the tasks beside them
+            mains = self._ranks_with_main(exclude=record.id)
+            if stage is None:
+                infos = {r: info for r, info in infos.items() if r in mains}
+                if not infos:
+                    raise ValueError(
+                        "gating='leftovers' takes the bubble time a stage's main side task "
+                        "leaves, and no stage has one: attach a main task first, or name the "
+                        "stage one will go to (stage=...)"
+                    )
+            elif self.rank_for(stage) not in mains:
+                notes.append(f"stage {stage} has no main side task yet: it waits for one")
         if record.gating == "none":
             # Naive co-location runs through training compute, so bubbles do not bound its steps.
             infos = {r: dataclasses.replace(info, bubble_ms=None) for r, info in infos.items()}
@@ -152,8 +165,12 @@ class StagePlacer:
     def check_stage(self, record: TaskRecord, limits: GpuLimits, rank: int) -> None:
         self.choose_rank(record, limits, self.lowest(rank))
 
-    def stage_infos(self, *, exclude: str = "") -> tuple[dict[int, StageInfo], list[str]]:
-        """Placement's view of each rank (keyed by rank), plus notes on what is not known."""
+    def stage_infos(
+        self, *, exclude: str = "", leftovers: bool = False
+    ) -> tuple[dict[int, StageInfo], list[str]]:
+        """Placement's view of each rank (keyed by rank), plus notes on what is not known.
+        Its queues hold the stages' main tasks, or with ``leftovers`` the tasks beside them
+        (gating "leftovers"): the two take turns apart (``sidetasks.worker``)."""
         notes: list[str] = []
         free = free_bytes_by_rank(self._memory())
         if not free:
@@ -164,6 +181,8 @@ class StagePlacer:
         queues: dict[int, list[QueuedTask]] = {r: [] for r in self.ranks}
         for record in self.book.records().values():
             if record.id == exclude or not self.book.live(record):
+                continue
+            if (record.gating == "leftovers") != leftovers:
                 continue
             if record.rank in queues:
                 priority = 1 - int(record.limits.get("priority", 1))
@@ -178,6 +197,14 @@ class StagePlacer:
             for r in self.ranks
         }
         return infos, notes
+
+    def _ranks_with_main(self, *, exclude: str) -> set[int]:
+        """The ranks with a live main side task (any gating but "leftovers")."""
+        return {
+            record.rank
+            for record in self.book.records().values()
+            if record.id != exclude and record.gating != "leftovers" and self.book.live(record)
+        }
 
     def step_s(self, record: TaskRecord) -> float | None:
         """The task's profiled median step time, if a profile is on record."""

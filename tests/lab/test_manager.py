@@ -263,6 +263,28 @@ def test_placement_follows_free_memory_and_queue_length(run: Run) -> None:
     assert [first["stage"], second["stage"], third["stage"]] == [1, 2, 3]
 
 
+def test_a_leftovers_task_goes_beside_a_main_task_and_queues_apart_from_them(run: Run) -> None:
+    """Main tasks on stages 1 and 2: a leftovers task placed freely goes beside one of them,
+    and neither kind lengthens the other's queue."""
+    run.set_free_gib(24, 24, 24, 24)
+    for stage in (1, 2):
+        run.manager.attach(COUNTING, stage=stage)
+    first = run.manager.attach(COUNTING, gating="leftovers")
+    second = run.manager.attach(COUNTING, gating="leftovers")
+    assert {first["stage"], second["stage"]} == {1, 2}  # each to the shorter leftovers queue
+    assert run.manager.attach(COUNTING)["stage"] in (0, 3)  # main queues: 1 and 2 hold one
+
+
+def test_a_leftovers_task_with_no_main_task_anywhere_is_refused_saying_what_to_do(
+    run: Run,
+) -> None:
+    with pytest.raises(ValueError, match="no stage has one: attach a main task first"):
+        run.manager.attach(COUNTING, gating="leftovers")
+    assert run.sent == []
+    waiting = run.manager.attach(COUNTING, gating="leftovers", stage=2)
+    assert "stage 2 has no main side task yet: it waits for one" in waiting["placement"]
+
+
 def test_placement_without_measurements_says_what_it_skipped(run: Run) -> None:
     task = run.manager.attach(COUNTING)
     assert "free memory not measured yet" in task["placement"]
