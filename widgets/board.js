@@ -89,6 +89,8 @@ function card(model, task, ctx) {
     "aria-label": `${caption}: ${state}. ${task.why ?? ""}` },
     h("div", { class: "fr-card-head" }, h("b", {}, task.label ?? task.name),
       task.label && task.label !== task.name ? h("code", { class: "fr-code" }, task.name) : "",
+      task.gating === "leftovers" ? h("span", { class: "fr-badge", "data-testid": `leftovers-${task.id}`,
+        title: "takes only the bubble time the stage's main task leaves" }, "leftovers") : "",
       h("span", { class: "fr-state", "data-testid": `state-${task.id}` }, `${ICONS[state] ?? ""} ${state}${task.final ? " (final)" : ""}`),
       toggle),
     h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,

@@ -1,7 +1,8 @@
 """The dashboard as a user sees it in JupyterLab (system Chromium): it fits the cell at 800, 1200
 and 1800 px with nothing overlapping and no horizontal scroll, the figures' tool bar covers no
-title, it follows the dark theme, every card says its state and why, both spellings of a task
-are on the page, and cards and sliders work from the keyboard.
+title, it follows the dark theme, every card says its state and why (and a task on the
+leftovers says so), both spellings of a task are on the page, and cards and sliders work from
+the keyboard.
 
 One notebook serves the module: a ``FakeSession`` (tests/ui/fake_session.py) with four side
 tasks in four states, its ``Dashboard`` ticked by hand (no pump, so nothing moves under the
@@ -32,7 +33,8 @@ SETUP = (
     "GIB = 1024**3\n"
     "session._tasks['t1'].update(state='PAUSED', budget_ms=400.0)  # no bubble is that long\n"
     "session._tasks['t3'].update(state='FAILED', error='CUDA out of memory allocating 2.0 GiB')\n"
-    "session._tasks['t4'].update(state='STOPPED', reason='overran its bubble 3 times (KILL)')\n"
+    "session._tasks['t4'].update(state='STOPPED', reason='overran its bubble 3 times (KILL)',\n"
+    "                            gating='leftovers')  # beside t2 on stage 2\n"
     "readings = iter(range(1, 10**6))\n\n"
     "def read():\n"
     "    t = next(readings)\n"
@@ -191,6 +193,13 @@ def test_both_spellings_and_the_id_are_on_the_page(dashboard):
         "(cards) => cards.map((c) => c.getAttribute('aria-label'))"
     )
     assert len(labels) == 4 and all(label and " · t" in label for label in labels)
+
+
+def test_a_task_on_the_leftovers_says_so_on_its_card(dashboard):
+    badge = dashboard.page.get_by_test_id("leftovers-t4")
+    assert badge.inner_text() == "leftovers"
+    assert "main task leaves" in (badge.get_attribute("title") or "")
+    assert dashboard.page.get_by_test_id("leftovers-t2").count() == 0
 
 
 def kernel_value(lab: Any, expression: str) -> Any:
