@@ -1222,7 +1222,16 @@ def _throughput_interval(r: dict[str, Any]) -> str:
 
 
 def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> list[str]:
-    """Per file, stage and mode: the work done, what it cost, and where it ran."""
+    """Per file, stage and mode: the work done, what it cost, and where it ran; where a row
+    records it, the hand-on's latency to a task on the leftovers too."""
+    picked = [
+        (label, data, r)
+        for name, label in files
+        for data in [result(name)]
+        for r in data["summary"]
+        if r["mode"] in modes
+    ]
+    handon = any(recorded(r.get("handon_p99_ms")) for _, _, r in picked)
     rows = [
         [label, f"{r['stage']} · {side_work(r)}", r["mode"],
          _highest_duty(data, r["stage"]) if r["mode"] == "trickle" else "—",
@@ -1230,19 +1239,22 @@ def _side_by_side(files: Sequence[tuple[str, str]], modes: tuple[str, ...]) -> l
          fmt_frac_interval(r, "overhead", 2, signed=True),
          fmt_frac_interval(r, "harvest_of_measured_idle", 0),
          fmt_pct(r["bubble_used_frac"], 0), fmt_pct(r["idle_unused_frac"], 0),
-         "—" if r["latency_p99_ms"] is None or r["latency_p99_ms"] != r["latency_p99_ms"]
-         else f"{r['latency_p99_ms']:.2f}"]
-        for name, label in files
-        for data in [result(name)]
-        for r in data["summary"]
-        if r["mode"] in modes
+         _ms_or_dash(r.get("latency_p99_ms")),
+         *([_ms_or_dash(r.get("handon_p99_ms"))] if handon else [])]
+        for label, data, r in picked
     ]  # fmt: skip
     return md_table(
         ["", "stage · task", "mode", "highest trickle duty", "throughput [95%]", "overhead [95%]",
          "harvest of measured idle [95%]", "bubble time under steps", "unused bubbles",
-         "edge → step p99 ms"],
+         "edge → step p99 ms",
+         *(["bubbles left whole: edge → leftovers step p99 ms"] if handon else [])],
         _first_of_run(rows),
     )  # fmt: skip
+
+
+def _ms_or_dash(value: Any) -> str:
+    """Milliseconds to two decimals, "—" where not measured."""
+    return f"{value:.2f}" if recorded(value) else "—"
 
 
 def graphed_steps() -> list[str]:

@@ -346,6 +346,7 @@ def block_row(
     late: list[float] = []
     spun: list[float] = []
     pause: list[float] = []
+    handon: list[float] = []
     # the bubbles the rank announced, ms after t0, with their predicted end where it had one
     told: list[tuple[float, ...]] = []
     announce: list[float] = []
@@ -364,6 +365,7 @@ def block_row(
                 pairs.append((start, int(e["t_ns"])))
                 predictions.append(predicted)
         step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
+        main_ns = [round(x * 1e6) + t0 for x in main["start_ms"]]  # the stage's task's
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         guard_at = _guards_of_steps(s)
         for (a, e), p in zip(pairs, predictions, strict=True):
@@ -374,13 +376,17 @@ def block_row(
             told.append(announced)
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
         announce = bs.announce_lag_ms(gaps_ns, starts_ns)
-        latency = bs.signal_latency_ms(starts_ns, ends_ns, step_ns)
-        wake = bs.wake_latency_ms(starts_ns, ends_ns, step_ns, _times_ns(s, "seen_ms", t0))
-        spin_from, spin_until = _times_ns(s, "spin_from_ms", t0), _times_ns(s, "spin_until_ms", t0)
+        latency = bs.signal_latency_ms(starts_ns, ends_ns, main_ns)
+        wake = bs.wake_latency_ms(starts_ns, ends_ns, main_ns, _times_ns(main, "seen_ms", t0))
+        spin_from = _times_ns(main, "spin_from_ms", t0)
+        spin_until = _times_ns(main, "spin_until_ms", t0)
         late, spun = bs.spin_catches(
-            starts_ns, ends_ns, step_ns, _times_ns(s, "expected_ms", t0),
+            starts_ns, ends_ns, main_ns, _times_ns(main, "expected_ms", t0),
             list(zip(spin_from, spin_until, strict=True)),
         )  # fmt: skip
+        if rest_id:
+            rest_ns = [round(x * 1e6) + t0 for x in rest["start_ms"]]
+            handon = bs.handon_latency_ms(starts_ns, ends_ns, main_ns, rest_ns)
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
@@ -432,6 +438,7 @@ def block_row(
         "spun": spun,
         "announce_ms": announce,
         "pause_ms": pause,
+        "handon_ms": handon,
         "sm_clock_mhz": bs.median(x.sm_clock_mhz for x in window),
         "power_w": bs.median(x.power_w for x in window),
         "leftovers_task": str(b.get("leftovers_task") or ""),

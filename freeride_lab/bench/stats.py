@@ -58,6 +58,7 @@ __all__ = [
     "bubble_use_frac",
     "dedicated_speed",
     "dedicated_throughput_per_s",
+    "handon_latency_ms",
     "interleave",
     "leftovers_key",
     "median",
@@ -149,6 +150,10 @@ BLOCK_COLUMNS: tuple[str, ...] = (
     # tuple: bubble end edge → the last side-task step that still started after it (0 when
     # none did), per bubble used; empty in trickle blocks, whose steps run between bubbles
     "pause_ms",
+    # tuple: with a leftovers task, bubble start edge → its first step, per bubble the stage's
+    # task left whole and it used (``handon_latency_ms``); latency_ms, wake_ms, late_ms and
+    # spun are then the stage's task's own
+    "handon_ms",
     "sm_clock_mhz",  # median NVML SM clock in the block (NaN without NVML)
     "power_w",  # median NVML board power in the block (NaN without NVML)
     *LEFTOVERS_COLUMNS,
@@ -344,6 +349,27 @@ def signal_latency_ms(
     """
     _, used = _used_bubbles(edge_start_ns, edge_end_ns, step_start_ns)
     return [float(first - start) / 1e6 for start, _, _, first in used]
+
+
+def handon_latency_ms(
+    edge_start_ns: Sequence[int],
+    edge_end_ns: Sequence[int],
+    main_step_start_ns: Sequence[int],
+    rest_step_start_ns: Sequence[int],
+) -> list[float]:
+    """Bubble start → the leftovers task's first step start, for every bubble the stage's
+    main task left whole (no step of its own started in it) and the leftovers task used: the
+    main task's host seeing the edge and leaving the bubble, the hand-on, and the leftovers
+    task's host seeing it and stepping (``host.iterative`` [Note: leftovers]).
+
+        >>> handon_latency_ms([0, 10_000_000], [5_000_000, 15_000_000],
+        ...                   [1_000_000], [3_000_000, 10_400_000])
+        [0.4]
+    """
+    _, taken = _used_bubbles(edge_start_ns, edge_end_ns, main_step_start_ns)
+    used = {(start, end) for start, end, _, _ in taken}
+    left = [(a, e) for a, e in zip(edge_start_ns, edge_end_ns, strict=True) if (a, e) not in used]
+    return signal_latency_ms([a for a, _ in left], [e for _, e in left], rest_step_start_ns)
 
 
 def announce_lag_ms(

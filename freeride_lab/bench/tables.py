@@ -131,6 +131,10 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "wake_p50_ms",  # latency's first hop: bubble start edge → the task's host saw it (pooled)
     "announce_p50_ms",  # the hop before: the device at the bubble's start → its edge (pooled)
     "pause_p99_ms",  # bubble end → the last side-task step started after it (pooled)
+    # with a leftovers task: bubble start → its first step, in bubbles the stage's task left
+    # whole (pooled); latency and wake are then the stage's task's own
+    "handon_p50_ms",
+    "handon_p99_ms",
     # the 99th percentile of the mode's step times against the vanilla blocks' (pooled; block
     # bootstrap interval): the tail a training job feels, which a mean hides
     *with_interval("step_p99_inflation", "frac"),
@@ -188,7 +192,9 @@ PIPELINE_COLUMNS: tuple[str, ...] = (
 
 
 #: Block columns that results recorded before them lack (``_with_later_columns`` fills them).
-_LISTS_LATER: tuple[str, ...] = ("pause_ms", "wake_ms", "announce_ms", "late_ms", "spun")
+_LISTS_LATER: tuple[str, ...] = (
+    "pause_ms", "wake_ms", "announce_ms", "late_ms", "spun", "handon_ms",
+)  # fmt: skip
 _LATER_COLUMNS: tuple[str, ...] = (*IDLE_SPLIT_COLUMNS, *_LISTS_LATER, *LEFTOVERS_COLUMNS)
 
 
@@ -343,6 +349,8 @@ def summarize_blocks(
                     "wake_p50_ms": percentile((x for t in b["wake_ms"] for x in t), 50),
                     "announce_p50_ms": percentile((x for t in b["announce_ms"] for x in t), 50),
                     "pause_p99_ms": percentile((x for t in b["pause_ms"] for x in t), 99),
+                    "handon_p50_ms": percentile((x for t in b["handon_ms"] for x in t), 50),
+                    "handon_p99_ms": percentile((x for t in b["handon_ms"] for x in t), 99),
                     **interval_columns(
                         "step_p99_inflation",
                         "frac",

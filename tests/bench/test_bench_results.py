@@ -630,6 +630,9 @@ def test_a_block_with_a_leftovers_task_splits_the_stages_bubble_time_over_both_t
     assert row["busy_in_bubble_ms"] == pytest.approx(3.0 + 2.5 + 0.8 + 1.5 + 1.5)
     assert (row["idle_unused_ms"], row["unused_bubbles"]) == (0.0, 0)
     assert row["idle_tail_ms"] == pytest.approx(0.5 + 0.2)
+    # the signal latency is the stage's task's; the bubble it left whole is the hand-on's
+    assert row["latency_ms"] == [pytest.approx(1.0)]
+    assert row["handon_ms"] == [pytest.approx(0.3)]
 
 
 def _with_leftovers(result: dict[str, Any], progress: float, speed: float) -> None:
