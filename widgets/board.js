@@ -29,7 +29,6 @@ function h(tag, attrs = {}, ...children) {
 const gib = (bytes) => (bytes == null ? "?" : `${(bytes / GIB).toFixed(1)} GiB`);
 const num = (x) => (typeof x === "number" ? x.toLocaleString(undefined, { maximumFractionDigits: 1 }) : "0");
 let seq = 0; // makes every request a change, even when it repeats the last one
-
 const send = (model, request) => { model.set("request", { ...request, seq: ++seq }); model.save_changes(); };
 
 function drop(zone, onDrop) {
@@ -89,8 +88,7 @@ function card(model, task, ctx) {
     "aria-label": `${caption}: ${state}. ${task.why ?? ""}` },
     h("div", { class: "fr-card-head" }, h("b", {}, task.label ?? task.name),
       task.label && task.label !== task.name ? h("code", { class: "fr-code" }, task.name) : "",
-      task.gating === "leftovers" ? h("span", { class: "fr-badge", "data-testid": `leftovers-${task.id}`,
-        title: "takes only the bubble time the stage's main task leaves" }, "leftovers") : "",
+      task.badge && h("span", { class: "fr-badge", title: task.badge_title ?? "", "data-testid": `badge-${task.id}` }, task.badge),
       h("span", { class: "fr-state", "data-testid": `state-${task.id}` }, `${ICONS[state] ?? ""} ${state}${task.final ? " (final)" : ""}`),
       toggle),
     h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,

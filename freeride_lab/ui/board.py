@@ -83,6 +83,9 @@ def _card(task: Mapping[str, Any]) -> dict[str, Any]:
     card = {**_CARD_DEFAULTS, **_json(dict(task))}
     card["id"], card["name"], card["stage"] = str(card["id"]), str(card["name"]), int(card["stage"])
     card["error"] = str(card["error"] or "")
+    if card.get("gating") == "leftovers":  # a word on the card: it is not the stage's main task
+        card["badge"] = "leftovers"
+        card["badge_title"] = "takes only the bubble time the stage's main task leaves"
     return card
 
 

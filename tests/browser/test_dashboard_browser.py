@@ -34,7 +34,7 @@ SETUP = (
     "session._tasks['t1'].update(state='PAUSED', budget_ms=400.0)  # no bubble is that long\n"
     "session._tasks['t3'].update(state='FAILED', error='CUDA out of memory allocating 2.0 GiB')\n"
     "session._tasks['t4'].update(state='STOPPED', reason='overran its bubble 3 times (KILL)',\n"
-    "                            gating='leftovers')  # beside t2 on stage 2\n"
+    "                            gating='leftovers')  # beside t3 on stage 2\n"
     "readings = iter(range(1, 10**6))\n\n"
     "def read():\n"
     "    t = next(readings)\n"
@@ -196,10 +196,10 @@ def test_both_spellings_and_the_id_are_on_the_page(dashboard):
 
 
 def test_a_task_on_the_leftovers_says_so_on_its_card(dashboard):
-    badge = dashboard.page.get_by_test_id("leftovers-t4")
+    badge = dashboard.page.get_by_test_id("badge-t4")
     assert badge.inner_text() == "leftovers"
     assert "main task leaves" in (badge.get_attribute("title") or "")
-    assert dashboard.page.get_by_test_id("leftovers-t2").count() == 0
+    assert dashboard.page.get_by_test_id("badge-t2").count() == 0
 
 
 def kernel_value(lab: Any, expression: str) -> Any:

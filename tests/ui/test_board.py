@@ -252,6 +252,16 @@ def test_board_js_parses():
     subprocess.run(["node", "--check", str(REPO / "widgets" / "board.js")], check=True)
 
 
+def test_a_task_on_the_leftovers_carries_a_word_for_its_card(board):
+    board.set_tasks([
+        {"id": "t1", "name": "vgg19", "stage": 1, "gating": "bubbles"},
+        {"id": "t2", "name": "image", "stage": 1, "gating": "leftovers"},
+    ])  # fmt: skip
+    assert "badge" not in by_id(board, "t1")
+    assert by_id(board, "t2")["badge"] == "leftovers"
+    assert "main task leaves" in by_id(board, "t2")["badge_title"]
+
+
 def test_board_js_stays_small_and_framework_free():
     source = (REPO / "widgets" / "board.js").read_text()
     assert len(source.splitlines()) <= 160
