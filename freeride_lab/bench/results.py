@@ -368,8 +368,8 @@ def block_row(
         main_ns = [round(x * 1e6) + t0 for x in main["start_ms"]]  # the stage's task's
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         guard_at = _guards_of_steps(s)
-        for (a, e), p in zip(pairs, predictions, strict=True):
-            announced: tuple[float, ...] = ((a - t0) / 1e6, (e - t0) / 1e6)
+        for (a, z), p in zip(pairs, predictions, strict=True):
+            announced: tuple[float, ...] = ((a - t0) / 1e6, (z - t0) / 1e6)
             if p is not None:  # its predicted end, and the guard it was held to where known
                 guard = guard_at(announced[0])
                 announced += ((int(p) - t0) / 1e6,) + (() if guard is None else (guard,))
