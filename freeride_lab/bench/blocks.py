@@ -329,13 +329,7 @@ class RunDriver:
             if loop is not None:
                 for task_id in governs:
                     current[task_id] = _limits_of(loop.governor, task_id, governed_base_ms[task_id])
-        after = self._solo(seg)  # the same measurement after the blocks: did the speed move?
-        rec.update(
-            solo_after_steps=after["solo_steps"],
-            solo_after_s=after["solo_s"],
-            dedicated_after_per_s=after.get("dedicated_per_s"),
-        )
-        rec.update(bs.dedicated_speed(rec["dedicated_before_per_s"], rec["dedicated_after_per_s"]))
+        _note_after(rec, self._solo(seg))  # the same after the blocks: did the speed move?
         if seg.leftovers:
             self._leftovers_solo_after(seg, rec["leftovers"], budget_ms)
         for task_id in (seg.task_id, seg.leftovers_id):
@@ -371,15 +365,7 @@ class RunDriver:
     def _leftovers_solo_after(self, seg: Segment, beside: dict[str, Any], budget_ms: float) -> None:
         """The leftovers task alone once more, after the blocks (as the segment's task)."""
         with self._parked(seg, budget_ms):
-            after = self._solo(seg, leftovers=True)
-        beside.update(
-            solo_after_steps=after["solo_steps"],
-            solo_after_s=after["solo_s"],
-            dedicated_after_per_s=after.get("dedicated_per_s"),
-        )
-        beside.update(
-            bs.dedicated_speed(beside["dedicated_before_per_s"], beside["dedicated_after_per_s"])
-        )
+            _note_after(beside, self._solo(seg, leftovers=True))
 
     @contextlib.contextmanager
     def _parked(self, seg: Segment, budget_ms: float) -> Iterator[None]:
@@ -580,6 +566,17 @@ class RunDriver:
         return collect_blocks(
             self.run_dir, self.config(), self.plan.name, self.blocks, self.record, samples
         )
+
+
+def _note_after(rec: dict[str, Any], after: dict[str, Any]) -> None:
+    """Put a task's solo phase after the blocks beside the one before them in its segment
+    record ``rec``, and the speed harvest uses (``bench.stats.dedicated_speed``)."""
+    rec.update(
+        solo_after_steps=after["solo_steps"],
+        solo_after_s=after["solo_s"],
+        dedicated_after_per_s=after.get("dedicated_per_s"),
+    )
+    rec.update(bs.dedicated_speed(rec["dedicated_before_per_s"], rec["dedicated_after_per_s"]))
 
 
 def _limits_of(governor: OverheadGovernor, task_id: str, base_ms: float) -> tuple[float, float]:
