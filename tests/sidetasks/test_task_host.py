@@ -943,3 +943,44 @@ def test_a_damaged_leftovers_file_leaves_the_main_task_stepping(
     sink.close()
     assert {s.step for s in steps_of(task_events_at(tmp_path / "task.jsonl"))} == {0, 1}
     assert path.read_bytes() == b"not an edge file"
+
+
+def test_a_leftovers_task_attached_while_bubbles_come_is_found_within_a_look(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main task's host looks for the leftovers file at most every so often; bubbles more
+    often than that must not put its next look off for ever."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import EdgeReader, leftovers_path
+    from freeride_lab.sidetasks.host import iterative
+
+    monkeypatch.setattr(iterative, "_LEFTOVERS_LOOK_S", 0.05)
+    path = leftovers_path(run_dir.path, 0)
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
+    )
+
+    def short_bubble(step: int) -> None:
+        start = time.time_ns()
+        edges.bubble_start(step, 0, start, start + MS)  # too short for the 2 ms guard
+        edge = host._wait_for_edge(1.0)
+        assert edge is not None
+        host._run_bubble(edge)
+        edges.bubble_end(step, 0, time.time_ns())
+        assert host._wait_for_edge(1.0) is not None
+        time.sleep(0.01)  # bubbles every 10 ms: far more often than the host looks
+
+    for step in range(5):
+        short_bubble(step)  # no leftovers task yet
+    EdgeWriter.create(path).release()  # one is attached: its worker makes the file
+    rest = EdgeReader.open(path)
+    deadline = time.monotonic() + 0.5  # ten looks' time
+    step = 5
+    while time.monotonic() < deadline and rest.latest() is None:
+        short_bubble(step)
+        step += 1
+    sink.close()
+    handed = rest.latest()
+    rest.close()
+    assert handed is not None and handed.step >= 5

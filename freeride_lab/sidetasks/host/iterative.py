@@ -213,8 +213,10 @@ class IterativeSteps(StepAccounting):
         """The writer of the leftovers file once a leftovers task's worker has made it (looked
         for at most every ``_LEFTOVERS_LOOK_S``); None before, and after a failure (logged)."""
         now_s = time.monotonic()
-        if now_s < self._leftovers_look_s or not os.path.exists(path):
-            self._leftovers_look_s = max(self._leftovers_look_s, now_s + _LEFTOVERS_LOOK_S)
+        if now_s < self._leftovers_look_s:
+            return None
+        self._leftovers_look_s = now_s + _LEFTOVERS_LOOK_S
+        if not os.path.exists(path):
             return None
         try:
             writer = EdgeWriter.create(path, clock_offset_ns=self.reader.clock_offset_ns)
