@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from freeride_lab.bench.results import block_row
+from freeride_lab.bench.results import block_row, segment_tasks
 from freeride_lab.core.bubbles import extract_bubbles, predict_bubbles
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.config import RunConfig
@@ -75,8 +75,7 @@ def collect_blocks(
     edges = [e for e in events if e.get("kind") == "bubble_edge"]
     record["stage_memory"] = stage_memory(events)
     for rec in record["segments"]:
-        beside = rec.get("leftovers")
-        for one in (rec, beside) if isinstance(beside, dict) else (rec,):
+        for one in segment_tasks(rec):
             if one.get("task_id"):  # every step of the task in this run, as its host counts
                 mine = side[side["task_id"] == one["task_id"]]
                 stats = OverrunStats.of(mine["overrun_ms"] * 1e6)

@@ -29,7 +29,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -40,6 +40,8 @@ from freeride_lab.bench.placement import placement_summary
 from freeride_lab.core.accounting import CostModel
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.idle_use import idle_use
+
+_Record = TypeVar("_Record", bound=Mapping[str, Any])  # a segment record, as given
 
 __all__ = [
     "DEDICATED_COLUMNS",
@@ -52,6 +54,7 @@ __all__ = [
     "jsonable",
     "machine",
     "segment_speeds",
+    "segment_tasks",
     "source_digest",
     "versions",
     "write_results",
@@ -125,10 +128,20 @@ def segment_speeds(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for whole in run.get("segments", []):
             if not whole.get("task"):
                 continue
-            beside = whole.get("leftovers")
-            for seg in (whole, beside) if isinstance(beside, Mapping) else (whole,):
+            for seg in segment_tasks(whole):
                 out.append(_segment_speed(str(run["name"]), whole, seg))
     return out
+
+
+def segment_tasks(seg: _Record) -> tuple[_Record, ...]:
+    """A segment's record, then its leftovers task's (``seg["leftovers"]``) where it had one:
+    each names a task and holds its solo phases.
+
+        >>> [t["task"] for t in segment_tasks({"task": "vgg19", "leftovers": {"task": "image"}})]
+        ['vgg19', 'image']
+    """
+    beside: _Record | None = seg.get("leftovers")
+    return (seg, beside) if isinstance(beside, Mapping) else (seg,)
 
 
 def _segment_speed(run: str, whole: Mapping[str, Any], seg: Mapping[str, Any]) -> dict[str, Any]:
@@ -364,8 +377,7 @@ def block_row(
                 start, predicted = open_.pop(key)
                 pairs.append((start, int(e["t_ns"])))
                 predictions.append(predicted)
-        step_ns = [round(x * 1e6) + t0 for x in s["start_ms"]]
-        main_ns = [round(x * 1e6) + t0 for x in main["start_ms"]]  # the stage's task's
+        step_ns, main_ns = _starts_ns(s, t0), _starts_ns(main, t0)  # both tasks', its task's
         starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
         guard_at = _guards_of_steps(s)
         for (a, z), p in zip(pairs, predictions, strict=True):
@@ -385,8 +397,7 @@ def block_row(
             list(zip(spin_from, spin_until, strict=True)),
         )  # fmt: skip
         if rest_id:
-            rest_ns = [round(x * 1e6) + t0 for x in rest["start_ms"]]
-            handon = bs.handon_latency_ms(starts_ns, ends_ns, main_ns, rest_ns)
+            handon = bs.handon_latency_ms(starts_ns, ends_ns, main_ns, _starts_ns(rest, t0))
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
             pause = bs.pause_latency_ms(
@@ -468,6 +479,11 @@ def _guards_of_steps(s: pd.DataFrame) -> Callable[[float], float | None]:
         return known[i - 1][1] if i > 0 else known[0][1]
 
     return at
+
+
+def _starts_ns(s: pd.DataFrame, t0: int) -> list[int]:
+    """The side-task steps' starts (ms after t0) on the run clock in ns."""
+    return [round(x * 1e6) + t0 for x in s["start_ms"]]
 
 
 def _times_ns(s: pd.DataFrame, column: str, t0: int) -> list[float]:
