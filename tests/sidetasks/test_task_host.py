@@ -975,7 +975,7 @@ def test_a_leftovers_task_attached_while_bubbles_come_is_found_within_a_look(
         short_bubble(step)  # no leftovers task yet
     EdgeWriter.create(path).release()  # one is attached: its worker makes the file
     rest = EdgeReader.open(path)
-    deadline = time.monotonic() + 0.5  # ten looks' time
+    deadline = time.monotonic() + 2.0  # forty looks' time: ends at the first hand-on
     step = 5
     while time.monotonic() < deadline and rest.latest() is None:
         short_bubble(step)
