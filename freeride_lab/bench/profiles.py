@@ -160,7 +160,8 @@ class BenchProfile:
     outlived: str = "stop"
     #: a built-in task attached beside every segment's task on its stage with gating
     #: "leftovers" (``host.iterative`` [Note: leftovers]): the segment's side work is then
-    #: both tasks', each valued at its own dedicated speed; "" = none
+    #: both tasks', each valued at its own dedicated speed; "" = none. Not beside itself: a
+    #: task's leftovers are what its own steps and guard cannot use
     leftovers: str = ""
     time_budget_s: float = 330.0
     startup_estimate_s: float = 60.0
@@ -293,7 +294,8 @@ def run_segments(
         for s in plan.real_stages or range(p.stages):
             if (case, s) not in done:
                 task = MIX[s % len(MIX)] if case == "mix" else case
-                out.append(Segment(case=case, stage=s, task=task, leftovers=p.leftovers))
+                beside = p.leftovers if p.leftovers != task else ""
+                out.append(Segment(case=case, stage=s, task=task, leftovers=beside))
     return out
 
 

@@ -288,7 +288,17 @@ def test_a_task_beside_every_segments_task_takes_its_leftovers_when_named(
     profile = bench_options(*words)
     plan = profile.runs[0]  # type: ignore[attr-defined]
     segments = run_segments(profile, plan)  # type: ignore[arg-type]
-    assert segments and {s.leftovers for s in segments} == {leftovers}
+    assert segments and {s.leftovers for s in segments if s.task != "image"} == {leftovers}
+
+
+def test_a_segment_whose_task_is_the_leftovers_task_gets_none_beside_it() -> None:
+    """A task beside itself would only find what its own steps and guard leave: nothing."""
+    from freeride_lab.bench.profiles import run_segments
+
+    profile = bench_options("--leftovers", "image", "--real-stage", "all")
+    plan = profile.runs[0]  # type: ignore[attr-defined]
+    beside = {s.task: s.leftovers for s in run_segments(profile, plan)}  # type: ignore[arg-type]
+    assert beside == {"pagerank": "image", "resnet18": "image", "image": "", "vgg19": "image"}
 
 
 def test_a_parked_tasks_smallest_step_fits_no_bubble_the_open_gate_included() -> None:
