@@ -178,7 +178,7 @@ def test_an_image_in_bands_equals_the_image_in_one_step() -> None:
     whole, banded = _ready(), _ready(bands=5)
     assert whole.step() == 1.0
     done = [banded.step() for _ in range(5)]
-    assert done == [0.0, 0.0, 0.0, 0.0, 1.0]  # progress counts whole images
+    assert done == [0.2] * 5  # each band's share of the image, as it is made
     assert banded.images_done == 1 and banded.last_output is not None
     diff = (whole.last_output.int() - banded.last_output.int()).abs()
     assert diff.max() <= 1  # the two orders of the separable passes round differently
@@ -187,11 +187,14 @@ def test_an_image_in_bands_equals_the_image_in_one_step() -> None:
 
 def test_a_restore_mid_image_redoes_the_image_from_its_first_band() -> None:
     task = _ready(bands=4)
-    task.step(), task.step()
+    task.progress += task.step() + task.step()  # as the task's host adds them
     state = task.state_dict()
+    assert state["progress"] == 0.0  # half an image: redone, so not yet counted
     again = _ready(bands=4)
     again.load_state_dict(state)
-    assert [again.step() for _ in range(4)] == [0.0, 0.0, 0.0, 1.0]
+    for _ in range(4):
+        again.progress += again.step()
+    assert again.images_done == 1 and again.progress == 1.0 and again.last_output is not None
 
 
 def test_bands_need_lanczos_and_at_least_one_row_each() -> None:
@@ -209,7 +212,7 @@ def test_steps_of_several_bands_make_the_image_single_bands_make() -> None:
         done.append(sized.step(size))
     # never past the image's end: 8 bands, then the next image's 8
     assert offered == [(1, 2, 4), (1, 2, 4), (1, 2), (1,), (1, 2, 4), (1, 2, 4), (1, 2)]
-    assert done == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert done == [0.5, 0.25, 0.125, 0.125, 0.25, 0.5, 0.25]  # an image's share each
     for _ in range(16):
         single.step()
     assert sized.images_done == single.images_done == 2
