@@ -9,10 +9,12 @@ from freeride_lab.tasks.image import (
     METHODS,
     ImageTask,
     alpha_blend,
+    band_source_rows,
     lanczos_taps,
     make_logo,
     make_source_image,
     resize,
+    resize_band,
     watermark_origin,
 )
 
@@ -229,3 +231,28 @@ def test_a_band_count_the_task_does_not_offer_now_is_refused() -> None:
         _ready(bands=8).step(2)
     with pytest.raises(ValueError, match="step_bands=9 > bands=8"):
         ImageTask(**SMALL, bands=8, step_bands=9)
+
+
+@pytest.mark.parametrize("rows", [slice(0, 12), slice(40, 56), slice(84, 96)])
+def test_a_band_reads_only_its_source_rows_and_makes_the_whole_resizes_rows(rows: slice) -> None:
+    """A band is resized from the input rows it needs, all channels at once, to the values
+    a channel-by-channel resize, rows first, gives those rows (bit for bit)."""
+    from freeride_lab.tasks.image import _resample
+
+    source = make_source_image(48, seed=3)  # (3, 48, 48) uint8
+    taps = (lanczos_taps(48, 96), lanczos_taps(48, 96))
+    first, stop = band_source_rows(taps[0][0], rows)
+    assert 0 <= first < stop <= 48 and stop - first < 48  # not the whole image
+    damaged = source.clone()
+    damaged[:, :first] = 255 - damaged[:, :first]  # rows outside the band's reach
+    damaged[:, stop:] = 0
+    band = resize_band(damaged, taps, rows, (first, stop))
+    (index, weight), cols = taps
+    by_channel = torch.stack(  # rows first, one channel at a time over the whole image
+        [_resample(_resample(source[c].float(), (index[rows], weight[rows]), dim=0), cols, dim=1)
+         for c in range(3)]
+    )  # fmt: skip
+    assert torch.equal(band, by_channel)
+    whole = resize(source, (96, 96), taps=taps)
+    assert torch.allclose(band, whole[:, rows], atol=1e-3)
+    assert torch.equal(resize_band(source, taps, rows), band)  # bounds read off the table
