@@ -136,6 +136,9 @@ def owned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Owned]:
             what=f"the owner's side task (owner output: {run.lines[-5:]})",
         )
         assert run.task_id, f"the owner failed: {run.lines[-10:]}"
+        # its attach is answered before the worker's event of it is on disk: the tests
+        # count those events, so the owner's own must be there first
+        wait_until(lambda: acks(run.run_dir), timeout_s=30, what="the owner's attach event")
         yield run
     finally:
         proc.terminate()  # the launcher sees its parent go and stops the run
