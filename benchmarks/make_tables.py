@@ -383,6 +383,19 @@ H100_E_M8_OFF = ("h100-2026-12-06e-m8-alone-s13.json", "M = 8, alone")
 H100_E_M4_ON = ("h100-2026-12-06e-m4-leftovers-s13.json", "M = 4, image on the leftovers")
 H100_E_M4_OFF = ("h100-2026-12-06e-m4-alone-s13.json", "M = 4, alone")
 H100_12_06E = (H100_E_M8_ON, H100_E_M8_OFF, H100_E_M4_ON, H100_E_M4_OFF)
+# 2026-12-06, late night: the image task's bands channel by channel (first call), then all
+# channels at once (second call, and stage 3 again in a third on the same machine)
+H100_F_ON = (
+    "h100-2026-12-06f-m8-leftovers-s1.json",
+    "image on the leftovers, bands channel by channel",
+)
+H100_F_OFF = ("h100-2026-12-06f-m8-alone-s1.json", "alone (first call)")
+H100_G_ON = ("h100-2026-12-06g-m8-leftovers-s13.json", "image on the leftovers")
+H100_G_OFF = ("h100-2026-12-06g-m8-alone-s13.json", "alone")
+H100_G3_ON = ("h100-2026-12-06g-m8-leftovers-s3b.json", "image on the leftovers, again")
+H100_G3_OFF = ("h100-2026-12-06g-m8-alone-s3b.json", "alone, again")
+H100_12_06G = (H100_F_ON, H100_F_OFF, H100_G_ON, H100_G_OFF, H100_G3_ON, H100_G3_OFF)
+IMAGE_BANDS = "image-bands-h100-2026-12-06.json"
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1407,7 +1420,7 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
-                                 *H100_12_06D, *H100_12_06E)),
+                                 *H100_12_06D, *H100_12_06E, *H100_12_06G)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1507,7 +1520,10 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "predictor": _predictor(),
         "outlived": _on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
         "leftovers": [*_on_off(H100_E_M8_ON, H100_E_M8_OFF, "table `h100-12-06e-stages`"),
-                      *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`")],
+                      *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`"),
+                      *_on_off(H100_F_ON, H100_F_OFF, "table `h100-12-06g-stages`"),
+                      *_on_off(H100_G_ON, H100_G_OFF, "table `h100-12-06g-stages`"),
+                      *_on_off(H100_G3_ON, H100_G3_OFF, "table `h100-12-06g-stages`")],
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
                        *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
@@ -1616,6 +1632,26 @@ def levers_now() -> list[str]:
     return lever_table(lever_comparisons(), peer_fix_date=raw(PEER_FIX)["date"])
 
 
+def image_bands() -> list[str]:
+    """The image task's band steps on the GPU, channel by channel against all channels at once
+    (``benchmarks/bench_image_bands.py``)."""
+    data = raw(IMAGE_BANDS)
+    lines = [
+        "| bands a step | channel by channel: step ms (p90) | launches ms | all channels at once: "
+        "step ms (p90) | launches ms |",
+        "|---|---|---|---|---|",
+    ]
+    for k in (1, 2, 4, 8):
+        old, new = data[f"per_channel/{k}"], data[f"all_channels/{k}"]
+        lines.append(
+            f"| {k} | {old['median_ms']:.2f} ({old['p90_ms']:.2f}) | {old['launch_median_ms']:.2f} "
+            f"| {new['median_ms']:.2f} ({new['p90_ms']:.2f}) | {new['launch_median_ms']:.2f} |"
+        )
+    same = "the same" if data["equal"] else "not the same"
+    lines.append(f"\n{data['device']}; the two ways' bands are {same} bit for bit.")
+    return lines
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-goals-now": lambda: goal_table(h100_goal_sources(), peer_fix_date=raw(PEER_FIX)["date"]),
     "h100-12-05-overhead": lambda: h200_overhead(_h100_rows()),
@@ -1658,6 +1694,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06d-idle-split": lambda: _idle_split(H100_12_06D),
     "h100-12-06e-stages": lambda: _side_by_side(H100_12_06E, ("governed",)),
     "h100-12-06e-idle-split": lambda: _idle_split(H100_12_06E),
+    "h100-12-06g-stages": lambda: _side_by_side(H100_12_06G, ("governed",)),
+    "h100-12-06g-idle-split": lambda: _idle_split(H100_12_06G),
+    "image-bands-h100": lambda: image_bands(),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
