@@ -345,6 +345,29 @@ def test_stop_saves_a_checkpoint_that_a_new_host_restores(
     assert json.loads(checkpoint_path(run_dir.path, "t1").read_text())["progress"] > saved
 
 
+def test_a_periodic_checkpoint_that_holds_the_host_is_logged_with_its_length(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A large task's periodic save keeps its host from its bubbles (and from handing any
+    on); the task's log says how long, so missed bubbles can be told from it."""
+    from tasks_for_tests import Counting
+
+    class SlowToSave(Counting):
+        def state_dict(self) -> dict[str, Any]:
+            time.sleep(0.08)
+            return super().state_dict()
+
+    host, sink = in_process_host(run_dir, tmp_path, SlowToSave())
+    host.task.progress = 3.0
+    host._last_checkpoint_s = time.monotonic() - host.spec.task.checkpoint_interval_s - 1
+    with caplog.at_level("INFO", logger="freeride_lab.sidetasks.host"):
+        host._maybe_checkpoint()
+    sink.close()
+    said = [r.getMessage() for r in caplog.records if "periodic checkpoint" in r.getMessage()]
+    assert len(said) == 1 and "task t1: periodic checkpoint took 0." in said[0]
+    assert checkpoint_path(run_dir.path, "t1").exists()
+
+
 def test_error_in_setup_fails_the_task_and_its_process_only(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:

@@ -17,10 +17,13 @@ from typing import Any
 
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import create_file
-from freeride_lab.sidetasks.host.base import HostBase
+from freeride_lab.sidetasks.host.base import HostBase, log
 from freeride_lab.sidetasks.spec import checkpoint_path
 
 __all__ = ["Checkpointing", "load_checkpoint", "save_checkpoint"]
+
+#: A periodic checkpoint at least this long is logged: the host takes no bubble while it saves.
+_LONG_CHECKPOINT_S = 0.05
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -97,4 +100,9 @@ class Checkpointing(HostBase):
         driver = self._driver
         if driver is not None and driver.started and not driver.parked:
             return  # run() is between pause points; wait for a clean boundary
+        start_s = time.monotonic()
         self._checkpoint()
+        took_s = time.monotonic() - start_s
+        if took_s >= _LONG_CHECKPOINT_S:  # no bubble was taken, nor any handed on, meanwhile
+            log.info("task %s: periodic checkpoint took %.2f s; its bubbles in that time went "
+                     "unused", self.spec.task.task_id, took_s)  # fmt: skip
