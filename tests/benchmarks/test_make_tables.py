@@ -44,8 +44,7 @@ def test_every_number_in_a_table_of_benchmarks_md_lies_in_a_generated_region() -
 def test_a_stale_table_fails_the_check_by_name_and_is_rewritten(tmp_path: Path) -> None:
     doc = tmp_path / "BENCHMARKS.md"
     original = (ROOT / "BENCHMARKS.md").read_text()
-    first = REGION.search(original)
-    assert first is not None
+    first = next(m for m in REGION.finditer(original) if "%" in m[2])  # a table with shares
     edited = original.replace(first[2], first[2].replace("%", "% (typed by hand)", 1), 1)
     assert edited != original
     doc.write_text(edited)
