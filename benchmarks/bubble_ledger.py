@@ -1,0 +1,170 @@
+"""Bubble by bubble: which side task stepped in each bubble a bench run's real stages announced.
+
+The idle split (``core.idle_use``) says how much of a stage's bubble time went where. With two
+tasks on a stage (gating "leftovers", ``freeride-lab bench --leftovers``) it cannot say which
+task left a bubble, nor what held it back. This reads a bench result and its run directories
+and lists, for every bubble a real stage announced inside a gated block: its slot, length and
+predicted length, and each side-task step in it (task, start and end after the bubble's start,
+the guard it cleared at entry, ms); then sums up per stage: bubbles and their time by who
+stepped (each task alone, both, neither), the lengths and predictions of the bubbles no task
+used, the time after the last step, the gap from the stage's task's last step to the
+leftovers task's first step in bubbles both used, and each task's guard at entry.
+
+Run it where the bench ran, before the run directories go (they are not kept with results):
+
+    freeride-lab bench ... --run-root /tmp/runs --leftovers image --out r.json
+    python benchmarks/bubble_ledger.py r.json --run-root /tmp/runs --out ledger.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_output import command_line, write_results
+
+from freeride_lab.bench.stats import GATED_MODES
+from freeride_lab.lab.tables import read_events
+
+LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses (solo phases), not training's
+NONE = "none"
+
+
+def stage_ledger(
+    events: Sequence[Mapping[str, Any]], blocks: Sequence[Mapping[str, Any]], stage: int
+) -> list[dict[str, Any]]:
+    """One row per bubble ``stage`` announced in the gated ``blocks`` (of one run), in order."""
+    starts = {int(e["step"]): int(e["start_ns"]) for e in events
+              if e.get("kind") == "step" and e.get("rank") == stage}  # fmt: skip
+    told: dict[tuple[int, int], dict[str, int | None]] = {}
+    for e in events:
+        if e.get("kind") == "bubble_edge" and e.get("rank") == stage:
+            one = told.setdefault((int(e["step"]), int(e["slot"])), {})
+            if e["edge"] == "start":
+                one["start"], one["predicted"] = int(e["t_ns"]), e.get("predicted_end_ns")
+            else:
+                one["end"] = int(e["t_ns"])
+    steps = sorted((e for e in events
+                    if e.get("kind") == "side_task_step" and e.get("stage") == stage),
+                   key=lambda e: int(e["start_ns"]))  # fmt: skip
+    rows = []
+    for b in blocks:
+        if int(b["stage"]) != stage or b["mode"] not in GATED_MODES:
+            continue
+        first = int(b["first_step"])
+        lo, hi = starts.get(first), starts.get(first + int(b["steps"]))
+        if lo is None or hi is None:
+            continue
+        for (step, slot), one in sorted(told.items(), key=lambda kv: kv[1].get("start") or 0):
+            a, z, p = one.get("start"), one.get("end"), one.get("predicted")
+            if a is None or z is None or not lo <= a < hi or (z - a) / 1e6 > LONGEST_MS:
+                continue
+            rows.append({
+                "mode": b["mode"], "repeat": int(b["repeat"]), "step": step, "slot": slot,
+                "length_ms": round((z - a) / 1e6, 3),
+                "predicted_ms": None if p is None else round((int(p) - a) / 1e6, 3),
+                "steps": [_step(s, a) for s in steps
+                          if int(s["end_ns"]) > a and int(s["start_ns"]) < z],
+            })  # fmt: skip
+    return rows
+
+
+def _step(e: Mapping[str, Any], start_ns: int) -> list[Any]:
+    """A ``side_task_step`` event in a bubble that started at ``start_ns``: its task's name,
+    start and end after the bubble's start and the guard it cleared at entry (ms)."""
+    return [
+        str(e["task_id"]).rsplit("-", 1)[0],
+        round((int(e["start_ns"]) - start_ns) / 1e6, 3),
+        round((int(e["end_ns"]) - start_ns) / 1e6, 3),
+        round(int(e.get("guard_ns") or 0) / 1e6, 3),
+    ]
+
+
+def summary(rows: Sequence[Mapping[str, Any]], main: str, leftovers: str) -> dict[str, Any]:
+    """Bubbles and their time by who stepped, the unused bubbles, the tail, the hand-on gap
+    (``main``'s last step's end → ``leftovers``' first step, in bubbles both used) and each
+    task's guard at entry (ms, quantiles where there are enough)."""
+    total = sum(r["length_ms"] for r in rows) or 1.0
+    by: dict[str, list[float]] = {}
+    tails, gaps, unused = [], [], []
+    guards: dict[str, list[float]] = {}
+    for r in rows:
+        who = sorted({s[0] for s in r["steps"]})
+        by.setdefault(" + ".join(who) or NONE, []).append(r["length_ms"])
+        if not who:
+            unused.append(r)
+            continue
+        tails.append(max(0.0, r["length_ms"] - max(s[2] for s in r["steps"])))
+        for s in r["steps"]:
+            guards.setdefault(s[0], []).append(s[3])
+        ends = [s[2] for s in r["steps"] if s[0] == main]
+        firsts = [s[1] for s in r["steps"] if s[0] == leftovers]
+        if ends and firsts and min(firsts) >= max(ends):
+            gaps.append(min(firsts) - max(ends))
+    return {
+        "bubbles": len(rows),
+        "by_who": {
+            k: {"bubbles": len(v), "time_frac": round(sum(v) / total, 4)}
+            for k, v in sorted(by.items())
+        },
+        "unused_length_ms": _quantiles([r["length_ms"] for r in unused]),
+        "unused_predicted_ms": _quantiles(
+            [r["predicted_ms"] for r in unused if r["predicted_ms"] is not None]
+        ),
+        "tail_frac": round(sum(tails) / total, 4),
+        "handon_gap_ms": _quantiles(gaps),
+        "guard_at_entry_ms": {k: _quantiles(v) for k, v in sorted(guards.items())},
+    }
+
+
+def _quantiles(xs: Sequence[float]) -> dict[str, float] | None:
+    """p10, p50, p90 of ``xs`` (ms); None for fewer than three."""
+    if len(xs) < 3:
+        return None
+    q = statistics.quantiles(xs, n=10)
+    return {"p10": round(q[0], 3), "p50": round(statistics.median(xs), 3), "p90": round(q[-1], 3)}
+
+
+def ledger(result: Mapping[str, Any], run_root: Path) -> dict[str, Any]:
+    """Per run and real stage of ``result``: its bubbles (``stage_ledger``) and ``summary``."""
+    out: dict[str, Any] = {}
+    for run in result["runs"]:
+        run_dir = run_root / Path(str(run["run_dir"])).name
+        blocks = [b for b in result["blocks"] if b["run"] == run["name"]]
+        events = read_events(run_dir)
+        for stage in sorted({int(b["stage"]) for b in blocks}):
+            rows = stage_ledger(events, blocks, stage)
+            mine = next(b for b in blocks if int(b["stage"]) == stage)
+            out[f"{run['name']}/{stage}"] = {
+                "summary": summary(rows, str(mine["task"]), str(mine.get("leftovers_task") or "")),
+                "bubbles": rows,
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("result", type=Path, help="a freeride-lab bench result (JSON)")
+    parser.add_argument(
+        "--run-root",
+        type=Path,
+        required=True,
+        help="the folder the bench's --run-root named (its run directories)",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="write the ledger as JSON here")
+    args = parser.parse_args(argv)  # fmt: skip
+    result = json.loads(args.result.read_text())
+    found = ledger(result, args.run_root)
+    for key, one in found.items():
+        print(key, json.dumps(one["summary"], indent=1))
+    write_results({"command": command_line(), "result": args.result.name, "stages": found},
+                  args.out, indent=0)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
