@@ -65,6 +65,12 @@ class SideTaskBase:
     #: it out of cost accounting. Must be a finite number > 0.
     reference_throughput: ClassVar[float | None] = None
 
+    #: True when ``state_dict()`` returns copies that later steps do not change (host copies
+    #: of tensors, not the live ones): a periodic checkpoint is then written as it is, from a
+    #: writer thread, while the task steps on; otherwise the host copies its tensors first
+    #: (``sidetasks.host.checkpoints`` [Note: periodic checkpoints in the background]).
+    state_dict_is_copy: ClassVar[bool] = False
+
     def __init__(self, **options: Any) -> None:
         self.options = options
         self.device: str = "cpu"

@@ -214,6 +214,7 @@ class _GraphTask(HostReturningTask):
     """Shared graph plumbing: options, device moves, tensor state. Unit: iterations."""
 
     unit: ClassVar[str] = "iterations"
+    state_dict_is_copy: ClassVar[bool] = True  # host copies of the ``_saved`` tensors
     #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
     reference_key: ClassVar[str]
     options_type: ClassVar[type[GraphOptions]]

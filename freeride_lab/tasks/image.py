@@ -360,6 +360,7 @@ class ImageTask(HostReturningTask):
     """Resize a generated image and watermark it; one step = one image (unit: images)."""
 
     unit: ClassVar[str] = "images"
+    state_dict_is_copy: ClassVar[bool] = True  # counters only
     #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
     reference_key: ClassVar[str] = "image"
     cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})

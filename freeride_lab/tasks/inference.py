@@ -170,6 +170,7 @@ class InferenceTask(HostReturningTask):
     tokens per sequence (unit: tokens)."""
 
     unit: ClassVar[str] = "output tokens"
+    state_dict_is_copy: ClassVar[bool] = True  # counters and a host copy of the tokens
     cpu_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: preset="gpu": a 0.9 B-parameter model in bf16 (1.9 GB), 16 sequences of 512 + 256
     #: tokens (KV cache 1.5 GiB).

@@ -143,6 +143,7 @@ class _VisionTask(HostReturningTask):
     """Shared training loop; subclasses name the architecture and their presets."""
 
     unit: ClassVar[str] = "samples"
+    state_dict_is_copy: ClassVar[bool] = True  # host copies (``_host_copy``)
     arch: ClassVar[str]
     #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
     reference_key: ClassVar[str]

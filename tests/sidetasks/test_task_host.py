@@ -359,13 +359,158 @@ def test_a_periodic_checkpoint_that_holds_the_host_is_logged_with_its_length(
 
     host, sink = in_process_host(run_dir, tmp_path, SlowToSave())
     host.task.progress = 3.0
-    host._last_checkpoint_s = time.monotonic() - host.spec.task.checkpoint_interval_s - 1
+    _due(host)
     with caplog.at_level("INFO", logger="freeride_lab.sidetasks.host"):
         host._maybe_checkpoint()
+    host._finish_writing()
     sink.close()
     said = [r.getMessage() for r in caplog.records if "periodic checkpoint" in r.getMessage()]
-    assert len(said) == 1 and "task t1: periodic checkpoint took 0." in said[0]
+    assert len(said) == 1
+    assert "task t1: taking the state for a periodic checkpoint took 0." in said[0]
     assert checkpoint_path(run_dir.path, "t1").exists()
+
+
+class _HeldWrites:
+    """Stands in for ``save_checkpoint``: each write waits until ``go`` is set (or raises
+    ``error``), then writes; the states it was given are kept."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        from freeride_lab.sidetasks.host import checkpoints
+
+        self.go, self.error, self.states = threading.Event(), error, []
+        self._save = checkpoints.save_checkpoint
+
+    def __call__(self, path: Path, state: dict[str, Any]) -> None:
+        self.states.append(state)
+        assert self.go.wait(30)
+        if self.error is not None:
+            raise self.error
+        self._save(path, state)
+
+
+def _saved(run_dir: RunDir) -> dict[str, Any]:
+    """The task's checkpoint on disk (torch's format once torch is imported, else JSON)."""
+    from freeride_lab.sidetasks.host.checkpoints import load_checkpoint
+
+    state = load_checkpoint(checkpoint_path(run_dir.path, "t1"))
+    assert state is not None
+    return state
+
+
+def _due(host: Any) -> None:
+    host._last_checkpoint_s = time.monotonic() - host.spec.task.checkpoint_interval_s - 1
+
+
+def _returns(call: Any) -> bool:
+    """Whether ``call()`` returns within 10 s (it runs on a thread of its own)."""
+    done = threading.Thread(target=call, daemon=True)
+    done.start()
+    done.join(10)
+    return not done.is_alive()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> _HeldWrites:
+    from freeride_lab.sidetasks.host import checkpoints
+
+    writes = _HeldWrites()
+    monkeypatch.setattr(checkpoints, "save_checkpoint", writes)
+    return writes
+
+
+def test_a_periodic_checkpoint_is_written_while_the_host_goes_back_to_its_bubbles(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
+) -> None:
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host.task.progress = 3.0
+    _due(host)
+    assert _returns(host._maybe_checkpoint)  # the write waits; the host does not
+    host.task.progress = 7.0  # it steps on meanwhile
+    _due(host)
+    host._maybe_checkpoint()  # due again, one still being written: none started
+    assert len(held.states) == 1
+    held.go.set()
+    host._finish_writing()
+    sink.close()
+    assert _saved(run_dir)["progress"] == 3.0
+
+
+def test_a_stop_checkpoint_waits_for_a_periodic_write_and_leaves_the_newest_state(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
+) -> None:
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host.task.progress = 3.0
+    _due(host)
+    host._maybe_checkpoint()
+    host.task.progress = 9.0
+    stopping = threading.Thread(target=host._checkpoint, daemon=True)
+    stopping.start()
+    stopping.join(0.2)
+    assert stopping.is_alive()  # behind the periodic write
+    held.go.set()
+    stopping.join(10)
+    sink.close()
+    assert [s["progress"] for s in held.states] == [3.0, 9.0]
+    assert _saved(run_dir)["progress"] == 9.0
+
+
+def test_a_task_whose_state_is_live_is_copied_before_the_writer_saves_it(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
+) -> None:
+    import torch
+    from tasks_for_tests import Counting
+
+    class Live(Counting):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.zeros(4)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"progress": self.progress, "weights": self.weights}  # the live tensor
+
+    class Copied(Live):
+        state_dict_is_copy = True
+
+    host, sink = in_process_host(run_dir, tmp_path, Live())
+    host.task.progress = 1.0
+    _due(host)
+    host._maybe_checkpoint()
+    host.task.weights.add_(1.0)  # the next step, in place, while the writer waits
+    held.go.set()
+    host._finish_writing()
+    assert torch.equal(held.states[0]["weights"], torch.zeros(4))
+    assert torch.equal(_saved(run_dir)["weights"], torch.zeros(4))
+
+    host.task = Copied()  # says its state is a copy: written as it is
+    host.task.progress = 2.0
+    _due(host)
+    host._maybe_checkpoint()
+    host._finish_writing()
+    sink.close()
+    assert held.states[1]["weights"] is host.task.weights
+
+
+def test_a_periodic_write_that_fails_fails_the_task_at_the_hosts_next_look(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
+) -> None:
+    from tasks_for_tests import Counting
+
+    held.error = OSError(28, "No space left on device")
+    held.go.set()
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host.task.progress = 3.0
+    _due(host)
+    host._maybe_checkpoint()
+    assert host._writer is not None
+    host._writer.join(10)
+    with pytest.raises(OSError, match="No space left"):
+        host._maybe_checkpoint()
+    sink.close()
+    assert host._where == "writing a periodic checkpoint"
 
 
 def test_error_in_setup_fails_the_task_and_its_process_only(

@@ -128,6 +128,10 @@ class HostBase:
         # [Note: launch, then tell]
         self._held: tuple[str, str, str, int] | None = None
         self._last_checkpoint_s = time.monotonic()
+        # a periodic checkpoint being written, and what made the last one fail (see
+        # host.checkpoints [Note: periodic checkpoints in the background])
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
         self._last_report_ns = 0

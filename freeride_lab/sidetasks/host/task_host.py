@@ -104,6 +104,7 @@ class TaskHost(IterativeSteps):
                 self.beacon.busy()
             self._fail(exc, traceback.format_exc())
         finally:
+            self._drain_writer()
             self._done.set()
             self._release_leftovers()
             if self._reader is not None:
