@@ -28,6 +28,7 @@ __all__ = [
     "SideTaskBase",
     "TaskStopped",
     "doubling_sizes",
+    "host_copies",
 ]
 
 
@@ -39,6 +40,30 @@ def doubling_sizes(most: int) -> tuple[int, ...]:
         ((1, 2, 4), (1, 2), (1,))
     """
     return tuple(2**j for j in range(max(most, 1).bit_length()))
+
+
+def host_copies(state: Any) -> Any:
+    """``state`` with every tensor a detached copy in host memory (numpy arrays copied too)
+    and its dicts, lists and tuples rebuilt; other values as they are. A ``state_dict()`` that
+    returns this may declare ``state_dict_is_copy``: no later step changes what it holds.
+
+        >>> live = {"step": 3, "seen": [1, 2]}
+        >>> copy = host_copies(live)
+        >>> copy == live and copy["seen"] is not live["seen"]
+        True
+    """
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if torch is not None and isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if numpy is not None and isinstance(state, numpy.ndarray):
+        return state.copy()
+    if isinstance(state, dict):
+        return type(state)((k, host_copies(v)) for k, v in state.items())
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a named tuple
+        return type(state)(*(host_copies(v) for v in state))
+    if isinstance(state, list | tuple):
+        return type(state)(host_copies(v) for v in state)
+    return state
 
 
 class TaskStopped(Exception):

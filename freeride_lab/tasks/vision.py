@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freeride_lab.sidetasks.api import doubling_sizes
+from freeride_lab.sidetasks.api import doubling_sizes, host_copies
 from freeride_lab.tasks.device import HostReturningTask
 from freeride_lab.tasks.graphed_step import GraphedSteps, set_capturable
 from freeride_lab.tasks.nets import IMPLS, build_model
@@ -143,7 +143,7 @@ class _VisionTask(HostReturningTask):
     """Shared training loop; subclasses name the architecture and their presets."""
 
     unit: ClassVar[str] = "samples"
-    state_dict_is_copy: ClassVar[bool] = True  # host copies (``_host_copy``)
+    state_dict_is_copy: ClassVar[bool] = True  # host copies (``host_copies``)
     arch: ClassVar[str]
     #: Key of FreeRide's reference throughput (paper §13) for cost accounting.
     reference_key: ClassVar[str]
@@ -313,7 +313,7 @@ class _VisionTask(HostReturningTask):
     def state_dict(self) -> dict[str, Any]:
         """Host copies of model, Adam state, step count and random streams: exact resume."""
         model, optimizer, _, _ = self._require_setup()
-        state: dict[str, Any] = _host_copy(
+        state: dict[str, Any] = host_copies(
             {
                 "progress": self.progress,
                 "steps_done": self.steps_done,
@@ -438,14 +438,3 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device)
-
-
-def _host_copy(obj: Any) -> Any:
-    """``obj`` with every tensor replaced by a detached copy in host memory."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, _host_copy(v)) for k, v in obj.items())
-    if isinstance(obj, list | tuple):
-        return type(obj)(_host_copy(v) for v in obj)
-    return obj

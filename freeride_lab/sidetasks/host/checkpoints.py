@@ -31,6 +31,7 @@ from typing import Any
 
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import create_file
+from freeride_lab.sidetasks.api import host_copies
 from freeride_lab.sidetasks.host.base import HostBase, log
 from freeride_lab.sidetasks.spec import checkpoint_path
 
@@ -96,7 +97,7 @@ class Checkpointing(HostBase):
         task = self.task
         if task is None:
             return
-        self._finish_writing()
+        self._drain_writer()  # the state saved now is newer than a periodic one in flight
         self._where = "state_dict"
         save_checkpoint(
             checkpoint_path(self.spec.run_dir, self.spec.task.task_id), task.state_dict()
@@ -112,7 +113,7 @@ class Checkpointing(HostBase):
         self._where = "state_dict"
         state = task.state_dict()
         if not getattr(task, "state_dict_is_copy", False):
-            state = _host_copies(state)
+            state = host_copies(state)
         self._saved_progress = task.progress
         self._last_checkpoint_s = time.monotonic()
         path = checkpoint_path(self.spec.run_dir, self.spec.task.task_id)
@@ -130,8 +131,8 @@ class Checkpointing(HostBase):
             self._write_error = exc
 
     def _drain_writer(self) -> None:
-        """At the host's end: wait for a periodic write in flight (its file whole or not
-        there), logging what made it fail."""
+        """Wait for a periodic write in flight (its file then whole or not there), logging
+        what made it fail: at the host's end, and before a checkpoint that replaces it."""
         try:
             self._finish_writing()
         except BaseException as exc:
@@ -172,19 +173,3 @@ class Checkpointing(HostBase):
             task_id = self.spec.task.task_id
             log.info("task %s: taking the state for a periodic checkpoint took %.2f s; its "
                      "bubbles in that time went unused", task_id, took_s)  # fmt: skip
-
-
-def _host_copies(state: Any) -> Any:
-    """``state`` with every tensor copied to host memory and every container rebuilt, so a
-    writer thread may save it while the task steps on ([Note: periodic checkpoints in the
-    background]); other values are kept as they are."""
-    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
-    if torch is not None and isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if numpy is not None and isinstance(state, numpy.ndarray):
-        return state.copy()
-    if isinstance(state, dict):
-        return type(state)((k, _host_copies(v)) for k, v in state.items())
-    if isinstance(state, list | tuple):
-        return type(state)(_host_copies(v) for v in state)
-    return state
