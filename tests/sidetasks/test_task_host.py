@@ -409,6 +409,16 @@ def _returns(call: Any) -> bool:
     return not done.is_alive()
 
 
+def _due_at_progress_3(run_dir: RunDir, tmp_path: Path) -> tuple[Any, Any]:
+    """An in-process host of a counting task at progress 3, its periodic checkpoint due."""
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host.task.progress = 3.0
+    _due(host)
+    return host, sink
+
+
 @pytest.fixture
 def held(monkeypatch: pytest.MonkeyPatch) -> _HeldWrites:
     from freeride_lab.sidetasks.host import checkpoints
@@ -421,11 +431,7 @@ def held(monkeypatch: pytest.MonkeyPatch) -> _HeldWrites:
 def test_a_periodic_checkpoint_is_written_while_the_host_goes_back_to_its_bubbles(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
 ) -> None:
-    from tasks_for_tests import Counting
-
-    host, sink = in_process_host(run_dir, tmp_path, Counting())
-    host.task.progress = 3.0
-    _due(host)
+    host, sink = _due_at_progress_3(run_dir, tmp_path)
     assert _returns(host._maybe_checkpoint)  # the write waits; the host does not
     host.task.progress = 7.0  # it steps on meanwhile
     _due(host)
@@ -440,11 +446,7 @@ def test_a_periodic_checkpoint_is_written_while_the_host_goes_back_to_its_bubble
 def test_a_stop_checkpoint_waits_for_a_periodic_write_and_leaves_the_newest_state(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
 ) -> None:
-    from tasks_for_tests import Counting
-
-    host, sink = in_process_host(run_dir, tmp_path, Counting())
-    host.task.progress = 3.0
-    _due(host)
+    host, sink = _due_at_progress_3(run_dir, tmp_path)
     host._maybe_checkpoint()
     host.task.progress = 9.0
     stopping = threading.Thread(target=host._checkpoint, daemon=True)
@@ -497,13 +499,10 @@ def test_a_task_whose_state_is_live_is_copied_before_the_writer_saves_it(
 def test_a_periodic_write_that_fails_fails_the_task_at_the_hosts_next_look(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
 ) -> None:
-    from tasks_for_tests import Counting
 
     held.error = OSError(28, "No space left on device")
     held.go.set()
-    host, sink = in_process_host(run_dir, tmp_path, Counting())
-    host.task.progress = 3.0
-    _due(host)
+    host, sink = _due_at_progress_3(run_dir, tmp_path)
     host._maybe_checkpoint()
     assert host._writer is not None
     host._writer.join(10)
