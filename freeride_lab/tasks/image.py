@@ -259,8 +259,13 @@ def resize_band(
     index, weight = row_index[rows], row_weight[rows]  # (n, taps) each
     lo, hi = source_rows if source_rows is not None else band_source_rows(row_index, rows)
     source = image[:, lo:hi].float()  # (C, hi - lo, W): only the rows the band reads
-    band = _resample_all(source, (index - lo, weight), dim=1)  # (C, n, W)
-    return _resample_all(band, cols, dim=2)  # (C, n, width)
+    # all channels at once: a third of the kernel launches, which bound a thin band's step
+    # on a GPU; the same arithmetic, in the same order, as channel by channel
+    band = _resample(source, (index - lo, weight), dim=1)  # (C, n, W)
+    c, n, w = band.shape
+    # the columns as one (C·n, W) matrix's: on a CPU a gather along a 3-d tensor's last dim
+    # runs about ten times slower than along a matrix's
+    return _resample(band.reshape(c * n, w), cols, dim=1).view(c, n, -1)  # (C, n, width)
 
 
 def _taps_to(taps: Taps, device: torch.device | str) -> Taps:
@@ -268,14 +273,15 @@ def _taps_to(taps: Taps, device: torch.device | str) -> Taps:
 
 
 def _resample(channel: torch.Tensor, table: Taps, *, dim: int) -> torch.Tensor:
-    """Resample a (H, W) float channel along ``dim`` with an (n_out, taps) table."""
+    """Resample a float tensor (a (H, W) channel, a (C, H, W) image) along ``dim`` with an
+    (n_out, taps) table: one gather and one multiply-add per tap."""
     index, weight = table  # (n_out, taps), (n_out, taps)
     shape = list(channel.shape)
     shape[dim] = index.shape[0]
-    out = torch.zeros(shape, device=channel.device)  # (n_out, W) or (H, n_out)
+    out = torch.zeros(shape, device=channel.device)  # n_out along dim
+    along = [-1 if d == dim else 1 for d in range(channel.dim())]  # a tap's weights, along dim
     for t in range(index.shape[1]):
-        w = weight[:, t, None] if dim == 0 else weight[None, :, t]
-        out.addcmul_(channel.index_select(dim, index[:, t]), w)
+        out.addcmul_(channel.index_select(dim, index[:, t]), weight[:, t].reshape(along))
     return out
 
 
@@ -290,24 +296,6 @@ def band_source_rows(row_index: torch.Tensor, rows: slice) -> tuple[int, int]:
     """
     first, last = row_index[rows.start], row_index[rows.stop - 1]
     return int(first.min()), int(last.max()) + 1
-
-
-def _resample_all(image: torch.Tensor, table: Taps, *, dim: int) -> torch.Tensor:
-    """Resample every channel of a (C, H, W) float image along ``dim`` (1: rows, 2: columns)
-    with an (n_out, taps) table: one gather and one multiply-add per tap for all channels, the
-    same arithmetic, in the same order, as ``_resample`` per channel (a third of the kernel
-    launches, which bound a thin band's step on a GPU)."""
-    index, weight = table  # (n_out, taps), (n_out, taps)
-    c, h, w = image.shape
-    if dim == 2:
-        # the columns of one (C·H, W) matrix: on a CPU a gather along the last dim of a 3-d
-        # tensor runs about ten times slower than along a matrix's
-        flat = _resample(image.reshape(c * h, w), table, dim=1)
-        return flat.view(c, h, index.shape[0])
-    out = torch.zeros(c, index.shape[0], w, device=image.device)  # (C, n_out, W)
-    for t in range(index.shape[1]):
-        out.addcmul_(image.index_select(1, index[:, t]), weight[:, t, None])
-    return out
 
 
 def watermark_origin(
