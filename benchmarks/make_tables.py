@@ -1696,7 +1696,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06e-idle-split": lambda: _idle_split(H100_12_06E),
     "h100-12-06g-stages": lambda: _side_by_side(H100_12_06G, ("governed",)),
     "h100-12-06g-idle-split": lambda: _idle_split(H100_12_06G),
-    "image-bands-h100": lambda: image_bands(),
+    "image-bands-h100": image_bands,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
