@@ -58,13 +58,17 @@ class WakeSender:
         self._listed: int | None = None  # the word at the last listing; None: never listed
         self._fds: dict[str, int] = {}  # FIFO name -> write end
 
+    @property
+    def readers(self) -> int:
+        """How many readers there are: those registered since the last listing are counted,
+        one that has gone is dropped at the next ``wake_all``. Never raises."""
+        self._relist()
+        return len(self._fds)
+
     def wake_all(self) -> None:
         """Wake every reader waiting on the edge file (after a record is complete)."""
         try:
-            word = self._readers_word()
-            if word != self._listed:
-                self._listed = word
-                self._list()
+            self._relist()
             for name, fd in list(self._fds.items()):
                 try:
                     os.write(fd, b"\0")
@@ -79,6 +83,16 @@ class WakeSender:
         """Close the write ends (the FIFOs stay for their readers). Idempotent."""
         for name in list(self._fds):
             self._drop(name, unlink=False)
+
+    def _relist(self) -> None:
+        """List the FIFOs again if a reader came since the last listing."""
+        try:
+            word = self._readers_word()
+        except Exception:  # an unmapped file: nothing to list
+            return
+        if word != self._listed:
+            self._listed = word
+            self._list()
 
     def _list(self) -> None:
         try:

@@ -113,6 +113,11 @@ class EdgeWriter:
     def path(self) -> Path:
         return self._map.path
 
+    @property
+    def readers(self) -> int:
+        """How many readers the file has (one that has gone is dropped at the next edge)."""
+        return 0 if self._closed else self._wake.readers
+
     def set_clock_offset(self, clock_offset_ns: int) -> None:
         """Publish the rank's clock offset (after its clock sync) so readers share its run clock."""
         try:

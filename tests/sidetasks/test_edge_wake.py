@@ -106,6 +106,24 @@ def test_the_wake_up_of_a_reader_that_died_is_removed_by_the_writer(path: Path) 
     writer.close()
 
 
+def test_a_writer_counts_the_readers_there_are_now(path: Path) -> None:
+    """A reader counts from when it opens the file; one that died, once an edge found it
+    gone; a closed writer has none."""
+    writer = EdgeWriter.create(path)
+    assert writer.readers == 0
+    sleeper = _sleeper(path)
+    assert writer.readers == 1  # before any edge
+    os.kill(sleeper.pid, signal.SIGKILL)
+    sleeper.wait()
+    writer.bubble_start(step=0, slot=0, t_ns=1, predicted_end_ns=2)
+    assert writer.readers == 0
+    stays = EdgeReader.open(path)
+    assert writer.readers == 1
+    writer.close()
+    assert writer.readers == 0
+    stays.close()
+
+
 def test_a_short_sleep_is_asked_of_the_kernel_to_the_microsecond(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

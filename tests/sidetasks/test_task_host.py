@@ -157,9 +157,11 @@ def in_process_host(
     limits: dict[str, Any] | None = None,
     outlived: str = "stop",
     leftovers_file: str = "",
+    edge_file: str = "",
+    sink_name: str = "task.jsonl",
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
-    the sink its events go to (``tmp_path / "task.jsonl"``; close it before reading). Its
+    the sink its events go to (``tmp_path / sink_name``; close it before reading). Its
     spec names ``Counting``, which it never loads: ``task`` is given."""
     from freeride_lab.core.sidetask_state import SideTaskEvent
     from freeride_lab.io.sink import EventSink
@@ -170,10 +172,11 @@ def in_process_host(
         {"task": ref("Counting"), "task_id": "t1",
          "limits": {"budget_s": 0.002} if limits is None else limits}
     )  # fmt: skip
-    sink = EventSink(tmp_path / "task.jsonl")
+    sink = EventSink(tmp_path / sink_name)
     host_spec = HostSpec(
-        task=spec, run_dir=str(run_dir.path), rank=0, stage=0, leftovers_file=leftovers_file
-    )
+        task=spec, run_dir=str(run_dir.path), rank=0, stage=0,
+        leftovers_file=leftovers_file, edge_file=edge_file,
+    )  # fmt: skip
     host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived)
     host._send = lambda message: None  # type: ignore[method-assign]
     host.task = task
@@ -1026,11 +1029,12 @@ def test_the_hosts_choice_past_a_predicted_end_comes_from_the_runs_options(
 # -- hand-ons to a leftovers task -------------------------------------------------------------
 
 
-def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_prediction_and_end(
+def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_start_prediction_and_end(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
 ) -> None:
     """A bubble too short for the 2 ms guard goes on whole; a longer one after the host's last
-    step; each ends where the rank says it ended."""
+    step; each as the rank wrote it (its own start, not the hand-on's moment) and ending
+    where the rank says it ended."""
     from tasks_for_tests import Counting
 
     from freeride_lab.sidetasks.edges import EdgeReader, Phase, leftovers_path
@@ -1041,6 +1045,8 @@ def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_prediction_and_
         run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
     )
     rest = EdgeReader.open(path)
+    handed_at: list[int] = []  # when each hand-on was written
+    host._open_leftovers = _timing_hand_ons(host._open_leftovers, handed_at)
     for step, predicted_ms in ((7, 1.0), (8, 8.0)):
         start = time.time_ns()
         edges.bubble_start(step, 3, start, start + int(predicted_ms * MS))
@@ -1051,7 +1057,7 @@ def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_prediction_and_
         assert handed is not None and handed.in_bubble
         assert (handed.step, handed.slot) == (step, 3)
         assert handed.predicted_end_ns == start + int(predicted_ms * MS)
-        assert handed.start_ns >= start
+        assert handed.start_ns == start
         end = start + int(predicted_ms * MS) + 2 * MS  # it ended later than predicted
         edges.bubble_end(step, 3, end)
         assert host._wait_for_edge(1.0) is not None
@@ -1061,10 +1067,125 @@ def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_prediction_and_
     sink.close()
     steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
     assert steps and {s.step for s in steps} == {8}  # none fitted the 1 ms bubble
-    assert handed.start_ns >= max(s.end_ns for s in steps)
+    assert len(handed_at) == 2 and handed_at[1] >= max(s.end_ns for s in steps)
     host._release_leftovers()
     assert rest.latest() == ended  # released, not closed: the next main task takes it over
     rest.close()
+
+
+def _timing_hand_ons(open_leftovers: Any, times: list[int]) -> Any:
+    """``open_leftovers`` whose writer notes in ``times`` when each hand-on is written."""
+
+    def opened(path: str) -> Any:
+        writer = open_leftovers(path)
+        if writer is not None:
+            bubble_start = writer.bubble_start
+
+            def timed(*args: Any) -> None:
+                times.append(time.time_ns())
+                bubble_start(*args)
+
+            writer.bubble_start = timed
+        return writer
+
+    return opened
+
+
+def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    """Under "survivors" the leftovers task's host learns each bubble handed on as the rank
+    timed it, start to end, whatever the main task took of it first; and, past the rank's
+    prediction, it steps on towards its slot's longer bubbles."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    EdgeWriter.create(path).release()
+    main, main_sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
+    )
+    rest, rest_sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.0005, limit=None), limits={"budget_s": 0.001},
+        outlived="survivors", edge_file=str(path), sink_name="rest.jsonl",
+    )  # fmt: skip
+    lengths = []
+    for step in range(4):
+        start = time.time_ns()
+        edges.bubble_start(step, 0, start, start + 6 * MS)
+        edge = main._wait_for_edge(1.0)
+        assert edge is not None
+        main._run_bubble(edge)  # steps about 4 ms, then hands on the rest
+        handed = rest._wait_for_edge(1.0)
+        assert handed is not None and handed.in_bubble
+        end = start + (30 + step) * MS  # ended long after its prediction
+        lengths.append(end - start)
+        edges.bubble_end(step, 0, end)
+        assert main._wait_for_edge(1.0) is not None
+        assert rest._wait_for_edge(1.0) is not None
+    assert sorted(rest._survivors._lengths[0]) == lengths
+    start = time.time_ns()  # a fifth, predicted 6 ms, that lasts
+    edges.bubble_start(4, 0, start, start + 6 * MS)
+    edge = main._wait_for_edge(1.0)
+    assert edge is not None
+    main._run_bubble(edge)
+    handed = rest._wait_for_edge(1.0)
+    assert handed is not None
+    rest._run_bubble(handed)
+    main_sink.close()
+    rest_sink.close()
+    starts = [(s.start_ns - start) / MS for s in steps_of(task_events_at(tmp_path / "rest.jsonl"))]
+    assert starts and max(starts) > 15  # well past the prediction, towards the 30 ms kind
+    assert max(starts) < 30
+
+
+@pytest.mark.parametrize("reading", [True, False])
+def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, reading: bool
+) -> None:
+    """Bubbles of the slot were 30 ms or 60 ms; this one, predicted 5 ms, outlives its
+    prediction. The host steps towards 30 ms; alone it would then wait out the 30 ms kind
+    ([Note: outlived bubbles]); with a leftovers task reading its hand-ons it hands the
+    bubble on instead, before the 30 ms have passed. A leftovers file nobody reads (its task
+    gone) changes nothing."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import EdgeReader, leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    EdgeWriter.create(path).release()
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived="survivors",
+        leftovers_file=str(path),
+    )  # fmt: skip
+    rest = EdgeReader.open(path) if reading else None  # the leftovers task's host
+    learn_lengths(host, edges, [30, 60, 30, 61, 30, 60])
+    handed_at: list[int] = []
+    host._open_leftovers = _timing_hand_ons(host._open_leftovers, handed_at)
+    waits: list[int] = []
+    wait_in_bubble = host._wait_in_bubble
+
+    def noted_wait(bubble: Any, until_ns: int) -> bool:
+        waits.append(until_ns)
+        return bool(wait_in_bubble(bubble, until_ns))
+
+    host._wait_in_bubble = noted_wait
+    start = time.time_ns()
+    edges.bubble_start(100, 0, start, start + 5 * MS)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None
+    host._run_bubble(edge)
+    edges.bubble_end(100, 0, time.time_ns())
+    sink.close()
+    steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
+    assert max(s.start_ns - start for s in steps) > 20 * MS  # past the prediction, both ways
+    if rest is None:
+        assert waits  # waited out the 30 ms kind
+        return
+    rest.close()
+    assert not waits
+    assert len(handed_at) == 1 and handed_at[0] - start < 29.5 * MS
 
 
 def test_a_main_task_without_a_leftovers_task_hands_nothing_on(

@@ -53,9 +53,10 @@ prediction no longer fits a step of the smallest size, plans to the end those of
 than the bubble has lasted give (``core.bubble_survival`` [Note: survivors' minimum]: their
 shortest, once one in five is set aside). If that end is too close for a step, the host
 sleeps in the bubble until the shortest of them has passed, or the bubble ends, and asks
-again. It stops when too few lengths are left, the bubble ends or a command comes. The same
-holds at a bubble's start, for a bubble predicted too short for any step. The guard is the one
-in force, as for the rank's prediction; profiling steps never go past it. Under "stop"
+again (a host with a leftovers task hands the bubble on instead: [Note: leftovers]). It
+stops when too few lengths are left, the bubble ends or a command comes. The same holds at a
+bubble's start, for a bubble predicted too short for any step. The guard is the one in
+force, as for the rank's prediction; profiling steps never go past it. Under "stop"
 (FreeRide's) nothing is learnt and no step starts past the rank's prediction.
 
 [Note: leftovers]
@@ -63,16 +64,22 @@ FreeRide runs at most one side task per GPU, and the bubble time its steps canno
 empty: bubbles shorter than its smallest step (with its guard), and the end of a bubble after
 its last step fitted. A task attached with gating "leftovers" takes that time, and only that.
 The stage's main task's host hands it on: where it leaves a bubble that has not ended (it
-never stepped in it, or its next step no longer fits), it writes a bubble start to the stage's
-leftovers file (``edges.leftovers_path``) with the rank's slot and predicted end, starting
-now; when it reads the rank's end of that bubble, it writes that end there too. The leftovers
-task's host reads that file as any host reads its rank's edges, so its steps are planned and
-guarded by its own budget, sizes and profile, against the rank's predicted end. The main
+never stepped in it, or its next step no longer fits), it writes that bubble's start to the
+stage's leftovers file (``edges.leftovers_path``) as the rank wrote it (step, slot, start,
+predicted end); when it reads the rank's end of that bubble, it writes that end there too.
+The leftovers task's host reads that file as any host reads its rank's edges, so its steps
+are planned and guarded by its own budget, sizes and profile, against the rank's predicted
+end, and under "survivors" it learns the bubbles' own lengths, not what was left of them
+([Note: outlived bubbles]; it sees only the bubbles handed on, so a bubble the main task
+stepped to its end is not among them). Its spin clock learns the rank's starts too, and
+spins across them: a bubble too short for the main task is handed on at once. The main
 task's last step has finished on the device before the hand-on is written, so the two never
 step at once (a leftovers step is guarded to the bubble's end as every step is). The hand-on
-costs the main task nothing before its steps: it is written after them. Nothing is handed on
-from a bubble without a prediction, nor while the main task is off the device; a main task's
-host that ends leaves the file to the next one (``EdgeWriter.release``).
+costs the main task nothing before its steps: it is written after them. A main task's host
+with a leftovers task does not wait in a bubble for a survivor's length to pass: it hands the
+bubble on instead, and the leftovers task's smaller steps may fit where its own did not.
+Nothing is handed on from a bubble without a prediction, nor while the main task is off the
+device; a main task's host that ends leaves the file to the next one (``EdgeWriter.release``).
 
 [Note: trickle]
 Under gating "trickle" a task steps in bubbles exactly as under "bubbles", and between bubbles,
@@ -135,7 +142,8 @@ class IterativeSteps(StepAccounting):
             self._first_step_seen = bubble.step
         if bubble.predicted_end_ns is None:
             return False
-        length_ns = bubble.predicted_end_ns - bubble.start_ns
+        # what is left of it when seen: a leftovers task's bubbles began before the hand-on
+        length_ns = bubble.predicted_end_ns - max(bubble.start_ns, self.reader.now_ns())
         self._slot_predicted_ns[bubble.slot] = length_ns
         if bubble.step <= self._first_step_seen:
             return False  # the rank's slots are not all known yet
@@ -206,7 +214,7 @@ class IterativeSteps(StepAccounting):
             return
         writer.set_clock_offset(reader.clock_offset_ns)
         self._forward_end(bubble)  # a bubble still handed on ends before the next one starts
-        writer.bubble_start(bubble.step, bubble.slot, reader.now_ns(), bubble.predicted_end_ns)
+        writer.bubble_start(bubble.step, bubble.slot, bubble.start_ns, bubble.predicted_end_ns)
         self._handed = (bubble.step, bubble.slot)
 
     def _open_leftovers(self, path: str) -> EdgeWriter | None:
@@ -226,6 +234,14 @@ class IterativeSteps(StepAccounting):
             return None
         self._leftovers = writer
         return writer
+
+    def _leftovers_reading(self) -> bool:
+        """True if a leftovers task reads this host's hand-ons now (its file opened here if
+        it is due a look)."""
+        writer = self._leftovers
+        if writer is None and self.spec.leftovers_file:
+            writer = self._open_leftovers(self.spec.leftovers_file)
+        return isinstance(writer, EdgeWriter) and writer.readers > 0
 
     def _forward_end(self, edge: Edge) -> None:
         """Pass the end of the bubble handed on, once an edge newer than its start is read:
@@ -270,6 +286,8 @@ class IterativeSteps(StepAccounting):
             from_ns, end_ns = (bubble.start_ns + t for t in room)
             if from_ns <= now_ns:
                 return end_ns
+            if self._leftovers_reading():
+                return None  # the leftovers task takes it from here ([Note: leftovers])
             if self._wait_in_bubble(bubble, from_ns):
                 return None
         return None
