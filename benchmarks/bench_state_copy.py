@@ -1,0 +1,110 @@
+"""What taking a vision task's state for a checkpoint holds its host: pageable against pinned.
+
+A periodic checkpoint is written by a thread, but the state is taken on the task host's own
+thread (``state_dict()``: host copies of the weights and the Adam state), and while it copies,
+the host reads no edge: its bubbles, and its leftovers task's, go unused. For each task (GPU
+preset, stepped a few batches so Adam's state exists) the two ways alternate, ``--repeats``
+times each: "pageable" copies tensor by tensor into fresh pageable memory and waits for each
+(``tensor.to("cpu", copy=True)``, the way before 2026-12-07), "pinned" is
+``sidetasks.api.host_copies`` as tasks run it (pinned blocks from torch's caching host
+allocator, every copy queued before one wait). Reported per task and way: the state's size,
+the first take and the median and highest of the others (ms), wall time of the whole
+``state_dict()``-sized copy on the host's thread.
+
+    python benchmarks/bench_state_copy.py --out state-copy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_output import command_line, write_results
+
+from freeride_lab.sidetasks.api import host_copies
+from freeride_lab.tasks.vision import ResNet18Task, VGG19Task
+
+TASKS = {"resnet18": ResNet18Task, "vgg19": VGG19Task}
+
+
+def pageable_copies(state: Any) -> Any:
+    """The way before: each tensor to fresh pageable host memory, one wait each."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: pageable_copies(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(pageable_copies(v) for v in state)
+    return state
+
+
+def live_state(task: Any) -> dict[str, Any]:
+    """The device tensors a vision task's ``state_dict()`` copies: weights and Adam state."""
+    model, optimizer, _, _ = task._require_setup()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def _nbytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_nbytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_nbytes(v) for v in state)
+    return 0
+
+
+def measure(name: str, repeats: int) -> dict[str, Any]:
+    task = TASKS[name](preset="gpu")
+    task.setup()
+    task.to_device("cuda")
+    for _ in range(3):  # Adam's moments exist after the first step
+        task.step()
+    torch.cuda.synchronize()
+    state = live_state(task)
+    times: dict[str, list[float]] = {"pageable": [], "pinned": []}
+    for _ in range(repeats):
+        for way, copy in (("pageable", pageable_copies), ("pinned", host_copies)):
+            t0 = time.perf_counter()
+            held = copy(state)
+            times[way].append((time.perf_counter() - t0) * 1e3)
+            del held  # freed, as a written checkpoint's copies are
+    row: dict[str, Any] = {"task": name, "state_bytes": _nbytes(state)}
+    for way, ms in times.items():
+        rest = sorted(ms[1:])
+        row[way] = {"first_ms": ms[0], "median_ms": rest[len(rest) // 2], "max_ms": rest[-1]}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="resnet18,vgg19")
+    parser.add_argument("--repeats", type=int, default=6, help="takes per way (>= 3)")
+    parser.add_argument("--out", type=Path, required=True, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    if args.repeats < 3:
+        parser.error("--repeats must be >= 3")
+    rows = []
+    for name in (n for n in args.tasks.split(",") if n):
+        if name not in TASKS:
+            parser.error(f"unknown task {name!r}; one of {', '.join(TASKS)}")
+        rows.append(measure(name, args.repeats))
+        print(rows[-1], flush=True)
+        torch.cuda.empty_cache()
+    record = {
+        "command": command_line(),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+    write_results(record, args.out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
