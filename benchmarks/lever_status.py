@@ -419,7 +419,9 @@ LEVERS: tuple[Lever, ...] = (
           "rank's prediction, the side task's host plans to the end its slot's recent bubbles "
           "that lasted longer give (their shortest, one in five set aside) and goes on "
           "stepping while a step fits it, sleeping through lengths too close for one (off: "
-          "`stop`, FreeRide's: no step past the prediction)", ""),
+          "`stop`, FreeRide's: no step past the prediction). With a task on the leftovers "
+          "(second A/B) both hosts follow the rule, the leftovers task's on the bubbles' own "
+          "lengths, and the stage's task hands a bubble on rather than sleep in it", ""),
     Lever("leftovers", "2. fit the tails: a second task on the leftovers",
           "`--leftovers image` (gating \"leftovers\"): the image task beside each stage's "
           "task takes the bubble time it leaves, the bubbles too short for its steps and the "

@@ -396,6 +396,13 @@ H100_G3_ON = ("h100-2026-12-06g-m8-leftovers-s3b.json", "image on the leftovers,
 H100_G3_OFF = ("h100-2026-12-06g-m8-alone-s3b.json", "alone, again")
 H100_12_06G = (H100_F_ON, H100_F_OFF, H100_G_ON, H100_G_OFF, H100_G3_ON, H100_G3_OFF)
 IMAGE_BANDS = "image-bands-h100-2026-12-06.json"
+# 2026-12-07: the image task on the leftovers under both past-the-end rules (one call, stages
+# 1 and 3), then stage 3 once more with the state taken into pinned memory (a second call)
+H100_H_SURVIVORS = ("h100-2026-12-07-m8-survivors-s13.json", "image on the leftovers, survivors")
+H100_H_STOP = ("h100-2026-12-07-m8-stop-s13.json", "image on the leftovers, stop")
+H100_H_PINNED = ("h100-2026-12-07-m8-pinned-s3.json", "stop, the state taken into pinned memory")
+H100_12_07 = (H100_H_SURVIVORS, H100_H_STOP, H100_H_PINNED)
+STATE_COPY = "state-copy-h100-2026-12-07.json"
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1420,7 +1427,7 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
-                                 *H100_12_06D, *H100_12_06E, *H100_12_06G)),
+                                 *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1518,7 +1525,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
         "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
         "predictor": _predictor(),
-        "outlived": _on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
+        "outlived": [*_on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
+                     *_on_off(H100_H_SURVIVORS, H100_H_STOP, "table `h100-12-07-stages`")],
         "leftovers": [*_on_off(H100_E_M8_ON, H100_E_M8_OFF, "table `h100-12-06e-stages`"),
                       *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`"),
                       *_on_off(H100_F_ON, H100_F_OFF, "table `h100-12-06g-stages`"),
@@ -1652,6 +1660,26 @@ def image_bands() -> list[str]:
     return lines
 
 
+def state_copy() -> list[str]:
+    """Taking a vision task's state on its host's thread, pageable against pinned
+    (``benchmarks/bench_state_copy.py``)."""
+    data = raw(STATE_COPY)
+    lines = [
+        "| task | state | pageable, tensor by tensor: first ms | median ms (highest) | "
+        "pinned, one wait: first ms | median ms (highest) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        old, new = r["pageable"], r["pinned"]
+        lines.append(
+            f"| {r['task']} | {r['state_bytes'] / 1e9:.2f} GB | {old['first_ms']:.0f} | "
+            f"{old['median_ms']:.0f} ({old['max_ms']:.0f}) | {new['first_ms']:.0f} | "
+            f"{new['median_ms']:.1f} ({new['max_ms']:.1f}) |"
+        )
+    lines.append(f"\n{data['device']}, torch {data['torch']}.")
+    return lines
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-goals-now": lambda: goal_table(h100_goal_sources(), peer_fix_date=raw(PEER_FIX)["date"]),
     "h100-12-05-overhead": lambda: h200_overhead(_h100_rows()),
@@ -1697,6 +1725,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-06g-stages": lambda: _side_by_side(H100_12_06G, ("governed",)),
     "h100-12-06g-idle-split": lambda: _idle_split(H100_12_06G),
     "image-bands-h100": image_bands,
+    "h100-12-07-stages": lambda: _side_by_side(H100_12_07, ("governed",)),
+    "h100-12-07-idle-split": lambda: _idle_split(H100_12_07),
+    "state-copy-h100": state_copy,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
