@@ -1644,40 +1644,36 @@ def image_bands() -> list[str]:
     """The image task's band steps on the GPU, channel by channel against all channels at once
     (``benchmarks/bench_image_bands.py``)."""
     data = raw(IMAGE_BANDS)
-    lines = [
-        "| bands a step | channel by channel: step ms (p90) | launches ms | all channels at once: "
-        "step ms (p90) | launches ms |",
-        "|---|---|---|---|---|",
-    ]
-    for k in (1, 2, 4, 8):
-        old, new = data[f"per_channel/{k}"], data[f"all_channels/{k}"]
-        lines.append(
-            f"| {k} | {old['median_ms']:.2f} ({old['p90_ms']:.2f}) | {old['launch_median_ms']:.2f} "
-            f"| {new['median_ms']:.2f} ({new['p90_ms']:.2f}) | {new['launch_median_ms']:.2f} |"
-        )
+    ways = [(k, data[f"per_channel/{k}"], data[f"all_channels/{k}"]) for k in (1, 2, 4, 8)]
     same = "the same" if data["equal"] else "not the same"
-    lines.append(f"\n{data['device']}; the two ways' bands are {same} bit for bit.")
-    return lines
+    return [
+        *md_table(
+            ["bands a step", "channel by channel: step ms (p90)", "launches ms",
+             "all channels at once: step ms (p90)", "launches ms"],
+            [[k, f"{old['median_ms']:.2f} ({old['p90_ms']:.2f})", f"{old['launch_median_ms']:.2f}",
+              f"{new['median_ms']:.2f} ({new['p90_ms']:.2f})", f"{new['launch_median_ms']:.2f}"]
+             for k, old, new in ways],
+        ),
+        f"\n{data['device']}; the two ways' bands are {same} bit for bit.",
+    ]  # fmt: skip
 
 
 def state_copy() -> list[str]:
     """Taking a vision task's state on its host's thread, pageable against pinned
     (``benchmarks/bench_state_copy.py``)."""
     data = raw(STATE_COPY)
-    lines = [
-        "| task | state | pageable, tensor by tensor: first ms | median ms (highest) | "
-        "pinned, one wait: first ms | median ms (highest) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in data["rows"]:
-        old, new = r["pageable"], r["pinned"]
-        lines.append(
-            f"| {r['task']} | {r['state_bytes'] / 1e9:.2f} GB | {old['first_ms']:.0f} | "
-            f"{old['median_ms']:.0f} ({old['max_ms']:.0f}) | {new['first_ms']:.0f} | "
-            f"{new['median_ms']:.1f} ({new['max_ms']:.1f}) |"
-        )
-    lines.append(f"\n{data['device']}, torch {data['torch']}.")
-    return lines
+    return [
+        *md_table(
+            ["task", "state", "pageable, tensor by tensor: first ms", "median ms (highest)",
+             "pinned, one wait: first ms", "median ms (highest)"],
+            [[r["task"], f"{r['state_bytes'] / 1e9:.2f} GB", f"{r['pageable']['first_ms']:.0f}",
+              f"{r['pageable']['median_ms']:.0f} ({r['pageable']['max_ms']:.0f})",
+              f"{r['pinned']['first_ms']:.0f}",
+              f"{r['pinned']['median_ms']:.1f} ({r['pinned']['max_ms']:.1f})"]
+             for r in data["rows"]],
+        ),
+        f"\n{data['device']}, torch {data['torch']}.",
+    ]  # fmt: skip
 
 
 TABLES: dict[str, Callable[[], list[str]]] = {
