@@ -197,9 +197,8 @@ class IterativeSteps(StepAccounting):
     def _hand_on(self, bubble: Edge) -> None:
         """Hand what is left of ``bubble`` to the stage's leftovers task, if it has not ended
         ([Note: leftovers]); a host without a leftovers file does nothing."""
-        path = self.spec.leftovers_file
         if (
-            not path
+            not self.spec.leftovers_file
             or bubble.predicted_end_ns is None
             or self._handed == (bubble.step, bubble.slot)
         ):
@@ -207,10 +206,8 @@ class IterativeSteps(StepAccounting):
         reader = self.reader
         if _has_ended(bubble, reader.latest()):
             return
-        writer = self._leftovers
+        writer = self._leftovers_writer()
         if writer is None:
-            writer = self._open_leftovers(path)
-        if not isinstance(writer, EdgeWriter):
             return
         writer.set_clock_offset(reader.clock_offset_ns)
         self._forward_end(bubble)  # a bubble still handed on ends before the next one starts
@@ -235,13 +232,18 @@ class IterativeSteps(StepAccounting):
         self._leftovers = writer
         return writer
 
-    def _leftovers_reading(self) -> bool:
-        """True if a leftovers task reads this host's hand-ons now (its file opened here if
-        it is due a look)."""
+    def _leftovers_writer(self) -> EdgeWriter | None:
+        """The writer of the hand-ons, the leftovers file opened here if it is due a look;
+        None without one."""
         writer = self._leftovers
         if writer is None and self.spec.leftovers_file:
             writer = self._open_leftovers(self.spec.leftovers_file)
-        return isinstance(writer, EdgeWriter) and writer.readers > 0
+        return writer if isinstance(writer, EdgeWriter) else None
+
+    def _leftovers_reading(self) -> bool:
+        """True if a leftovers task reads this host's hand-ons now."""
+        writer = self._leftovers_writer()
+        return writer is not None and writer.readers > 0
 
     def _forward_end(self, edge: Edge) -> None:
         """Pass the end of the bubble handed on, once an edge newer than its start is read:
