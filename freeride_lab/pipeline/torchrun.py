@@ -7,10 +7,16 @@ whole tree). By the time ``torch.distributed.run.main`` returns or raises, torch
 for its ranks and closed its log tails, so nothing is left to tear down but memory: the exit
 code and the output are those of ``python -m torch.distributed.run`` (0, the ``SystemExit``
 code, or 1 after printing the traceback). See [Note: fast exit] in ``pipeline.rank``.
+
+A stop (``Session.stop()``: SIGTERM to the launcher's tree) reaches torchrun as a signal; its
+handler sends it on to the ranks and raises ``SignalException``, which is how a stop looks,
+not a crash: one line in torchrun's log and the shell's status for a death by that signal
+(128 + its number), not a traceback.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -32,12 +38,17 @@ def _exit_code(exc: SystemExit) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun's ``main`` on ``argv`` (default ``sys.argv[1:]``); its exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
     try:
         torchrun_main(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:
         return _exit_code(exc)
+    except SignalException as exc:
+        name = signal.Signals(exc.sigval).name
+        print(f"torchrun: stopped by {name}, sent on to its ranks", file=sys.stderr)
+        return 128 + int(exc.sigval)
     except Exception:
         traceback.print_exc()
         return 1

@@ -90,3 +90,24 @@ def test_torchrun_keeps_sigint_ignored(run_dir: RunDir) -> None:
     assert "SIGINT" not in handled and "SIGTERM" in handled
     assert cmd[cmd.index("--nproc-per-node") + 1] == "4"
     assert cmd[-4:] == ["-m", "freeride_lab.pipeline.rank", "--run-dir", str(run_dir.path)]
+
+
+def test_torchrun_stopped_by_a_signal_says_so_in_one_line_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stop reaches torchrun as SIGTERM; its handler raises, and the log would show a
+    traceback on every stop. It reads as what it is, with the status of a death by SIGTERM."""
+    import signal
+
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from freeride_lab.pipeline import torchrun
+
+    def stopped(argv: list[str]) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torch.distributed.run, "main", stopped)
+    assert torchrun.main(["--nproc-per-node", "1", "x.py"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err == "torchrun: stopped by SIGTERM, sent on to its ranks\n"
