@@ -1030,7 +1030,7 @@ def test_the_hosts_choice_past_a_predicted_end_comes_from_the_runs_options(
 
 
 def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_start_prediction_and_end(
-    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bubble too short for the 2 ms guard goes on whole; a longer one after the host's last
     step; each as the rank wrote it (its own start, not the hand-on's moment) and ending
@@ -1045,8 +1045,7 @@ def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_start_predictio
         run_dir, tmp_path, Counting(step_s=0.001, limit=None), leftovers_file=str(path)
     )
     rest = EdgeReader.open(path)
-    handed_at: list[int] = []  # when each hand-on was written
-    host._open_leftovers = _timing_hand_ons(host._open_leftovers, handed_at)
+    handed_at = _timing_hand_ons(monkeypatch, path)
     for step, predicted_ms in ((7, 1.0), (8, 8.0)):
         start = time.time_ns()
         edges.bubble_start(step, 3, start, start + int(predicted_ms * MS))
@@ -1073,22 +1072,18 @@ def test_a_main_task_hands_on_what_it_leaves_with_the_ranks_slot_start_predictio
     rest.close()
 
 
-def _timing_hand_ons(open_leftovers: Any, times: list[int]) -> Any:
-    """``open_leftovers`` whose writer notes in ``times`` when each hand-on is written."""
+def _timing_hand_ons(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
+    """When each hand-on is written to the leftovers file at ``path`` (the list fills in)."""
+    times: list[int] = []
+    bubble_start = EdgeWriter.bubble_start
 
-    def opened(path: str) -> Any:
-        writer = open_leftovers(path)
-        if writer is not None:
-            bubble_start = writer.bubble_start
+    def timed(writer: EdgeWriter, *args: Any) -> None:
+        if writer.path == path:
+            times.append(time.time_ns())
+        bubble_start(writer, *args)
 
-            def timed(*args: Any) -> None:
-                times.append(time.time_ns())
-                bubble_start(*args)
-
-            writer.bubble_start = timed
-        return writer
-
-    return opened
+    monkeypatch.setattr(EdgeWriter, "bubble_start", timed)
+    return times
 
 
 def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
@@ -1142,7 +1137,11 @@ def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
 
 @pytest.mark.parametrize("reading", [True, False])
 def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
-    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, reading: bool
+    run_dir: RunDir,
+    edges: EdgeWriter,
+    tmp_path: Path,
+    reading: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Bubbles of the slot were 30 ms or 60 ms; this one, predicted 5 ms, outlives its
     prediction. The host steps towards 30 ms; alone it would then wait out the 30 ms kind
@@ -1161,8 +1160,7 @@ def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
     )  # fmt: skip
     rest = EdgeReader.open(path) if reading else None  # the leftovers task's host
     learn_lengths(host, edges, [30, 60, 30, 61, 30, 60])
-    handed_at: list[int] = []
-    host._open_leftovers = _timing_hand_ons(host._open_leftovers, handed_at)
+    handed_at = _timing_hand_ons(monkeypatch, path)
     waits: list[int] = []
     wait_in_bubble = host._wait_in_bubble
 
