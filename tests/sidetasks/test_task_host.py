@@ -515,6 +515,87 @@ def test_a_periodic_write_that_fails_fails_the_task_at_the_hosts_next_look(
     assert host._where == "writing a periodic checkpoint"
 
 
+def test_host_blocks_are_pinned_once_ahead_of_the_first_checkpoint_which_waits_for_them(
+    run_dir: RunDir,
+    edges: EdgeWriter,
+    tmp_path: Path,
+    held: _HeldWrites,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Half a checkpoint interval in, a stepped task's state blocks are pinned from a thread
+    (sidetasks.api [Note: pinned ahead]), in the writer's place: a checkpoint due meanwhile
+    waits its turn and the host goes back to its bubbles; it is done once."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.host import checkpoints
+
+    go, asked = threading.Event(), []
+
+    def pinning(sizes: list[int]) -> int:
+        asked.append(sizes)
+        assert go.wait(30)
+        return sum(sizes)
+
+    monkeypatch.setattr(checkpoints, "state_bytes", lambda task: [4 << 20, 1 << 20])
+    monkeypatch.setattr(checkpoints, "pin_ahead", pinning)
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    half = host.spec.task.checkpoint_interval_s / 2
+    host._last_checkpoint_s = time.monotonic() - half - 1
+    host._maybe_checkpoint()
+    assert asked == [] and host._writer is None  # nothing stepped yet: nothing to size
+    host.task.progress = 3.0
+    host._last_checkpoint_s = time.monotonic() - half + 30
+    host._maybe_checkpoint()
+    assert asked == []  # not yet half an interval
+    host._last_checkpoint_s = time.monotonic() - half - 1
+    with caplog.at_level("INFO", logger="freeride_lab.sidetasks.host"):
+        assert _returns(host._maybe_checkpoint)  # the pinning waits; the host does not
+        assert host._writer is not None and host._writer.name == "task-pin-ahead"
+        assert asked == [[4 << 20, 1 << 20]]
+        _due(host)
+        assert _returns(host._maybe_checkpoint)
+        assert held.states == []  # due, but behind the pinning
+        go.set()
+        host._writer.join(10)
+        held.go.set()
+        host._maybe_checkpoint()  # the checkpoint's turn
+        host._finish_writing()
+    assert [s["progress"] for s in held.states] == [3.0]
+    _due(host)
+    host.task.progress = 5.0
+    host._maybe_checkpoint()
+    host._finish_writing()
+    sink.close()
+    assert len(asked) == 1 and [s["progress"] for s in held.states] == [3.0, 5.0]
+    said = [r.getMessage() for r in caplog.records if "pinned" in r.getMessage()]
+    assert said == ["task t1: pinned 5 MB of host memory ahead of its first checkpoint in " +
+                    said[0].rsplit(" in ", 1)[1]]  # fmt: skip
+
+
+def test_a_task_without_gpu_state_pins_nothing_ahead(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
+) -> None:
+    """A task whose state holds no CUDA tensor (a CPU model here) starts no pinning thread;
+    its checkpoint is taken when due, as before."""
+    import torch
+    from tasks_for_tests import Counting
+
+    class WithModel(Counting):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torch.nn.Linear(4, 4)
+
+    host, sink = in_process_host(run_dir, tmp_path, WithModel())
+    host.task.progress = 2.0
+    _due(host)
+    held.go.set()
+    host._maybe_checkpoint()
+    host._finish_writing()
+    sink.close()
+    assert host._pinned_ahead and [s["progress"] for s in held.states] == [2.0]
+
+
 def test_error_in_setup_fails_the_task_and_its_process_only(
     run_dir: RunDir, hosts: list[TaskProcess]
 ) -> None:
