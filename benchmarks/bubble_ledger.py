@@ -28,6 +28,7 @@ from typing import Any
 from bench_output import command_line, write_results
 
 from freeride_lab.bench.stats import GATED_MODES
+from freeride_lab.core.announced import announced_spans
 from freeride_lab.lab.tables import read_events
 
 LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses (solo phases), not training's
@@ -40,14 +41,7 @@ def stage_ledger(
     """One row per bubble ``stage`` announced in the gated ``blocks`` (of one run), in order."""
     starts = {int(e["step"]): int(e["start_ns"]) for e in events
               if e.get("kind") == "step" and e.get("rank") == stage}  # fmt: skip
-    told: dict[tuple[int, int], dict[str, int | None]] = {}
-    for e in events:
-        if e.get("kind") == "bubble_edge" and e.get("rank") == stage:
-            one = told.setdefault((int(e["step"]), int(e["slot"])), {})
-            if e["edge"] == "start":
-                one["start"], one["predicted"] = int(e["t_ns"]), e.get("predicted_end_ns")
-            else:
-                one["end"] = int(e["t_ns"])
+    told = announced_spans(events, stage).spans
     steps = sorted((e for e in events
                     if e.get("kind") == "side_task_step" and e.get("stage") == stage),
                    key=lambda e: int(e["start_ns"]))  # fmt: skip
@@ -59,14 +53,13 @@ def stage_ledger(
         lo, hi = starts.get(first), starts.get(first + int(b["steps"]))
         if lo is None or hi is None:
             continue
-        for (step, slot), one in sorted(told.items(), key=lambda kv: kv[1].get("start") or 0):
-            a, z, p = one.get("start"), one.get("end"), one.get("predicted")
-            if a is None or z is None or not lo <= a < hi or (z - a) / 1e6 > LONGEST_MS:
+        for step, slot, a, z, p in told:
+            if not lo <= a < hi or (z - a) / 1e6 > LONGEST_MS:
                 continue
             rows.append({
                 "mode": b["mode"], "repeat": int(b["repeat"]), "step": step, "slot": slot,
                 "length_ms": round((z - a) / 1e6, 3),
-                "predicted_ms": None if p is None else round((int(p) - a) / 1e6, 3),
+                "predicted_ms": None if p is None else round((p - a) / 1e6, 3),
                 "steps": [_step(s, a) for s in steps
                           if int(s["end_ns"]) > a and int(s["start_ns"]) < z],
             })  # fmt: skip

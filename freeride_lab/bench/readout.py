@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from freeride_lab.bench.results import block_row, segment_tasks
+from freeride_lab.core.announced import announced_spans
 from freeride_lab.core.bubbles import extract_bubbles, predict_bubbles
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.config import RunConfig
@@ -174,19 +175,13 @@ def announced_bubbles(run_dir: Path, rank: int) -> list[AnnouncedBubble]:
     ``bubble_edge`` events, a start with its end; a start without a prediction is left out:
     no side-task step could be planned against it). Damaged lines are skipped as
     ``read_events`` skips them."""
-    starts: dict[tuple[int, int], dict[str, Any]] = {}
-    out = []
-    for e in read_events(run_dir):
-        if e.get("kind") != "bubble_edge" or e["rank"] != rank:
-            continue
-        key = (int(e["step"]), int(e["slot"]))
-        if e["edge"] == "start":
-            starts[key] = e
-        elif key in starts and starts[key].get("predicted_end_ns"):
-            s = starts.pop(key)
-            out.append(AnnouncedBubble(
-                *key,
-                round((s["predicted_end_ns"] - s["t_ns"]) / 1e6, 3),
-                round((e["t_ns"] - s["t_ns"]) / 1e6, 3),
-            ))  # fmt: skip
-    return out
+    return [
+        AnnouncedBubble(
+            b.step,
+            b.slot,
+            round((b.predicted_end_ns - b.start_ns) / 1e6, 3),
+            round((b.end_ns - b.start_ns) / 1e6, 3),
+        )
+        for b in announced_spans(read_events(run_dir), rank).spans
+        if b.predicted_end_ns
+    ]

@@ -38,6 +38,7 @@ from freeride_lab.bench import tables as bt
 from freeride_lab.bench.markdown import markdown
 from freeride_lab.bench.placement import placement_summary
 from freeride_lab.core.accounting import CostModel
+from freeride_lab.core.announced import announced_spans
 from freeride_lab.core.budget import OverrunStats
 from freeride_lab.core.idle_use import idle_use
 
@@ -364,27 +365,16 @@ def block_row(
     told: list[tuple[float, ...]] = []
     announce: list[float] = []
     if b["mode"] in bs.GATED_MODES and len(s):
-        lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
-        mine_edges = [e for e in edges if int(e["rank"]) == r and lo_ns <= e["t_ns"] < hi_ns]
-        open_: dict[tuple[int, int], tuple[int, int | None]] = {}  # start, predicted end
-        pairs: list[tuple[int, int]] = []
-        predictions: list[int | None] = []
-        for e in sorted(mine_edges, key=lambda e: e["t_ns"]):
-            key = (int(e["step"]), int(e["slot"]))
-            if e["edge"] == "start":
-                open_[key] = (int(e["t_ns"]), e.get("predicted_end_ns"))
-            elif key in open_:
-                start, predicted = open_.pop(key)
-                pairs.append((start, int(e["t_ns"])))
-                predictions.append(predicted)
+        spans, open_starts_ns = announced_spans(edges, r, ns_ok[0], ns_ok[-1])
         step_ns, main_ns = _starts_ns(s, t0), _starts_ns(main, t0)  # both tasks', its task's
-        starts_ns, ends_ns = [p[0] for p in pairs], [p[1] for p in pairs]
+        starts_ns, ends_ns = [x.start_ns for x in spans], [x.end_ns for x in spans]
         guard_at = _guards_of_steps(s)
-        for (a, z), p in zip(pairs, predictions, strict=True):
-            announced: tuple[float, ...] = ((a - t0) / 1e6, (z - t0) / 1e6)
-            if p is not None:  # its predicted end, and the guard it was held to where known
+        for span in spans:
+            announced: tuple[float, ...] = ((span.start_ns - t0) / 1e6, (span.end_ns - t0) / 1e6)
+            if span.predicted_end_ns is not None:  # and the guard it was held to where known
                 guard = guard_at(announced[0])
-                announced += ((int(p) - t0) / 1e6,) + (() if guard is None else (guard,))
+                announced += ((span.predicted_end_ns - t0) / 1e6,)
+                announced += () if guard is None else (guard,)
             told.append(announced)
         gaps_ns = [(round(a * 1e6) + t0, round(e * 1e6) + t0) for a, e in gaps]
         announce = bs.announce_lag_ms(gaps_ns, starts_ns)
@@ -400,9 +390,7 @@ def block_row(
             handon = bs.handon_latency_ms(starts_ns, ends_ns, main_ns, _starts_ns(rest, t0))
         if b["mode"] != "trickle":  # trickle steps run between bubbles by design
             # a bubble still open when the block's window closes bounds the one before it
-            pause = bs.pause_latency_ms(
-                starts_ns, ends_ns, step_ns, open_start_ns=[a for a, _ in open_.values()]
-            )
+            pause = bs.pause_latency_ms(starts_ns, ends_ns, step_ns, open_start_ns=open_starts_ns)
     lo_ns, hi_ns = ns_ok[0], ns_ok[-1]
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)

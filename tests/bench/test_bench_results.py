@@ -353,7 +353,8 @@ def _managed_block_row(
         columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
     )
     edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": int(ms * 1e6),
+        {"kind": "bubble_edge", "rank": 0, "step": 0, "slot": slot, "edge": edge,
+         "t_ns": int(ms * 1e6),
          **({"predicted_end_ns": int(end * 1e6)} if edge == "start" else {})}
         for slot, (a, b, end) in enumerate(announced)
         for edge, ms in (("start", a), ("end", b))
@@ -457,7 +458,7 @@ def test_a_block_times_how_long_its_task_went_on_starting_steps_after_a_bubble_e
     )  # fmt: skip
     bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
     edges = [
-        {"rank": 0, "step": 0, "slot": 1, "edge": edge, "t_ns": t * 10**6}
+        {"kind": "bubble_edge", "rank": 0, "step": 0, "slot": 1, "edge": edge, "t_ns": t * 10**6}
         for edge, t in (("start", 1), ("end", 8))
     ]
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": mode, "case": "x",
@@ -490,7 +491,7 @@ def test_a_block_splits_its_signal_latency_at_the_moment_the_host_saw_the_edge()
         columns=["rank", "step", "start_ms", "end_ms", "duration_ms"],
     )
     edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
+        {"kind": "bubble_edge", "rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
         for slot, edge, t in ((1, "start", 1), (1, "end", 8), (2, "start", 10), (2, "end", 18))
     ]
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "managed", "case": "x",
@@ -566,7 +567,7 @@ def test_a_step_in_a_bubble_still_open_when_the_block_ends_is_not_late() -> None
     )  # fmt: skip
     bubbles = pd.DataFrame(columns=["rank", "step", "start_ms", "end_ms", "duration_ms"])
     edges = [
-        {"rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
+        {"kind": "bubble_edge", "rank": 0, "step": 0, "slot": slot, "edge": edge, "t_ns": t * 10**6}
         for slot, edge, t in ((1, "start", 1), (1, "end", 8), (2, "start", 14))
     ]  # the second bubble ends after the block's window (20 ms)
     block = {"stage": 0, "first_step": 0, "steps": 1, "mode": "governed", "case": "x",
