@@ -5,10 +5,13 @@ tasks on a stage (gating "leftovers", ``freeride-lab bench --leftovers``) it can
 task left a bubble, nor what held it back. This reads a bench result and its run directories
 and lists, for every bubble a real stage announced inside a gated block: its slot, length and
 predicted length, and each side-task step in it (task, start and end after the bubble's start,
-the guard it cleared at entry, ms); then sums up per stage: bubbles and their time by who
-stepped (each task alone, both, neither), the lengths and predictions of the bubbles no task
-used, the time after the last step, the gap from the stage's task's last step to the
-leftovers task's first step in bubbles both used, and each task's guard at entry.
+the guard it cleared at entry, ms, and its progress in the task's unit); then sums up per
+stage: bubbles and their time by who stepped (each task alone, both, neither), the lengths and
+predictions of the bubbles no task used, the time after the last step, the gap from the
+stage's task's last step to the leftovers task's first step in bubbles both used, each task's
+guard at entry, and each task's step time by its progress (a step's size: a step of a task's
+smallest steps taken k at a time makes k times their progress), to set its speed in bubbles,
+size by size, beside its speed alone.
 
 Run it where the bench ran, before the run directories go (they are not kept with results):
 
@@ -68,12 +71,14 @@ def stage_ledger(
 
 def _step(e: Mapping[str, Any], start_ns: int) -> list[Any]:
     """A ``side_task_step`` event in a bubble that started at ``start_ns``: its task's name,
-    start and end after the bubble's start and the guard it cleared at entry (ms)."""
+    start and end after the bubble's start and the guard it cleared at entry (ms), and its
+    progress."""
     return [
         str(e["task_id"]).rsplit("-", 1)[0],
         round((int(e["start_ns"]) - start_ns) / 1e6, 3),
         round((int(e["end_ns"]) - start_ns) / 1e6, 3),
         round(int(e.get("guard_ns") or 0) / 1e6, 3),
+        float(e.get("progress") or 0.0),
     ]
 
 
@@ -85,6 +90,7 @@ def summary(rows: Sequence[Mapping[str, Any]], main: str, leftovers: str) -> dic
     by: dict[str, list[float]] = {}
     tails, gaps, unused = [], [], []
     guards: dict[str, list[float]] = {}
+    sized: dict[str, dict[float, list[float]]] = {}  # task → progress → step ms
     for r in rows:
         who = sorted({s[0] for s in r["steps"]})
         by.setdefault(" + ".join(who) or NONE, []).append(r["length_ms"])
@@ -94,6 +100,8 @@ def summary(rows: Sequence[Mapping[str, Any]], main: str, leftovers: str) -> dic
         tails.append(max(0.0, r["length_ms"] - max(s[2] for s in r["steps"])))
         for s in r["steps"]:
             guards.setdefault(s[0], []).append(s[3])
+            if len(s) > 4:  # ledgers before the progress column have none
+                sized.setdefault(s[0], {}).setdefault(s[4], []).append(s[2] - s[1])
         ends = [s[2] for s in r["steps"] if s[0] == main]
         firsts = [s[1] for s in r["steps"] if s[0] == leftovers]
         if ends and firsts and min(firsts) >= max(ends):
@@ -111,6 +119,17 @@ def summary(rows: Sequence[Mapping[str, Any]], main: str, leftovers: str) -> dic
         "tail_frac": round(sum(tails) / total, 4),
         "handon_gap_ms": _quantiles(gaps),
         "guard_at_entry_ms": {k: _quantiles(v) for k, v in sorted(guards.items())},
+        "step_ms_by_progress": {task: _by_size(by) for task, by in sorted(sized.items())},
+    }
+
+
+def _by_size(ms_by_progress: Mapping[float, Sequence[float]]) -> dict[str, dict[str, float]]:
+    """A task's step-time quantiles and step count per progress of a step, for those with
+    three steps or more."""
+    return {
+        f"{progress:g}": {**(_quantiles(ms) or {}), "steps": len(ms)}
+        for progress, ms in sorted(ms_by_progress.items())
+        if len(ms) >= 3
     }
 
 

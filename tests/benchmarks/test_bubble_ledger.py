@@ -61,7 +61,7 @@ def test_each_bubble_of_a_gated_block_lists_the_steps_in_it_and_who_used_it(
         (4.0, 3.5),
         (4.0, 3.0),
     ]  # the vanilla block's bubble is not among them
-    assert rows[0]["steps"] == [["resnet18", 1.0, 5.0, 4.5], ["image", 5.3, 7.0, 0.8]]
+    assert rows[0]["steps"] == [["resnet18", 1.0, 5.0, 4.5, 1.0], ["image", 5.3, 7.0, 0.8, 1.0]]
     assert rows[2]["steps"] == []
     found = stage["summary"]
     assert found["by_who"] == {
@@ -72,13 +72,19 @@ def test_each_bubble_of_a_gated_block_lists_the_steps_in_it_and_who_used_it(
     assert found["tail_frac"] == round((3.0 + 2.8) / 18, 4)  # after each used bubble's last step
 
 
-def test_the_hand_on_gap_and_the_guards_are_summed_up_once_there_are_three() -> None:
+def test_the_hand_on_gap_the_guards_and_step_times_by_size_are_summed_up_from_three() -> None:
     rows = [
         {"length_ms": 10.0, "predicted_ms": 9.0,
-         "steps": [["vgg19", 0.2, 6.0 + i, 7.0], ["image", 6.3 + i + 0.1 * i, 8.0 + i, 0.8]]}
+         "steps": [["vgg19", 0.2, 6.0 + i, 7.0, 32.0],
+                   ["image", 6.3 + i + 0.1 * i, 8.0 + i, 0.8, 0.125]]}
         for i in range(3)
     ]  # fmt: skip
+    rows[0]["steps"].insert(1, ["vgg19", 6.0, 6.1, 7.0, 8.0])  # one step of another size
     found = bubble_ledger.summary(rows, "vgg19", "image")
     assert found["handon_gap_ms"]["p50"] == 0.4
     assert found["guard_at_entry_ms"]["image"]["p50"] == 0.8
     assert found["unused_length_ms"] is None  # none unused
+    by_size = found["step_ms_by_progress"]
+    assert list(by_size["vgg19"]) == ["32"]  # the size stepped once is left out
+    assert by_size["vgg19"]["32"]["p50"] == 6.8 and by_size["vgg19"]["32"]["steps"] == 3
+    assert by_size["image"]["0.125"]["steps"] == 3
