@@ -11,15 +11,15 @@ allocator, every copy queued before one wait). Reported per task and way: the st
 the first take and the median and highest of the others (ms), wall time of the whole
 ``state_dict()``-sized copy on the host's thread.
 
-With ``--pin-ahead`` the blocks are first pinned from a thread, as a task host does half a
-checkpoint interval after its start (``sidetasks.api.pin_ahead`` on ``state_bytes(task)``,
-[Note: pinned ahead]), while this thread runs Python and times its own longest gap (what the
-pinning would cost a host stepping meanwhile); the pinned way's first take then shows what a
-task's first checkpoint takes after it. Run it in a process of its own: pinned blocks stay in
-the process's cache.
+With ``--pin-ahead`` the blocks are first pinned from a thread (``pin_ahead``: blocks of the
+state's tensors' sizes from torch's caching host allocator, held until the last is pinned, then
+given back to its cache), while this thread runs a loop and times its own longest turn: Python
+alone (``python``), or a small kernel and a wait on it, as a task host stepping does
+(``cuda``); the pinned way's first take then shows what a first checkpoint would take after
+it. Run it in a process of its own: pinned blocks stay in the process's cache.
 
     python benchmarks/bench_state_copy.py --out state-copy.json
-    python benchmarks/bench_state_copy.py --pin-ahead --out state-copy-ahead.json
+    python benchmarks/bench_state_copy.py --pin-ahead cuda --out state-copy-ahead.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from bench_output import command_line, write_results
 
-from freeride_lab.sidetasks.api import host_copies, pin_ahead, state_bytes
+from freeride_lab.sidetasks.api import host_copies
 from freeride_lab.tasks.vision import ResNet18Task, VGG19Task
 
 TASKS = {"resnet18": ResNet18Task, "vgg19": VGG19Task}
@@ -57,38 +57,64 @@ def live_state(task: Any) -> dict[str, Any]:
 
 
 def _nbytes(state: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(state))
+
+
+def state_sizes(task: Any) -> list[int]:
+    """The bytes of each tensor a vision task's ``state_dict()`` copies from its device:
+    weights, buffers and Adam's state, and the gradients a checkpoint between slices keeps."""
+    model, _, _, _ = task._require_setup()
+    tensors = _tensors(live_state(task)) + [
+        p.grad for p in model.parameters() if p.grad is not None
+    ]
+    return [t.nbytes for t in tensors if t.is_cuda and t.nbytes]
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
     if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
+        return [state]
     if isinstance(state, dict):
-        return sum(_nbytes(v) for v in state.values())
-    if isinstance(state, list | tuple):
-        return sum(_nbytes(v) for v in state)
-    return 0
+        state = list(state.values())
+    return [t for v in state for t in _tensors(v)] if isinstance(state, list | tuple) else []
 
 
-def pin_ahead_beside_python(task: Any) -> dict[str, Any]:
-    """Pin ``task``'s state's blocks from a thread while this one runs a Python loop; the
-    bytes, the pinning's wall time and this thread's longest gap between two of its turns."""
-    sizes = state_bytes(task)
+def pin_ahead(sizes: list[int]) -> int:
+    """Pin host blocks of these sizes in torch's caching host allocator, all held until the
+    last is pinned (so each size gets a block of its own), then given back to its cache; the
+    bytes pinned."""
+    blocks = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for size in sizes]
+    return sum(block.nbytes for block in blocks)
+
+
+def pin_ahead_beside(task: Any, beside: str) -> dict[str, Any]:
+    """Pin ``task``'s state's blocks from a thread while this one runs a loop: Python alone
+    (``beside="python"``), or a small kernel and a wait on it, as a task host stepping does
+    (``"cuda"``); the bytes, the pinning's wall time, this thread's turns and its longest."""
+    sizes = state_sizes(task)
+    a = torch.randn(256, 256, device="cuda")
     pinned: list[int] = []
     pinner = threading.Thread(target=lambda: pinned.append(pin_ahead(sizes)))
     t0 = last = time.perf_counter_ns()
-    longest = 0
+    longest = turns = 0
     pinner.start()
     while pinner.is_alive():
+        if beside == "cuda":
+            torch.mm(a, a)
+            torch.cuda.synchronize()
         now = time.perf_counter_ns()
-        longest = max(longest, now - last)
-        last = now
+        longest, last, turns = max(longest, now - last), now, turns + 1
     pinner.join()
     return {
+        "beside": beside,
         "bytes": pinned[0],
         "tensors": len(sizes),
         "ms": (time.perf_counter_ns() - t0) / 1e6,
+        "turns": turns,
         "main_thread_longest_gap_ms": longest / 1e6,
     }
 
 
-def measure(name: str, repeats: int, *, ahead: bool = False) -> dict[str, Any]:
+def measure(name: str, repeats: int, *, ahead: str = "") -> dict[str, Any]:
     task = TASKS[name](preset="gpu")
     task.setup()
     task.to_device("cuda")
@@ -98,7 +124,7 @@ def measure(name: str, repeats: int, *, ahead: bool = False) -> dict[str, Any]:
     state = live_state(task)
     row: dict[str, Any] = {"task": name, "state_bytes": _nbytes(state)}
     if ahead:
-        row["pin_ahead"] = pin_ahead_beside_python(task)
+        row["pin_ahead"] = pin_ahead_beside(task, ahead)
     times: dict[str, list[float]] = {"pageable": [], "pinned": []}
     for _ in range(repeats):
         for way, copy in (("pageable", pageable_copies), ("pinned", host_copies)):
@@ -117,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="resnet18,vgg19")
     parser.add_argument("--repeats", type=int, default=6, help="takes per way (>= 3)")
     parser.add_argument(
-        "--pin-ahead", action="store_true", help="pin each task's blocks first, from a thread"
+        "--pin-ahead",
+        choices=("python", "cuda"),
+        default="",
+        help="pin each task's blocks first, from a thread, beside Python or CUDA work",
     )
     parser.add_argument("--out", type=Path, required=True, help="write the results as JSON here")
     args = parser.parse_args(argv)

@@ -29,8 +29,6 @@ __all__ = [
     "TaskStopped",
     "doubling_sizes",
     "host_copies",
-    "pin_ahead",
-    "state_bytes",
 ]
 
 
@@ -93,61 +91,6 @@ def _host_copies(state: Any, torch: Any, numpy: Any, queued: set[Any]) -> Any:
     if isinstance(state, list | tuple):
         return type(state)(_host_copies(v, torch, numpy, queued) for v in state)
     return state
-
-
-def state_bytes(task: object) -> list[int]:
-    """The size in bytes of each CUDA tensor that a ``state_dict()`` of ``task`` would copy to
-    the host, read off its live modules and optimizers (their states and the parameters'
-    gradients) without touching the tensors' data: what ``pin_ahead`` pins for it.
-
-        >>> state_bytes(object())
-        []
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return []
-    tensors: list[Any] = []
-    for value in _modules(task).values():
-        tensors.extend(_leaves(value.state_dict(), torch))
-        if isinstance(value, torch.nn.Module):
-            tensors.extend(p.grad for p in value.parameters() if p.grad is not None)
-    return [t.nbytes for t in tensors if t.is_cuda and t.nbytes > 0]
-
-
-def pin_ahead(sizes: list[int]) -> int:
-    """Page-lock host blocks of these sizes in torch's caching host allocator and give them
-    back to it at once, so that a later ``host_copies`` takes them from its cache; the bytes
-    pinned (fewer than asked where page-locked memory ran out, 0 without torch's CUDA).
-
-    [Note: pinned ahead]
-    Pinning is what a task's first pinned copy pays for: VGG-19's first ``host_copies`` took
-    713 ms on an H100 host against 32 ms from its second on, and the host reads no edge
-    meanwhile. Blocks pinned before the state is first taken, of its tensors' sizes (the
-    allocator keeps its blocks by size), turn that first take into a later one. The blocks are
-    all held until the last is pinned, so each size gets a block of its own. Nothing here reads
-    or writes a live tensor, so a thread may pin while the task steps.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or not sizes:
-        return 0
-    blocks = []
-    try:
-        for size in sizes:
-            blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
-    except RuntimeError:  # no page-locked memory to be had (or no CUDA): what was pinned
-        pass
-    return sum(block.nbytes for block in blocks)
-
-
-def _leaves(state: Any, torch: Any) -> list[Any]:
-    """The tensors in ``state`` (its dicts, lists and tuples walked), in order."""
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, list | tuple):
-        return [t for value in state for t in _leaves(value, torch)]
-    return []
 
 
 class TaskStopped(Exception):

@@ -1,6 +1,5 @@
 """``host_copies``: a task's state copied to host memory, nothing shared with the live state;
-a GPU tensor's copy made into pinned memory, all of them queued before one wait. ``pin_ahead``:
-those blocks pinned before the first copy, of the sizes ``state_bytes`` reads off a task."""
+a GPU tensor's copy made into pinned memory, all of them queued before one wait."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from freeride_lab.sidetasks.api import SideTaskBase, host_copies, pin_ahead, state_bytes
+from freeride_lab.sidetasks.api import host_copies
 
 torch = pytest.importorskip("torch")
 
@@ -87,43 +86,3 @@ def test_a_gpu_tensor_is_still_copied_where_memory_cannot_be_pinned(
     monkeypatch.undo()
     assert not copy["weights"].is_pinned()
     _assert_copied(copy, live)
-
-
-class _Trained(SideTaskBase):
-    """A small model and its Adam state, stepped once on ``device``."""
-
-    def __init__(self, device: str) -> None:
-        super().__init__()
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 3)
-        ).to(device)
-        self.optimizer = torch.optim.Adam(self.model.parameters())
-        self.model(torch.randn(8, 64, device=device)).sum().backward()
-        self.optimizer.step()
-
-
-def test_a_task_on_the_host_has_no_state_to_pin_and_nothing_is_pinned_without_cuda() -> None:
-    assert state_bytes(_Trained("cpu")) == []
-    if not torch.cuda.is_available():
-        assert pin_ahead([1 << 20]) == 0  # no pinned-memory allocator: nothing, no error
-
-
-@pytest.mark.gpu
-def test_pinned_ahead_the_first_copy_of_a_gpu_state_takes_no_new_host_block() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU; this machine has none")
-    task = _Trained("cuda")
-    params = [p.nbytes for p in task.model.parameters()]
-    sizes = state_bytes(task)
-    # weights and buffers, Adam's two moments a parameter (its step counts stay on the host),
-    # and the gradients
-    buffers = [b.nbytes for b in task.model.buffers() if b.nbytes]
-    assert sorted(sizes) == sorted(params * 4 + buffers)
-    assert pin_ahead(sizes) == sum(sizes)
-    before = torch.cuda.host_memory_stats()["num_host_alloc"]
-    copy = host_copies(
-        {"model": task.model.state_dict(), "optimizer": task.optimizer.state_dict(),
-         "grads": [p.grad for p in task.model.parameters()]}
-    )  # fmt: skip
-    assert torch.cuda.host_memory_stats()["num_host_alloc"] == before
-    assert copy["model"]["0.weight"].is_pinned()

@@ -132,9 +132,6 @@ class HostBase:
         # host.checkpoints [Note: periodic checkpoints in the background])
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
-        # whether host blocks for the state's first take were pinned ahead (see
-        # sidetasks.api [Note: pinned ahead])
-        self._pinned_ahead = False
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
         self._last_report_ns = 0

@@ -31,7 +31,7 @@ from typing import Any
 
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import create_file
-from freeride_lab.sidetasks.api import host_copies, pin_ahead, state_bytes
+from freeride_lab.sidetasks.api import host_copies
 from freeride_lab.sidetasks.host.base import HostBase, log
 from freeride_lab.sidetasks.spec import checkpoint_path
 
@@ -149,40 +149,6 @@ class Checkpointing(HostBase):
             self._where = "writing a periodic checkpoint"
             raise error
 
-    def _maybe_pin_ahead(self) -> bool:
-        """Once, half a checkpoint interval after the host's start, with the task on its device
-        and stepped: pin host blocks of its state's sizes from a thread ([Note: pinned ahead] in
-        ``sidetasks.api``), in the writer's place (so drained as a write is); True if started."""
-        task = self.task
-        if self._pinned_ahead or task is None or self.machine.state is not SideTaskState.PAUSED:
-            return False
-        if not task.progress or (
-            time.monotonic() - self._last_checkpoint_s < self.spec.task.checkpoint_interval_s / 2
-        ):
-            return False
-        self._pinned_ahead = True
-        sizes = state_bytes(task)  # read here: the thread touches no live tensor
-        if not sizes:
-            return False
-        pinner = threading.Thread(
-            target=self._pin, args=(sizes,), name="task-pin-ahead", daemon=True
-        )
-        self._writer = pinner
-        pinner.start()
-        return True
-
-    def _pin(self, sizes: list[int]) -> None:
-        """The pinning thread: pin, and log what it pinned and how long that took."""
-        start_s = time.monotonic()
-        try:
-            pinned = pin_ahead(sizes)
-        except Exception as exc:  # the first checkpoint pins them instead; the task goes on
-            log.warning("task %s: pinning ahead failed: %r", self.spec.task.task_id, exc)
-            return
-        took_s = time.monotonic() - start_s
-        log.info("task %s: pinned %.0f MB of host memory ahead of its first checkpoint in "
-                 "%.2f s", self.spec.task.task_id, pinned / 1e6, took_s)  # fmt: skip
-
     def _maybe_checkpoint(self) -> None:
         task = self.task
         writer = self._writer
@@ -191,8 +157,6 @@ class Checkpointing(HostBase):
         elif writer is not None:
             return  # still writing the last one
         if task is None or self.machine.state not in (SideTaskState.PAUSED, SideTaskState.CREATED):
-            return
-        if self._maybe_pin_ahead():
             return
         if time.monotonic() - self._last_checkpoint_s < self.spec.task.checkpoint_interval_s:
             return
