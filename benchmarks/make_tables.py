@@ -403,6 +403,18 @@ H100_H_STOP = ("h100-2026-12-07-m8-stop-s13.json", "image on the leftovers, stop
 H100_H_PINNED = ("h100-2026-12-07-m8-pinned-s3.json", "stop, the state taken into pinned memory")
 H100_12_07 = (H100_H_SURVIVORS, H100_H_STOP, H100_H_PINNED)
 STATE_COPY = "state-copy-h100-2026-12-07.json"
+# 2026-12-07, later: every stage at M = 8, then at M = 4, the image task on the leftovers (one
+# machine, back to back), each with its bubble ledger
+H100_I_M8 = ("h100-2026-12-07b-m8-all.json", "M = 8, every stage, image on the leftovers")
+H100_I_M4 = ("h100-2026-12-07b-m4-all.json", "M = 4, every stage, image on the leftovers")
+H100_12_07B = (H100_I_M8, H100_I_M4)
+#: the state's blocks pinned from a thread ahead of the first take (``bench_state_copy.py
+#: --pin-ahead``), beside Python alone in the first call
+STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",)
+H100_12_07B_LEDGERS = (
+    (H100_I_M8, "h100-2026-12-07b-ledger-m8-all.json"),
+    (H100_I_M4, "h100-2026-12-07b-ledger-m4-all.json"),
+)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1427,7 +1439,8 @@ def h100_goal_sources() -> list[Source]:
         *(source(n) for n, _ in (*H100_SPIN, *H100_SIGNALS, *H100_SLICES8, *H100_M8_SIZED,
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
-                                 *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07)),
+                                 *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
+                                 *H100_12_07B)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1676,6 +1689,61 @@ def state_copy() -> list[str]:
     ]  # fmt: skip
 
 
+def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Each real stage's tasks' steps in the bubbles by size (their progress), from each
+    result's bubble ledger (``benchmarks/bubble_ledger.py``): the median step time, the speed
+    at it, and that speed against the task's own alone on the device (the segment's
+    dedicated speed, measured at the host's largest step)."""
+    rows = []
+    for (name, label), ledger_name in pairs:
+        data, ledger = result(name), raw(ledger_name)
+        alone = {}
+        for seg in (s for run in data["runs"] for s in run["segments"] if s.get("task")):
+            alone[(seg["stage"], seg["task"])] = (seg.get("dedicated_per_s"), seg.get("unit"))
+            beside = seg.get("leftovers") or {}
+            if beside.get("task"):
+                here = (b for b in data["blocks"] if b["stage"] == seg["stage"])
+                unit = next((b["leftovers_unit"] for b in here if b.get("leftovers_unit")), None)
+                alone[(seg["stage"], beside["task"])] = (beside.get("dedicated_per_s"), unit)
+        for key, stage in ledger["stages"].items():
+            r = int(key.rsplit("/", 1)[1])
+            for task, sizes in stage["summary"].get("step_ms_by_progress", {}).items():
+                speed, unit = alone.get((r, task), (None, None))
+                for progress, q in sizes.items():
+                    per_s = float(progress) / q["p50"] * 1e3
+                    of_alone = fmt_pct(per_s / speed, 0) if speed else "—"
+                    rows.append([label, f"{r} · {task}", progress + (f" {unit}" if unit else ""),
+                                 str(q["steps"]), f"{q['p50']:.2f} ({q['p90']:.2f})",
+                                 fmt_rate(per_s), of_alone])  # fmt: skip
+                label = ""
+    return md_table(
+        ["", "stage · task", "a step's progress", "steps in bubbles", "step ms p50 (p90)",
+         "speed at p50 /s", "of its speed alone"],
+        rows,
+    )  # fmt: skip
+
+
+def pin_ahead_table(names: Sequence[str]) -> list[str]:
+    """A task's state's host blocks pinned from a thread while another thread runs a loop
+    (``bench_state_copy.py --pin-ahead``): what the pinning took, the loop's longest turn and
+    the first take after it."""
+    rows = []
+    for name in names:
+        data = raw(name)
+        for r in data["rows"]:
+            ahead = r["pin_ahead"]
+            rows.append([r["task"], ahead.get("beside", "python"),
+                         f"{r['state_bytes'] / 1e9:.2f} GB", f"{ahead['bytes'] / 1e9:.2f} GB",
+                         f"{ahead['tensors']}", f"{ahead['ms']:.0f}",
+                         f"{ahead['main_thread_longest_gap_ms']:.2f}",
+                         f"{r['pinned']['first_ms']:.1f}", data["device"]])  # fmt: skip
+    return md_table(
+        ["task", "the other thread's loop", "state", "pinned (blocks rounded up)", "blocks",
+         "pinning ms", "the loop's longest turn ms", "then the first pinned take ms", "device"],
+        rows,
+    )  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-goals-now": lambda: goal_table(h100_goal_sources(), peer_fix_date=raw(PEER_FIX)["date"]),
     "h100-12-05-overhead": lambda: h200_overhead(_h100_rows()),
@@ -1723,6 +1791,12 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "image-bands-h100": image_bands,
     "h100-12-07-stages": lambda: _side_by_side(H100_12_07, ("governed",)),
     "h100-12-07-idle-split": lambda: _idle_split(H100_12_07),
+    "h100-12-07b-pipeline-overhead": lambda: h200_overhead(_pipeline_rows(H100_12_07B)),
+    "h100-12-07b-pipeline-harvest": lambda: h200_harvest(_pipeline_rows(H100_12_07B)),
+    "h100-12-07b-stages": lambda: _side_by_side(H100_12_07B, ("governed",)),
+    "h100-12-07b-idle-split": lambda: _idle_split(H100_12_07B),
+    "h100-12-07b-step-speed": lambda: step_speed(H100_12_07B_LEDGERS),
+    "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
