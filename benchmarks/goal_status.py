@@ -301,7 +301,8 @@ _WHERE_IDLE = (
     "2026-12-04, latest: where the idle time goes, and two levers against it; on the H100, "
     "2026-12-06, afternoon: finer steps and a narrower guard with the peers held fixed, and "
     "where the tail goes; evening: past the predicted end, and the feedback predictor at "
-    "M = 8; and night: a second task on the leftovers"
+    "M = 8; and night: a second task on the leftovers; 2026-12-07, later: every stage at M = 8 "
+    "and M = 4 with a task on the leftovers (each step size's speed in the bubbles)"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
