@@ -57,7 +57,7 @@ def live_state(task: Any) -> dict[str, Any]:
 
 
 def _nbytes(state: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(state))
+    return sum(t.nbytes for t in _tensors(state))
 
 
 def state_sizes(task: Any) -> list[int]:

@@ -100,8 +100,7 @@ def summary(rows: Sequence[Mapping[str, Any]], main: str, leftovers: str) -> dic
         tails.append(max(0.0, r["length_ms"] - max(s[2] for s in r["steps"])))
         for s in r["steps"]:
             guards.setdefault(s[0], []).append(s[3])
-            if len(s) > 4:  # ledgers before the progress column have none
-                sized.setdefault(s[0], {}).setdefault(s[4], []).append(s[2] - s[1])
+            sized.setdefault(s[0], {}).setdefault(s[4], []).append(s[2] - s[1])
         ends = [s[2] for s in r["steps"] if s[0] == main]
         firsts = [s[1] for s in r["steps"] if s[0] == leftovers]
         if ends and firsts and min(firsts) >= max(ends):

@@ -408,13 +408,13 @@ STATE_COPY = "state-copy-h100-2026-12-07.json"
 H100_I_M8 = ("h100-2026-12-07b-m8-all.json", "M = 8, every stage, image on the leftovers")
 H100_I_M4 = ("h100-2026-12-07b-m4-all.json", "M = 4, every stage, image on the leftovers")
 H100_12_07B = (H100_I_M8, H100_I_M4)
-#: the state's blocks pinned from a thread ahead of the first take (``bench_state_copy.py
-#: --pin-ahead``), beside Python alone in the first call
-STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",)
 H100_12_07B_LEDGERS = (
     (H100_I_M8, "h100-2026-12-07b-ledger-m8-all.json"),
     (H100_I_M4, "h100-2026-12-07b-ledger-m4-all.json"),
 )
+#: the state's blocks pinned from a thread ahead of the first take (``bench_state_copy.py
+#: --pin-ahead``), beside Python alone in the first call
+STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1696,15 +1696,7 @@ def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
     dedicated speed, measured at the host's largest step)."""
     rows = []
     for (name, label), ledger_name in pairs:
-        data, ledger = result(name), raw(ledger_name)
-        alone = {}
-        for seg in (s for run in data["runs"] for s in run["segments"] if s.get("task")):
-            alone[(seg["stage"], seg["task"])] = (seg.get("dedicated_per_s"), seg.get("unit"))
-            beside = seg.get("leftovers") or {}
-            if beside.get("task"):
-                here = (b for b in data["blocks"] if b["stage"] == seg["stage"])
-                unit = next((b["leftovers_unit"] for b in here if b.get("leftovers_unit")), None)
-                alone[(seg["stage"], beside["task"])] = (beside.get("dedicated_per_s"), unit)
+        ledger, alone = raw(ledger_name), _speeds_alone(result(name))
         for key, stage in ledger["stages"].items():
             r = int(key.rsplit("/", 1)[1])
             for task, sizes in stage["summary"].get("step_ms_by_progress", {}).items():
@@ -1721,6 +1713,21 @@ def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
          "speed at p50 /s", "of its speed alone"],
         rows,
     )  # fmt: skip
+
+
+def _speeds_alone(data: Mapping[str, Any]) -> dict[tuple[int, str], tuple[Any, Any]]:
+    """(stage, task) → (its dedicated speed, its unit) for each segment's task and the task
+    on its leftovers (whose unit its blocks record)."""
+    units = {(b["stage"], b["leftovers_task"]): b["leftovers_unit"]
+             for b in data["blocks"] if b.get("leftovers_unit")}  # fmt: skip
+    alone = {}
+    for seg in (s for run in data["runs"] for s in run["segments"] if s.get("task")):
+        alone[(seg["stage"], seg["task"])] = (seg.get("dedicated_per_s"), seg.get("unit"))
+        beside = seg.get("leftovers") or {}
+        if beside.get("task"):
+            key = (seg["stage"], beside["task"])
+            alone[key] = (beside.get("dedicated_per_s"), units.get(key))
+    return alone
 
 
 def pin_ahead_table(names: Sequence[str]) -> list[str]:
