@@ -302,7 +302,8 @@ _WHERE_IDLE = (
     "2026-12-06, afternoon: finer steps and a narrower guard with the peers held fixed, and "
     "where the tail goes; evening: past the predicted end, and the feedback predictor at "
     "M = 8; and night: a second task on the leftovers; 2026-12-07, later: every stage at M = 8 "
-    "and M = 4 with a task on the leftovers (each step size's speed in the bubbles)"
+    "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); evening: "
+    "what stands between the harvest and all of the bubble time"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"

@@ -412,6 +412,11 @@ H100_12_07B_LEDGERS = (
     (H100_I_M8, "h100-2026-12-07b-ledger-m8-all.json"),
     (H100_I_M4, "h100-2026-12-07b-ledger-m4-all.json"),
 )
+#: the same bubbles replayed with one thing changed at a time (``harvest_ceiling.py``)
+H100_12_07B_CEILINGS = (
+    (H100_I_M8, "h100-2026-12-07b-ceiling-m8-all.json"),
+    (H100_I_M4, "h100-2026-12-07b-ceiling-m4-all.json"),
+)
 #: the state's blocks pinned from a thread ahead of the first take (``bench_state_copy.py
 #: --pin-ahead``), beside Python alone in the first call
 STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",)
@@ -1715,6 +1720,41 @@ def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
     )  # fmt: skip
 
 
+def harvest_ceiling(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Each real stage's announced bubbles replayed through its hosts' step rule
+    (``benchmarks/harvest_ceiling.py``): what the blocks harvested, the replay to the rank's
+    predictions (the model's check), to each bubble's true end, without the guard's margin,
+    and that replay's time under steps; then what each change bought, in points [95%]."""
+    rows = []
+    for (_, label), name in pairs:
+        for key, stage in raw(name)["stages"].items():
+            s, c = stage["summary"], stage["costs"]
+            tasks = stage["main"] + (f" + {stage['leftovers']}" if stage["leftovers"] else "")
+            rows.append([label, f"{key.rsplit('/', 1)[1]} · {tasks}", str(len(stage["blocks"])),
+                         *(fmt_interval(s[a]["value"], s[a]["lo"], s[a]["hi"], 0)
+                           for a in CEILING_ARMS),
+                         *(_points(c[what]) for what in CEILING_COSTS)])  # fmt: skip
+            label = ""
+    return md_table(
+        ["", "stage · task", "blocks", "harvested", "replayed: to the rank's prediction",
+         "to each bubble's true end", "and no guard margin", "its time under steps",
+         "the model's error (pts)", "the prediction (pts)", "the guard's margin (pts)",
+         "the steps' speed (pts)", "beyond any step rule (pts)"],
+        rows,
+    )  # fmt: skip
+
+
+CEILING_ARMS = ("observed", "predicted", "true_end", "no_margin", "at_speed_alone")
+CEILING_COSTS = ("the model's error", "the prediction", "the guard's margin", "the steps' speed",
+                 "beyond any rule")  # fmt: skip
+
+
+def _points(one: Mapping[str, float]) -> str:
+    """A share's difference [95%] in percentage points: "+7.0 [+4.4, +9.6]"."""
+    v, lo, hi = (100 * one[k] for k in ("value", "lo", "hi"))
+    return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
 def _speeds_alone(data: Mapping[str, Any]) -> dict[tuple[int, str], tuple[Any, Any]]:
     """(stage, task) → (its dedicated speed, its unit) for each segment's task and the task
     on its leftovers (whose unit its blocks record)."""
@@ -1803,6 +1843,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07b-stages": lambda: _side_by_side(H100_12_07B, ("governed",)),
     "h100-12-07b-idle-split": lambda: _idle_split(H100_12_07B),
     "h100-12-07b-step-speed": lambda: step_speed(H100_12_07B_LEDGERS),
+    "h100-12-07b-harvest-ceiling": lambda: harvest_ceiling(H100_12_07B_CEILINGS),
     "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),

@@ -18,6 +18,7 @@ def load_script(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import would: dataclasses look their module up
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(folder)

@@ -1,0 +1,141 @@
+"""benchmarks/harvest_ceiling.py: a stage's bubbles replayed with what they held, one change at
+a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_scripts import load_script
+
+ceiling = load_script("harvest_ceiling")
+Size, Menu, Groups = ceiling.Size, ceiling.Menu, ceiling.Groups
+
+
+def _sized(per_ms: float = 1.0, gap_ms: float = 0.0) -> Any:
+    """Steps of 1, 2 and 4 units lasting 1, 2 and 4 ms, each guarded by 1.5 x its time."""
+    sizes = (Size(1.0, 1.0, 1.5), Size(2.0, 2.0, 3.0), Size(4.0, 4.0, 6.0))
+    return Menu(sizes, first_ms=0.0, gap_ms=gap_ms, per_ms=per_ms)
+
+
+def test_a_bubble_is_filled_coarse_to_fine_while_the_smallest_guard_fits() -> None:
+    # to an end at 10 ms: 4 (guard 6 fits 10), 2 (guard 3 < 6 left... 4's 6 does not), 2,
+    # then 2 ms left: the smallest's guard of 1.5 fits, its 1 ms step runs; 1 ms left: stop
+    last, under, work = ceiling.pack(_sized(), 0.0, 10.0, 10.0)
+    assert (last, under, work) == (9.0, 9.0, 9.0)
+
+
+def test_no_step_starts_once_the_bubble_has_ended_and_one_in_flight_counts_to_its_end() -> None:
+    # planned to 10 ms (a prediction too long), the bubble ends at 5: 4 ms, then a 1 ms step
+    # (guard 1.5 < 6 left by the plan) from 4 to 5; nothing after the end
+    last, under, work = ceiling.pack(_sized(), 0.0, 10.0, 5.0)
+    assert under == 5.0 and last >= 5.0
+    # planned to the true end, the same bubble takes 2, 1 and 1: no step crosses its end
+    last, under, work = ceiling.pack(_sized(), 0.0, 5.0, 5.0)
+    assert (last, work) == (4.0, 4.0)
+
+
+def test_without_the_margin_a_step_needs_only_its_own_time() -> None:
+    with_margin = ceiling.pack(_sized(), 0.0, 4.0, 4.0)
+    without = ceiling.pack(_sized(), 0.0, 4.0, 4.0, margin=False)
+    assert with_margin[2] == 3.0  # 2 (guard 3 < 4), then 1 (guard 1.5 < 2)
+    assert without[2] == 3.0 or without[2] == 4.0
+    assert without[2] >= with_margin[2]
+
+
+def test_a_grouped_task_launches_groups_bounded_by_their_length_and_the_bubble() -> None:
+    groups = Groups(unit=1.0, base_ms=0.1, step_ms=0.1, median_ms=0.1, group_ms=1.0)
+    menu = Menu((Size(1.0, 0.1, 0.5),), first_ms=0.0, gap_ms=0.0, per_ms=10.0, groups=groups)
+    # to 1.5 ms: a group of 10 (1.1 ms); then 0.4 ms left, under the guard of 0.5: stop
+    last, under, work = ceiling.pack(menu, 0.0, 1.5, 1.5)
+    assert last == under == pytest.approx(1.1) and work == pytest.approx(1.0)
+    # to 0.8 ms: the group keeps its last step's guard, 1 + (0.8 - 0.5) // 0.1 = 4 steps
+    # (0.5 ms), as the host counts them; then 0.3 ms left: stop
+    last, _, work = ceiling.pack(menu, 0.0, 0.8, 0.8)
+    assert last == pytest.approx(0.5) and work == pytest.approx(0.4)
+
+
+def test_steps_that_do_not_double_are_groups() -> None:
+    assert ceiling.steps_in_groups({1.0: [0.2], 3.0: [0.5], 8.0: [1.0]})
+    assert not ceiling.steps_in_groups({0.0078125: [1.0], 0.015625: [1.5], 0.0625: [4.4]})
+
+
+def _bubble(length: float, predicted: float | None, *steps: tuple[Any, ...]) -> dict[str, Any]:
+    return {"mode": "governed", "repeat": 0, "step": 1, "slot": 0, "length_ms": length,
+            "predicted_ms": predicted, "steps": [list(s) for s in steps]}  # fmt: skip
+
+
+def _block(repeat: int, predicted: float) -> list[dict[str, Any]]:
+    """Bubbles of 10 ms predicted at ``predicted``: the main task "a" steps 4, 2 and 1 ms (as
+    many units) from 0.2 ms, 0.1 ms apart, guarded by 1.5 x; "b" (on the leftovers) a 1 ms
+    step of 0.5 units (guard 1.2 ms) after a hand-on of 0.3 ms; every third bubble, 2 ms
+    long, "b"'s alone."""
+    rows = []
+    for i in range(6):
+        if i % 3 == 2:
+            rows.append(_bubble(2.0, 2.0, ("b", 0.2, 1.2, 1.2, 0.5)))
+            continue
+        rows.append(_bubble(10.0, predicted, ("a", 0.2, 4.2, 1.5, 4.0),
+                            ("a", 4.3, 6.3, 1.5, 2.0), ("a", 6.4, 7.4, 1.5, 1.0),
+                            ("b", 7.7, 8.7, 1.2, 0.5)))  # fmt: skip
+    for r in rows:
+        r["repeat"] = repeat
+    return rows
+
+
+def test_the_arms_change_one_thing_each_and_the_model_matches_what_it_replays() -> None:
+    per_s = {"a": 1000.0, "b": 500.0}  # a unit a ms; b half a unit a ms
+    figures = ceiling.replay_block(_block(0, 9.0), per_s, "a", "b", {}, 1.0)
+    assert set(figures) == set(ceiling.ARMS)
+    # observed: 4 bubbles x (7 + 1) ms of work and 2 x 1 ms over 44 ms of bubbles
+    assert figures["observed"] == pytest.approx((4 * 8 + 2 * 1) / 44)
+    # the rule replayed on the steps it learnt from gives back what they did
+    assert figures["predicted"] == pytest.approx(figures["observed"])
+    assert figures["true_end"] >= figures["predicted"]
+    assert figures["no_margin"] >= figures["true_end"] - 1e-9
+    assert 0 < figures["at_speed_alone"] <= 1
+
+
+def test_a_step_spanning_two_bubbles_counts_in_the_first_only() -> None:
+    first = _bubble(5.0, 5.0, ("a", 1.0, 7.0, 1.0, 1.0))
+    second = _bubble(5.0, 5.0, ("a", -4.0, 2.0, 1.0, 1.0))  # the same step, seen from here
+    figures = ceiling.replay_block([first, second], {"a": 1000.0}, "a", None, {}, 1.0)
+    assert figures["observed"] == pytest.approx(1.0 / 10.0)
+
+
+def _result() -> dict[str, Any]:
+    segment = {"stage": 1, "task": "a", "dedicated_per_s": 1000.0, "top_step_size": 4,
+               "leftovers": {"task": "b", "dedicated_per_s": 500.0}}  # fmt: skip
+    return {
+        "config": {"step_group_ms": 1.0},
+        "runs": [{"name": "m8", "segments": [segment]}],
+        "blocks": [{"run": "m8", "stage": 1, "task": "a", "leftovers_task": "b"}],
+    }
+
+
+def test_a_stage_gets_each_arm_and_each_cost_with_an_interval_over_its_blocks(
+    tmp_path: Path,
+) -> None:
+    bubbles = [b for r in range(5) for b in _block(r, 8.0 + 0.2 * r)]
+    ledger = {"stages": {"m8/1": {"bubbles": bubbles}}}
+    found = ceiling.ceiling(_result(), ledger)["m8/1"]
+    assert (found["main"], found["leftovers"]) == ("a", "b")
+    assert len(found["blocks"]) == 5
+    assert set(found["costs"]) == {*ceiling.COSTS, "beyond any rule"}
+    for one in (*found["summary"].values(), *found["costs"].values()):
+        assert one["lo"] <= one["value"] <= one["hi"]
+    # the costs and what is left add up to all of the bubbles' time
+    s, c = found["summary"], found["costs"]
+    total = s["observed"]["value"] + sum(v["value"] for v in c.values())
+    assert total == pytest.approx(1.0, abs=1e-3)
+
+    result_path, ledger_path = tmp_path / "r.json", tmp_path / "l.json"
+    result_path.write_text(json.dumps(_result()))
+    ledger_path.write_text(json.dumps(ledger))
+    out = tmp_path / "ceiling.json"
+    assert ceiling.main([str(result_path), str(ledger_path), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["stages"]["m8/1"]["summary"] == found["summary"]
+    assert (written["result"], written["ledger"]) == ("r.json", "l.json")
