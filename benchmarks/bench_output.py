@@ -22,14 +22,10 @@ def write_results(record: dict[str, Any], out: Path, *, indent: int = 2) -> Path
 
 
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo; "" where that cannot be read (not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    """The CPU's model name, as a bench result records it; "" where that cannot be read."""
+    from freeride_lab.bench.results import cpu_model as recorded
+
+    return recorded() or ""
 
 
 def command_line() -> str:

@@ -49,6 +49,7 @@ __all__ = [
     "block_row",
     "clears_goal",
     "cost_model_dict",
+    "cpu_model",
     "default_out",
     "fill_tables",
     "goal_checks",
@@ -545,6 +546,9 @@ def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        # the host's own path (an edge to a side task's step) runs on it: two calls' latencies
+        # are comparable only on the same model
+        "cpu_model": cpu_model(),
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         "host": platform.node(),
         # the board's power cap, which the board power of each block is judged against
@@ -553,6 +557,20 @@ def machine() -> dict[str, Any]:
         # host's spin lead, say): two results that differ only there must say so
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FREERIDE_")},
     }
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The host CPU's model name (the first "model name" of ``cpuinfo``); None where that
+    cannot be read (not Linux, or no such line)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return None
 
 
 def cost_model_dict(model: CostModel) -> dict[str, Any]:

@@ -604,6 +604,21 @@ def test_a_result_records_the_product_settings_its_processes_inherited(
     assert all(name.startswith("FREERIDE_") for name in environment)
 
 
+def test_a_result_records_the_host_cpu_its_latencies_ran_on(tmp_path: Path) -> None:
+    """An edge's latency is mostly the task host's own path on the CPU: a result names the
+    CPU model, so two calls' latencies are set side by side only on the same one."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9454 48-Core"
+        " Processor\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9454 48-Core Processor\n"
+    )
+    assert bench_results.cpu_model(info) == "AMD EPYC 9454 48-Core Processor"
+    info.write_text("processor\t: 0\nHardware\t: BCM2835\n")  # no model name line
+    assert bench_results.cpu_model(info) is None
+    assert bench_results.cpu_model(tmp_path / "absent") is None
+    assert "cpu_model" in bench_results.machine()
+
+
 # -- a second task on the stage, taking the first one's leftovers ------------------------------
 
 
