@@ -1,4 +1,5 @@
-"""The task host's own path: a bubble's start edge → its first ``step()`` call, nothing else.
+"""The task host's own path: a bubble's start edge → its first ``step()`` call, and from one
+step to the next.
 
 Edge → step, the signal latency, has two hops: the edge reaching the task's host (a wake-up or
 a spin, ``bench_edge_latency.py``) and the host's own path from seeing the edge to calling
@@ -17,7 +18,14 @@ p50, p90 and p99 with its 95% t-interval (``core.intervals.mean_interval``), and
 bubbles whose edge → step took over a millisecond (a thread of the host that takes the GIL
 while the host makes a system call can keep it for the interpreter's 5 ms switch interval).
 
+Between steps (``between_steps_us``): the same host drives a task of one step size through
+long bubbles, ``--steps-per-bubble`` steps each, without step groups; per step, its ``step()``
+returning → the next ``step()`` called: the step's record, the overrun check, the next
+decision and the watchdog's mark, what a bubble loses between two steps besides the device
+wait (on a GPU the device wait adds its own wake-up).
+
     python benchmarks/bench_host_path.py --bubbles 4000 --blocks 8 --out host-path.json
+    python benchmarks/bench_host_path.py --bubbles 400 --steps-per-bubble 20 --out host-path.json
 
 Run it with ``PYTHONPATH`` naming another tree of the package to time that tree's host.
 """
@@ -73,28 +81,94 @@ class Instant(IterativeSideTask):
         return float(size)
 
 
-def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
-    """Drive ``bubbles`` bubbles through one in-process host; per-block statistics in µs."""
-    if blocks < 5:
-        raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
+class Consecutive(IterativeSideTask):
+    """A task of one step size whose step costs nothing but noting when it was called and
+    when it returned, and ending its bubble after ``per_bubble`` steps."""
+
+    unit = "steps"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called: list[int] = []
+        self.returned: list[int] = []
+        self.per_bubble = 1
+        self.end_bubble = lambda: None
+
+    def step(self, size: int = 1) -> float:
+        self.called.append(time.perf_counter_ns())
+        if len(self.called) % self.per_bubble == 0:
+            self.end_bubble()
+        self.returned.append(time.perf_counter_ns())
+        return 1.0
+
+
+def _host(workdir: Path, task_path: str, **options: Any) -> tuple[TaskHost, Any]:
+    """A real ``TaskHost`` in this process, its task not yet set, its edge file opened, and
+    what to close after it (the writer, the beacon, the sink)."""
     writer = EdgeWriter.create(edge_path(workdir, 0))
-    spec = TaskSpec.from_dict({"task": "bench_host_path:Instant", "task_id": "t1"})
+    spec = TaskSpec.from_dict({"task": task_path, "task_id": "t1"})
     beacon = TaskBeacon.create()
     sink = EventSink(workdir / "task.jsonl")
     host = TaskHost(HostSpec(task=spec, run_dir=str(workdir), rank=0, stage=0), conn=None,
-                    sink=sink, beacon=TaskBeacon.attach(beacon.fd))  # fmt: skip
-    task = Instant()
+                    sink=sink, beacon=TaskBeacon.attach(beacon.fd), **options)  # fmt: skip
+    return host, (writer, beacon, sink)
+
+
+def _managed(host: TaskHost, task: IterativeSideTask, sizes: tuple[int, ...]) -> None:
+    """``task`` on ``host`` as a managed task's after its profile: the guard from the
+    profile, every size timed."""
     host.task = task
     for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
         host._apply(event)
     if not host._open_reader():
         raise RuntimeError("the host could not open its edge file")
-    # a managed task after its profile: the guard from the profile, every size timed
     host.profile = Profile(median_step_s=STEP_S, p95_step_s=STEP_S, peak_memory_bytes=0,
                            n_steps=5)  # fmt: skip
-    for size in (1, 2, 4):
+    for size in sizes:
         for _ in range(3):
-            host._note_size_time(size, 1, round(STEP_S * 1e9 * size / 4))
+            host._note_size_time(size, 1, round(STEP_S * 1e9 * size / sizes[-1]))
+
+
+def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -> dict[str, Any]:
+    """Drive ``bubbles`` bubbles of ``per_bubble`` steps each through one in-process host
+    (no step groups); per-block statistics of the time from a step's return to the next
+    step's call, in µs."""
+    if per_bubble < 2:
+        raise SystemExit(f"--steps-per-bubble {per_bubble}: a gap needs two steps a bubble")
+    host, (writer, beacon, sink) = _host(workdir, "bench_host_path:Consecutive", step_group_ns=0)
+    task = Consecutive()
+    task.per_bubble = per_bubble
+    _managed(host, task, (1,))
+    gaps_us = []
+    warm_up = max(5, bubbles // 20)
+    for i in range(warm_up + bubbles):
+        task.end_bubble = lambda i=i: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
+        t_ns = time.time_ns()
+        writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
+        n = len(task.called)
+        edge = host._wait_for_edge(0.1)
+        if edge is None or not edge.in_bubble:
+            raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
+        host._run_bubble(edge)
+        if len(task.called) != n + per_bubble:
+            raise RuntimeError(f"bubble {i}: {len(task.called) - n} steps, not {per_bubble}")
+        if i >= warm_up:
+            gaps_us += [(task.called[k + 1] - task.returned[k]) / 1e3
+                        for k in range(n, n + per_bubble - 1)]  # fmt: skip
+    sink.close()
+    host.reader.close()
+    writer.close()
+    beacon.close()
+    return {"steps_per_bubble": per_bubble, "between_steps_us": _blocks(gaps_us, blocks)}
+
+
+def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
+    """Drive ``bubbles`` bubbles through one in-process host; per-block statistics in µs."""
+    if blocks < 5:
+        raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
+    host, (writer, beacon, sink) = _host(workdir, "bench_host_path:Instant")
+    task = Instant()
+    _managed(host, task, (1, 2, 4))
     call_us, start_us = [], []
     warm_up = max(20, bubbles // 20)
     for i in range(warm_up + bubbles):
@@ -159,12 +233,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bubbles", type=int, default=4000, help="bubbles measured")
     ap.add_argument("--blocks", type=int, default=8, help="blocks (>= 5) for the intervals")
+    ap.add_argument("--steps-per-bubble", type=int, default=20,
+                    help="steps in each bubble of the between-steps phase (>= 2)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="results JSON")
     ap.add_argument("--note", default="", help="what to say about the machine or the tree")
     args = ap.parse_args()
     sys.modules.setdefault("bench_host_path", sys.modules[__name__])  # the spec's reference
     with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
         figures = measure(args.bubbles, args.blocks, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
+        figures |= measure_between(args.bubbles, args.steps_per_bubble, args.blocks, Path(tmp))
     result = {
         "benchmark": "host_path",
         "command": command_line(),
@@ -179,7 +257,7 @@ def main() -> None:
         "note": args.note,
         **figures,
     }
-    for name in ("edge_to_call_us", "edge_to_recorded_start_us"):
+    for name in ("edge_to_call_us", "edge_to_recorded_start_us", "between_steps_us"):
         b = result[name]
         print(f"{name}: {b['blocks']} blocks of {b['per_block']}: p50 {b['p50']['value']:.1f} "
               f"[{b['p50']['lo']:.1f}, {b['p50']['hi']:.1f}] us, p90 {b['p90']['value']:.1f} "

@@ -21,6 +21,20 @@ def test_each_bubble_gets_one_step_and_its_start_is_stamped_before_the_call(
         assert call[q]["lo"] <= call[q]["value"] <= call[q]["hi"]
 
 
+def test_between_steps_every_bubble_gets_its_steps_and_each_gap_is_timed(
+    tmp_path: Path,
+) -> None:
+    bench = load_script("bench_host_path")
+    figures = bench.measure_between(50, 6, 5, tmp_path)
+    gaps = figures["between_steps_us"]
+    assert figures["steps_per_bubble"] == 6
+    assert (gaps["blocks"], gaps["per_block"]) == (5, 50)  # five gaps in each of 50 bubbles
+    for q in ("p50", "p90"):
+        assert 0 < gaps[q]["lo"] <= gaps[q]["value"] <= gaps[q]["hi"]
+    with pytest.raises(SystemExit, match="two steps"):
+        bench.measure_between(50, 1, 5, tmp_path)
+
+
 def test_an_interval_needs_five_blocks(tmp_path: Path) -> None:
     bench = load_script("bench_host_path")
     with pytest.raises(SystemExit, match="at least 5 blocks"):

@@ -197,6 +197,14 @@ def test_a_step_overran_when_its_overrun_is_positive_and_missing_means_it_did_no
     assert overran(2_000_000) and not overran(None)
 
 
+@given(st.one_of(st.none(), st.integers(-(10**12), 10**12), st.floats(allow_nan=True)))
+def test_one_steps_verdict_is_the_masks(value: float | int | None) -> None:
+    """The host's per-step check (plain Python) and the tables' count (numpy) are one rule."""
+    from freeride_lab.core.budget import overran, overrun_mask
+
+    assert overran(value) == bool(overrun_mask([value])[0])
+
+
 @given(st.lists(st.one_of(st.none(), st.integers(-10, 10**9)), max_size=50))
 def test_overrun_stats_count_what_the_mask_counts(values: list[int | None]) -> None:
     from freeride_lab.core.budget import OverrunStats, overrun_mask
