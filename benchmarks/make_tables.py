@@ -141,6 +141,13 @@ HOST_PATH_TAIL_CPU = tuple(
     for n in (1, 2, 3)
     for arm, label in (("before", "before (47593ff)"), ("after", "after (175adda)"))
 )
+#: The host's path between two steps (bench_host_path.py's between-steps phase) with the overrun
+#: check through numpy (6b5f89a) and in plain Python (c5417ea); alternating, three rounds.
+HOST_PATH_BETWEEN_CPU = tuple(
+    (f"host-path-cpu-2026-12-07-{arm}-{n}.json", label)
+    for n in (1, 2, 3)
+    for arm, label in (("before", "before (6b5f89a)"), ("after", "after (c5417ea)"))
+)
 STEP_SIZES_CPU = (
     ("step-sizes-cpu-2026-12-05-resnet18-cb1819b.json", "resnet18",
      "as on the H100 (cb1819b): a bubble's next step no larger than its last"),
@@ -1140,6 +1147,24 @@ def host_path_tail_cpu() -> list[str]:
     )  # fmt: skip
 
 
+def host_path_between_cpu() -> list[str]:
+    """Per tree: the host's path from one step's return to the next step's call, and the
+    edge → step() path of the same run (``HOST_PATH_BETWEEN_CPU``; means of block
+    percentiles, t-intervals)."""
+    rows = []
+    for name, tree in HOST_PATH_BETWEEN_CPU:
+        data = raw(name)
+        gap, call = data["between_steps_us"], data["edge_to_call_us"]
+        rows.append([tree, data["date"][11:16], f"{gap['blocks']} × {gap['per_block']}",
+                     *(_record_interval(gap[q], 1) for q in ("p50", "p90", "p99")),
+                     _record_interval(call["p50"], 1)])  # fmt: skip
+    return md_table(
+        ["tree (CPU)", "UTC", "blocks × gaps", "step → next step() p50 µs", "p90 µs", "p99 µs",
+         "edge → step() called p50 µs"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1844,6 +1869,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07b-idle-split": lambda: _idle_split(H100_12_07B),
     "h100-12-07b-step-speed": lambda: step_speed(H100_12_07B_LEDGERS),
     "h100-12-07b-harvest-ceiling": lambda: harvest_ceiling(H100_12_07B_CEILINGS),
+    "host-path-between-cpu": host_path_between_cpu,
     "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
