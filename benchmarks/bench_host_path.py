@@ -129,6 +129,20 @@ def _managed(host: TaskHost, task: IterativeSideTask, sizes: tuple[int, ...]) ->
             host._note_size_time(size, 1, round(STEP_S * 1e9 * size / sizes[-1]))
 
 
+def _one_bubble(host: TaskHost, writer: EdgeWriter, task: Any, i: int) -> int:
+    """Publish bubble ``i``'s start just before the host looks, and let the host run it; the
+    task's step publishes its end, stamped after the step, so no step overruns (no overrun
+    policy at work after it). Returns the start's stamp (ns)."""
+    task.end_bubble = lambda: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
+    t_ns = time.time_ns()
+    writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
+    edge = host._wait_for_edge(0.1)
+    if edge is None or not edge.in_bubble:
+        raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
+    host._run_bubble(edge)
+    return t_ns
+
+
 def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -> dict[str, Any]:
     """Drive ``bubbles`` bubbles of ``per_bubble`` steps each through one in-process host
     (no step groups); per-block statistics of the time from a step's return to the next
@@ -142,14 +156,8 @@ def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -
     gaps_us = []
     warm_up = max(5, bubbles // 20)
     for i in range(warm_up + bubbles):
-        task.end_bubble = lambda i=i: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
-        t_ns = time.time_ns()
-        writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
         n = len(task.called)
-        edge = host._wait_for_edge(0.1)
-        if edge is None or not edge.in_bubble:
-            raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
-        host._run_bubble(edge)
+        _one_bubble(host, writer, task, i)
         if len(task.called) != n + per_bubble:
             raise RuntimeError(f"bubble {i}: {len(task.called) - n} steps, not {per_bubble}")
         if i >= warm_up:
@@ -172,16 +180,8 @@ def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
     call_us, start_us = [], []
     warm_up = max(20, bubbles // 20)
     for i in range(warm_up + bubbles):
-        # the end is published during the step, stamped after it: the host steps once, and
-        # the step does not overrun (no overrun policy at work after it)
-        task.end_bubble = lambda i=i: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
-        t_ns = time.time_ns()
-        writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
         n = len(task.calls)
-        edge = host._wait_for_edge(0.1)
-        if edge is None or not edge.in_bubble:
-            raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
-        host._run_bubble(edge)
+        t_ns = _one_bubble(host, writer, task, i)
         if len(task.calls) != n + 1:
             raise RuntimeError(f"bubble {i}: {len(task.calls) - n} steps, expected 1")
         if i >= warm_up:
