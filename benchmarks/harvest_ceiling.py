@@ -12,7 +12,8 @@ steps, with the steps' own times from the same block, and changes one thing at a
 2. **each bubble's true end**: a prediction that is never wrong. Its gain over (1) is what the
    prediction costs (a bubble that outlived its prediction, one shorter than it);
 3. **and no margin**: each step guarded by its own time only, not by the budget's margin. Its
-   gain over (2) is what the guard costs;
+   gain over (2) is what the guard costs (an upper bound: a replayed step lasts its mean, so
+   none overruns; a real step longer than its mean would, and the replay does not charge it);
 4. **at the task's speed alone**: the time under (3)'s steps valued at the task's dedicated
    speed. Its gain over (3) is what the steps' own speed costs (a small step pays a fixed part
    a large one spreads; negative where steps run faster in bubbles than alone);
