@@ -375,3 +375,8 @@ def stop_all(
             log.warning("task %s did not stop within %g s; killing it", task.task_id, grace_s)
             task.kill(f"killed: did not stop within {grace_s:g} s ({reason})")
         task.wait_exit(_REAP_S)
+        # its last words: a process that exits right after its STOPPED state is not alive
+        # when the loop above looks again, with the state still queued on its channel
+        for message in task.drain():
+            if on_message is not None and message.get("type") not in ("ack", "state"):
+                on_message(task, message)

@@ -331,6 +331,22 @@ def test_stepping_stops_at_an_observed_end_before_the_predicted_one(
     assert late == []
 
 
+def test_stop_reads_the_last_words_of_a_process_that_exited_first(
+    run_dir: RunDir, hosts: list[TaskProcess]
+) -> None:
+    """A process that stopped and exited before its worker's stop (a stop command already
+    sent, a task that finished) has its STOPPED state on the channel, unread: the stop takes
+    it, so the worker's view of the task is its last state, not the one before."""
+    proc = start_active(run_dir, hosts, ref("Counting"))
+    assert proc.send({"cmd": "stop", "reason": "test"})
+    assert wait_exit(proc) == 0  # exited; nothing read from its channel since PAUSED
+    assert proc.state is S.PAUSED
+    seen: list[dict[str, Any]] = []
+    proc.stop("test", on_message=lambda _, m: seen.append(m))
+    assert proc.state is S.STOPPED
+    assert all(m.get("type") not in ("ack", "state") for m in seen)
+
+
 def test_stop_saves_a_checkpoint_that_a_new_host_restores(
     run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
 ) -> None:
