@@ -302,7 +302,7 @@ _WHERE_IDLE = (
     "2026-12-06, afternoon: finer steps and a narrower guard with the peers held fixed, and "
     "where the tail goes; evening: past the predicted end, and the feedback predictor at "
     "M = 8; and night: a second task on the leftovers; 2026-12-07, later: every stage at M = 8 "
-    "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); evening: "
+    "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); a replay: "
     "what stands between the harvest and all of the bubble time"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
@@ -349,7 +349,9 @@ GOALS: tuple[Goal, ...] = (
     Goal("zero-bubble residual idle harvested", "min", 0.60, "frac",
          _deciding_stage("min", "harvest_of_measured_idle", every_stage=False,
                          keep=_zero_bubble),
-         "2026-12-04, newest, \"Zero-bubble peers, and peers that last what they stand for\""),
+         "2026-12-04, newest, \"Zero-bubble peers, and peers that last what they stand for\"; "
+         "on the H100, 2026-12-07, last: the zero-bubble schedule with a task on the leftovers "
+         "(its bubbles replayed)"),
     Goal("instrumentation, share of step time (timing benchmark)", "max", 0.002, "frac",
          _instrumentation,
          "2026-12-04, later, \"What timing costs a CUDA rank\" and \"Quiet slots, and the cost "

@@ -110,6 +110,19 @@ def _own_steps(bubble: Mapping[str, Any]) -> list[list[Any]]:
     return [s for s in bubble["steps"] if 0 <= s[1] < bubble["length_ms"]]
 
 
+def steps_by_task(bubble: Mapping[str, Any]) -> dict[str, list[list[Any]]]:
+    """Each task's steps that started in ``bubble``, in time order."""
+    by_task: dict[str, list[list[Any]]] = defaultdict(list)
+    for s in sorted(_own_steps(bubble), key=lambda s: s[1]):
+        by_task[s[0]].append(s)
+    return by_task
+
+
+def gaps_ms(steps: Sequence[Sequence[Any]]) -> list[float]:
+    """From each of one task's steps in a bubble (in time order) to the next: end → start."""
+    return [z[1] - a[2] for a, z in itertools.pairwise(steps)]
+
+
 def menus(
     bubbles: Sequence[Mapping[str, Any]],
     main: str,
@@ -127,14 +140,12 @@ def menus(
     firsts: dict[str, list[float]] = defaultdict(list)
     handons: list[float] = []
     for b in bubbles:
-        by_task: dict[str, list[list[Any]]] = defaultdict(list)
-        for s in sorted(_own_steps(b), key=lambda s: s[1]):
-            by_task[s[0]].append(s)
+        by_task = steps_by_task(b)
         for task, steps in by_task.items():
             for s in steps:
                 times[task][s[4]].append(s[2] - s[1])
                 guards[task].append(s[3])
-            gaps[task].extend(z[1] - a[2] for a, z in itertools.pairwise(steps))
+            gaps[task].extend(gaps_ms(steps))
         for task, steps in by_task.items():
             if task == main or main not in by_task:
                 firsts[task].append(steps[0][1])

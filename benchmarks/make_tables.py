@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import re
+import statistics
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from goal_status import Source, goal_table
+from harvest_ceiling import gaps_ms, steps_by_task
 from lever_status import (
     Arm,
     Comparison,
@@ -425,8 +427,28 @@ H100_12_07B_CEILINGS = (
     (H100_I_M4, "h100-2026-12-07b-ceiling-m4-all.json"),
 )
 #: the state's blocks pinned from a thread ahead of the first take (``bench_state_copy.py
-#: --pin-ahead``), beside Python alone in the first call
-STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",)
+#: --pin-ahead``), beside Python alone in the first call, beside a kernel and its wait later
+STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",
+                    "state-copy-ahead-cuda-h100-2026-12-07.json")  # fmt: skip
+# 2026-12-07, last: the zero-bubble schedule on every stage with and without the image task
+# on the leftovers (two calls back to back on one machine), then PageRank's step groups of 2 ms
+# against 1 ms at M = 8 (one call, the peers replaying the every-stage M = 8 call's costs)
+H100_J_ZB_ON = ("h100-2026-12-07c-zb-leftovers-all.json", "zero-bubble, image on the leftovers")
+H100_J_ZB_OFF = ("h100-2026-12-07c-zb-alone-all.json", "zero-bubble, alone")
+H100_J_G2 = ("h100-2026-12-07c-m8-group2-s0.json", "M = 8, step groups of 2 ms")
+H100_J_G1 = ("h100-2026-12-07c-m8-group1-s0.json", "M = 8, step groups of 1 ms")
+H100_12_07C = (H100_J_ZB_ON, H100_J_ZB_OFF, H100_J_G2, H100_J_G1)
+H100_12_07C_NAMES = ("zb-leftovers-all", "zb-alone-all", "m8-group2-s0", "m8-group1-s0")
+H100_12_07C_LEDGERS = tuple(
+    (arm, f"h100-2026-12-07c-ledger-{n}.json")
+    for arm, n in zip(H100_12_07C, H100_12_07C_NAMES, strict=True)
+)
+H100_12_07C_CEILINGS = tuple(
+    (arm, f"h100-2026-12-07c-ceiling-{n}.json")
+    for arm, n in zip(H100_12_07C, H100_12_07C_NAMES, strict=True)
+)
+#: the task host's own paths (bench_host_path.py) on the H100 machine's host CPU, that evening
+HOST_PATH_H100_HOST = (("host-path-h100-host-2026-12-07.json", "the H100 machine (c5417ea)"),)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
 #: time-sliced, governed, the options of ``H100_SPIN``), one run over two calls (``--resume``);
 #: every placement's harvest is read off its cells (``bench.placement``).
@@ -1147,12 +1169,11 @@ def host_path_tail_cpu() -> list[str]:
     )  # fmt: skip
 
 
-def host_path_between_cpu() -> list[str]:
-    """Per tree: the host's path from one step's return to the next step's call, and the
-    edge → step() path of the same run (``HOST_PATH_BETWEEN_CPU``; means of block
-    percentiles, t-intervals)."""
+def host_path_between(files: Sequence[tuple[str, str]] = HOST_PATH_BETWEEN_CPU) -> list[str]:
+    """Per tree or machine: the host's path from one step's return to the next step's call,
+    and the edge → step() path of the same run (means of block percentiles, t-intervals)."""
     rows = []
-    for name, tree in HOST_PATH_BETWEEN_CPU:
+    for name, tree in files:
         data = raw(name)
         gap, call = data["between_steps_us"], data["edge_to_call_us"]
         rows.append([tree, data["date"][11:16], f"{gap['blocks']} × {gap['per_block']}",
@@ -1161,6 +1182,32 @@ def host_path_between_cpu() -> list[str]:
     return md_table(
         ["tree (CPU)", "UTC", "blocks × gaps", "step → next step() p50 µs", "p90 µs", "p99 µs",
          "edge → step() called p50 µs"],
+        rows,
+    )  # fmt: skip
+
+
+def step_gaps(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """From each result's bubble ledger: per stage · task, the time from one of its steps'
+    end to its next step's start in the same bubble (ms, median and p90), and the share of
+    the stage's bubble time spent so."""
+    rows = []
+    for (_, label), ledger_name in pairs:
+        for key, stage in raw(ledger_name)["stages"].items():
+            total = sum(b["length_ms"] for b in stage["bubbles"]) or 1.0
+            gaps: dict[str, list[float]] = {}
+            for b in stage["bubbles"]:
+                for task, steps in steps_by_task(b).items():
+                    gaps.setdefault(task, []).extend(gaps_ms(steps))
+            for task, ms in sorted(gaps.items()):
+                if len(ms) < 10:
+                    continue
+                p90 = statistics.quantiles(ms, n=10)[-1]
+                rows.append([label, f"{key.rsplit('/', 1)[1]} · {task}", str(len(ms)),
+                             f"{statistics.median(ms):.3f}", f"{p90:.3f}",
+                             fmt_pct(sum(ms) / total, 1)])  # fmt: skip
+                label = ""
+    return md_table(
+        ["", "stage · task", "gaps", "step → next step ms p50", "p90", "of the bubble time"],
         rows,
     )  # fmt: skip
 
@@ -1470,7 +1517,7 @@ def h100_goal_sources() -> list[Source]:
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
-                                 *H100_12_07B)),
+                                 *H100_12_07B, *H100_12_07C)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1478,6 +1525,12 @@ def h100_goal_sources() -> list[Source]:
 def _pipeline_rows(files: Sequence[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
     """Each file's pipeline rows of the mix case, labelled by the file's label."""
     return [row for name, label in files for row in mix_rows(result(name), label)]
+
+
+def _labelled_rows(files: Sequence[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
+    """``_pipeline_rows`` with each row's run named by its file's label (two files of one run
+    name, the two arms of a lever, read apart)."""
+    return [(label, {**r, "run": label}) for label, r in _pipeline_rows(files)]
 
 
 def goal_sources() -> list[Source]:
@@ -1566,7 +1619,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
     return {
         "governed": _governed(),
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
-        "step_groups": _on_off(group1, group0, "table `h200-12-04d-levers`"),
+        "step_groups": [*_on_off(group1, group0, "table `h200-12-04d-levers`"),
+                        *_on_off(H100_J_G2, H100_J_G1, "table `h100-12-07c-stages`")],
         "predictor": _predictor(),
         "outlived": [*_on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
                      *_on_off(H100_H_SURVIVORS, H100_H_STOP, "table `h100-12-07-stages`")],
@@ -1574,7 +1628,10 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                       *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`"),
                       *_on_off(H100_F_ON, H100_F_OFF, "table `h100-12-06g-stages`"),
                       *_on_off(H100_G_ON, H100_G_OFF, "table `h100-12-06g-stages`"),
-                      *_on_off(H100_G3_ON, H100_G3_OFF, "table `h100-12-06g-stages`")],
+                      *_on_off(H100_G3_ON, H100_G3_OFF, "table `h100-12-06g-stages`"),
+                      *(c for c in _on_off(H100_J_ZB_ON, H100_J_ZB_OFF,
+                                           "table `h100-12-07c-stages`")
+                        if "(leftovers)" in c.where)],  # the image task's own stage: no A/B
         "step_sizes": [*_on_off(H100_FIT_SLICES[0], H100_HEADLINE[1], _H100_IDLE),
                        *_on_off(H100_SIZES[1], H100_SIZES[0], "table `h100-12-05c-sizes`"),
                        *_on_off(H100_SLICES8[0], H100_SPIN[0], "table `h100-12-05d-stages`"),
@@ -1869,7 +1926,15 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07b-idle-split": lambda: _idle_split(H100_12_07B),
     "h100-12-07b-step-speed": lambda: step_speed(H100_12_07B_LEDGERS),
     "h100-12-07b-harvest-ceiling": lambda: harvest_ceiling(H100_12_07B_CEILINGS),
-    "host-path-between-cpu": host_path_between_cpu,
+    "host-path-between-cpu": host_path_between,
+    "host-path-h100-host": lambda: host_path_between(HOST_PATH_H100_HOST),
+    "h100-12-07c-zb": lambda: schedules(H100_12_07C[:2]),
+    "h100-12-07c-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07C[:2])),
+    "h100-12-07c-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07C[:2])),
+    "h100-12-07c-stages": lambda: _side_by_side(H100_12_07C, ("governed",)),
+    "h100-12-07c-idle-split": lambda: _idle_split(H100_12_07C),
+    "h100-12-07c-harvest-ceiling": lambda: harvest_ceiling(H100_12_07C_CEILINGS),
+    "h100-12-07c-step-gaps": lambda: step_gaps((*H100_12_07B_LEDGERS, *H100_12_07C_LEDGERS)),
     "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),

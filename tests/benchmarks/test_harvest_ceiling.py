@@ -139,3 +139,12 @@ def test_a_stage_gets_each_arm_and_each_cost_with_an_interval_over_its_blocks(
     written = json.loads(out.read_text())
     assert written["stages"]["m8/1"]["summary"] == found["summary"]
     assert (written["result"], written["ledger"]) == ("r.json", "l.json")
+
+
+def test_each_tasks_steps_and_the_gaps_between_them_in_one_bubble() -> None:
+    bubble = _bubble(10.0, 9.0, ("b", 7.7, 8.7, 1.2, 0.5), ("a", 0.2, 4.2, 1.5, 4.0),
+                     ("a", -3.0, 0.1, 1.5, 1.0), ("a", 4.3, 6.3, 1.5, 2.0))  # fmt: skip
+    by_task = ceiling.steps_by_task(bubble)
+    assert [s[1] for s in by_task["a"]] == [0.2, 4.3]  # in time order, its own steps only
+    assert ceiling.gaps_ms(by_task["a"]) == pytest.approx([0.1])
+    assert ceiling.gaps_ms(by_task["b"]) == []
