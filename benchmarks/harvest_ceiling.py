@@ -28,13 +28,17 @@ size's guard checked first (``core.budget.should_step``); a size's guard is the 
 size's guard at entry scaled by the sizes' median step times (``core.budget.sized_budget_ns``'s
 proportion); launching stops once the bubble has ended; the stage's main task goes first and,
 where it stops with the bubble still open, the task on its leftovers takes the rest, after the
-block's median hand-on gap. Per block and task, each step size's time is the mean of that
-block's steps of the size (sizes with at least three steps), the first step starts at the
+block's median hand-on gap. A task of one step size (a segment's task whose largest size is
+1, or, for a task on the leftovers, one whose steps' progress does not double from size to
+size) steps in groups by [Note: step groups]: as many steps as the group's length holds by the
+median step, and as the bubble holds with the last one's guard kept, a group of n lasting a
+line fitted to the block's groups. Per block and task, each step size's time is the mean of
+that block's steps of the size (sizes with at least three steps), the first step starts at the
 block's median offset, and steps follow each other after the median gap between them. Each
 step counts its progress, valued at the task's speed alone (the segment's dedicated speed):
 harvest = that time over the bubbles' time. Not modelled: a batch's end, which may hold a
-vision task to a smaller size than fits; step groups (a grouped task's groups are taken as
-sizes); profiling. A step is counted in the bubble it started in.
+vision task to a smaller size than fits; the guard's drift within a block (the median is
+taken); profiling. A step is counted in the bubble it started in.
 
 Figures are per block (each gated block of a stage: at least 5), with their mean and 95%
 t-interval over the blocks (``core.intervals.mean_interval``). Arithmetic over recorded
