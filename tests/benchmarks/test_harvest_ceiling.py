@@ -21,8 +21,9 @@ def _sized(per_ms: float = 1.0, gap_ms: float = 0.0) -> Any:
 
 
 def test_a_bubble_is_filled_coarse_to_fine_while_the_smallest_guard_fits() -> None:
-    # to an end at 10 ms: 4 (guard 6 fits 10), 2 (guard 3 < 6 left... 4's 6 does not), 2,
-    # then 2 ms left: the smallest's guard of 1.5 fits, its 1 ms step runs; 1 ms left: stop
+    # to an end at 10 ms: a step of 4 (its guard of 6 fits the 10 left); with 6 left, 4's guard
+    # no longer fits and 2's does: a step of 2, and another with 4 left; with 2 left only the
+    # smallest's guard (1.5) fits: a step of 1; with 1 left, none: 9 ms of steps
     last, under, work = ceiling.pack(_sized(), 0.0, 10.0, 10.0)
     assert (last, under, work) == (9.0, 9.0, 9.0)
 
@@ -38,11 +39,10 @@ def test_no_step_starts_once_the_bubble_has_ended_and_one_in_flight_counts_to_it
 
 
 def test_without_the_margin_a_step_needs_only_its_own_time() -> None:
-    with_margin = ceiling.pack(_sized(), 0.0, 4.0, 4.0)
-    without = ceiling.pack(_sized(), 0.0, 4.0, 4.0, margin=False)
-    assert with_margin[2] == 3.0  # 2 (guard 3 < 4), then 1 (guard 1.5 < 2)
-    assert without[2] == 3.0 or without[2] == 4.0
-    assert without[2] >= with_margin[2]
+    # 4.5 ms: with the margin, 2 (guard 3) then 1 (guard 1.5 of the 2.5 left); without it,
+    # the step of 4 fits whole and the 0.5 ms left hold nothing
+    assert ceiling.pack(_sized(), 0.0, 4.5, 4.5)[2] == 3.0
+    assert ceiling.pack(_sized(), 0.0, 4.5, 4.5, margin=False)[2] == 4.0
 
 
 def test_a_grouped_task_launches_groups_bounded_by_their_length_and_the_bubble() -> None:
