@@ -147,6 +147,8 @@ def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -
     """Drive ``bubbles`` bubbles of ``per_bubble`` steps each through one in-process host
     (no step groups); per-block statistics of the time from a step's return to the next
     step's call, in µs."""
+    if blocks < 5:
+        raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
     if per_bubble < 2:
         raise SystemExit(f"--steps-per-bubble {per_bubble}: a gap needs two steps a bubble")
     host, (writer, beacon, sink) = _host(workdir, "bench_host_path:Consecutive", step_group_ns=0)

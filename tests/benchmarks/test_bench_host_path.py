@@ -33,6 +33,8 @@ def test_between_steps_every_bubble_gets_its_steps_and_each_gap_is_timed(
         assert 0 < gaps[q]["lo"] <= gaps[q]["value"] <= gaps[q]["hi"]
     with pytest.raises(SystemExit, match="two steps"):
         bench.measure_between(50, 1, 5, tmp_path)
+    with pytest.raises(SystemExit, match="at least 5 blocks"):
+        bench.measure_between(50, 6, 4, tmp_path)
 
 
 def test_an_interval_needs_five_blocks(tmp_path: Path) -> None:
