@@ -62,6 +62,7 @@ from typing import Any
 
 from bench_output import command_line, write_results
 
+from freeride_lab.bench.results import segment_tasks
 from freeride_lab.core.intervals import mean_interval
 
 #: The arms, in the order they change one thing each (see the module's docstring).
@@ -73,6 +74,8 @@ COSTS = {
     "the guard's margin": ("true_end", "no_margin"),
     "the steps' speed": ("no_margin", "at_speed_alone"),
 }
+#: What the last arm leaves: 100% less its time under steps.
+BEYOND = "beyond any rule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +302,7 @@ def stage_ceiling(
     summary = {arm: mean_interval([r[arm] for r in rows]).record() for arm in ARMS}
     costs = {what: mean_interval([r[b] - r[a] for r in rows]).record()
              for what, (a, b) in COSTS.items()}  # fmt: skip
-    costs["beyond any rule"] = mean_interval([1.0 - r[ARMS[-1]] for r in rows]).record()
+    costs[BEYOND] = mean_interval([1.0 - r[ARMS[-1]] for r in rows]).record()
     return {"main": main, "leftovers": leftovers, "blocks": rows, "summary": summary,
             "costs": costs}  # fmt: skip
 
@@ -307,14 +310,9 @@ def stage_ceiling(
 def speeds_alone(result: Mapping[str, Any]) -> dict[tuple[int, str], float]:
     """(stage, task) → its dedicated speed (progress per second), for each segment's task
     and the task on its leftovers."""
-    out = {}
-    for seg in _segments(result):
-        if seg.get("dedicated_per_s"):
-            out[(int(seg["stage"]), seg["task"])] = float(seg["dedicated_per_s"])
-        beside = seg.get("leftovers") or {}
-        if beside.get("task") and beside.get("dedicated_per_s"):
-            out[(int(seg["stage"]), beside["task"])] = float(beside["dedicated_per_s"])
-    return out
+    return {(int(seg["stage"]), one["task"]): float(one["dedicated_per_s"])
+            for seg in _segments(result) for one in segment_tasks(seg)
+            if one.get("task") and one.get("dedicated_per_s")}  # fmt: skip
 
 
 def _segments(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:

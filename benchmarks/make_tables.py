@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from goal_status import Source, goal_table
-from harvest_ceiling import gaps_ms, steps_by_task
+from harvest_ceiling import ARMS as CEILING_ARMS
+from harvest_ceiling import BEYOND, COSTS, gaps_ms, steps_by_task
 from lever_status import (
     Arm,
     Comparison,
@@ -65,7 +66,7 @@ from freeride_lab.bench.markdown import (
     spin_cells,
 )
 from freeride_lab.bench.placement import predicted_fill_ms
-from freeride_lab.bench.results import fill_tables
+from freeride_lab.bench.results import fill_tables, segment_tasks
 from freeride_lab.bench.stats import GATED_MODES, side_work
 from freeride_lab.core.budget import sized_budget_ns
 from freeride_lab.core.intervals import Interval
@@ -1815,7 +1816,7 @@ def harvest_ceiling(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
             rows.append([label, f"{key.rsplit('/', 1)[1]} · {tasks}", str(len(stage["blocks"])),
                          *(fmt_interval(s[a]["value"], s[a]["lo"], s[a]["hi"], 0)
                            for a in CEILING_ARMS),
-                         *(_points(c[what]) for what in CEILING_COSTS)])  # fmt: skip
+                         *(_points(c[what]) for what in (*COSTS, BEYOND))])  # fmt: skip
             label = ""
     return md_table(
         ["", "stage · task", "blocks", "harvested", "replayed: to the rank's prediction",
@@ -1824,11 +1825,6 @@ def harvest_ceiling(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
          "the steps' speed (pts)", "beyond any step rule (pts)"],
         rows,
     )  # fmt: skip
-
-
-CEILING_ARMS = ("observed", "predicted", "true_end", "no_margin", "at_speed_alone")
-CEILING_COSTS = ("the model's error", "the prediction", "the guard's margin", "the steps' speed",
-                 "beyond any rule")  # fmt: skip
 
 
 def _points(one: Mapping[str, float]) -> str:
@@ -1842,14 +1838,10 @@ def _speeds_alone(data: Mapping[str, Any]) -> dict[tuple[int, str], tuple[Any, A
     on its leftovers (whose unit its blocks record)."""
     units = {(b["stage"], b["leftovers_task"]): b["leftovers_unit"]
              for b in data["blocks"] if b.get("leftovers_unit")}  # fmt: skip
-    alone = {}
-    for seg in (s for run in data["runs"] for s in run["segments"] if s.get("task")):
-        alone[(seg["stage"], seg["task"])] = (seg.get("dedicated_per_s"), seg.get("unit"))
-        beside = seg.get("leftovers") or {}
-        if beside.get("task"):
-            key = (seg["stage"], beside["task"])
-            alone[key] = (beside.get("dedicated_per_s"), units.get(key))
-    return alone
+    segments = (s for run in data["runs"] for s in run["segments"] if s.get("task"))
+    return {(seg["stage"], one["task"]): (one.get("dedicated_per_s"),
+                                          units.get((seg["stage"], one["task"]), one.get("unit")))
+            for seg in segments for one in segment_tasks(seg) if one.get("task")}  # fmt: skip
 
 
 def pin_ahead_table(names: Sequence[str]) -> list[str]:
