@@ -331,6 +331,11 @@ def ceiling(result: Mapping[str, Any], ledger: Mapping[str, Any]) -> dict[str, A
     out = {}
     for key, stage in ledger["stages"].items():
         run, r = key.rsplit("/", 1)
+        if (run, int(r)) not in tasks:
+            raise SystemExit(
+                f"the ledger's stage {key} has no block in the result: pass the bench result "
+                "the ledger was read from (bubble_ledger.py's first argument)"
+            )
         main, leftovers = tasks[(run, int(r))]
         per_s = {task: s for (at, task), s in alone.items() if at == int(r)}
         mine = {task: g for (at, task), g in grouped.items() if at == int(r)}

@@ -148,3 +148,9 @@ def test_each_tasks_steps_and_the_gaps_between_them_in_one_bubble() -> None:
     assert [s[1] for s in by_task["a"]] == [0.2, 4.3]  # in time order, its own steps only
     assert ceiling.gaps_ms(by_task["a"]) == pytest.approx([0.1])
     assert ceiling.gaps_ms(by_task["b"]) == []
+
+
+def test_a_ledger_read_from_another_result_is_refused_by_name() -> None:
+    ledger = {"stages": {"m4/2": {"bubbles": _block(0, 8.0)}}}  # the result has m8 stage 1 only
+    with pytest.raises(SystemExit, match="stage m4/2 has no block in the result"):
+        ceiling.ceiling(_result(), ledger)
