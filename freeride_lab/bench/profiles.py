@@ -158,9 +158,6 @@ class BenchProfile:
     #: what the side task's host does once a bubble outlives its prediction
     #: (``RuntimeOptions.outlived``)
     outlived: str = "stop"
-    #: what each side-task step's guard is scaled by: the task's profile, or also its own
-    #: recent steps in bubbles (``RuntimeOptions.guard``)
-    guard: str = "profile"
     #: a built-in task attached beside every segment's task on its stage with gating
     #: "leftovers" (``host.iterative`` [Note: leftovers]): the segment's side work is then
     #: both tasks', each valued at its own dedicated speed; "" = none. Not beside itself: a
@@ -206,7 +203,6 @@ class BenchProfile:
             step_group_ms=self.step_group_ms,
             predictor=self.predictor,
             outlived=self.outlived,
-            guard=self.guard,
         )
         for plan in self.runs:  # an unknown schedule or chunk count, before any run
             RunConfig(
@@ -337,6 +333,5 @@ def run_config(p: BenchProfile, plan: RunPlan, run_dir: Path) -> RunConfig:
             step_group_ms=p.step_group_ms,
             predictor=p.predictor,
             outlived=p.outlived,
-            guard=p.guard,
         ),
     )  # fmt: skip

@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from freeride_lab.cli.app import EXIT_FAILED, EXIT_OK, PROG, UsageError
-from freeride_lab.core.runtime_options import GUARDS, OUTLIVED, PREDICTORS, ReplayCosts
+from freeride_lab.core.runtime_options import OUTLIVED, PREDICTORS, ReplayCosts
 
 __all__ = ["add_bench", "bench_profile_of", "cmd_bench", "resumed_profile_of"]
 
 #: Options that narrow or change a profile: a resumed result keeps the one it was started with.
 _PROFILE_OPTIONS: tuple[str, ...] = (
     "profile", "runs", "cases", "real_stage", "repeats", "modes", "block_steps",
-    "announce_min_ms", "step_group_ms", "predictor", "outlived", "guard", "leftovers",
-    "governor_signals", "governor_evidence", "governed_guard", "peer_costs", "schedule",
-    "chunks", "task_options",
+    "announce_min_ms", "step_group_ms", "predictor", "outlived", "leftovers", "governor_signals",
+    "governor_evidence", "governed_guard", "peer_costs", "schedule", "chunks", "task_options",
 )  # fmt: skip
 
 
@@ -79,9 +78,6 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="once a bubble outlives its predicted end, the side task stops "
                    "(default, FreeRide's) or goes on while the slot's longer bubbles say a "
                    "step fits (survivors)")  # fmt: skip
-    p.add_argument("--guard", default=None, choices=GUARDS,
-                   help="what each side-task step's guard is scaled by: the task's profile "
-                   "(default) or also its own recent steps in bubbles")  # fmt: skip
     p.add_argument("--leftovers", default=None, metavar="TASK",
                    help="attach TASK beside every segment's task with gating 'leftovers': it "
                    "takes the bubble time the segment's task leaves")  # fmt: skip
@@ -179,7 +175,7 @@ def bench_profile_of(args: argparse.Namespace, device: str) -> Any:
             given = " ".join(f"--{n} {v}" for n, v in layout.items())
             raise UsageError(f"{given}: {exc}") from exc
     for name in ("time_budget_s", "repeats", "block_steps", "announce_min_ms", "step_group_ms",
-                 "predictor", "outlived", "guard", "leftovers"):  # fmt: skip
+                 "predictor", "outlived", "leftovers"):  # fmt: skip
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.governor_signals is not None:

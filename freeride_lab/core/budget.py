@@ -40,7 +40,6 @@ import numpy as np
 
 __all__ = [
     "GIB",
-    "TAIL_MIN_STEPS",
     "OverrunAction",
     "OverrunActionKind",
     "OverrunPolicy",
@@ -54,7 +53,6 @@ __all__ = [
     "should_step",
     "sized_budget_ns",
     "step_budget_s",
-    "tail_budget_ns",
     "tight_step_budget_s",
 ]
 
@@ -250,45 +248,6 @@ def sized_budget_ns(
         return budget_ns
     ratio = size / top if top_ns is None or size_ns is None else min(size_ns / top_ns, 1.0)
     return round(budget_ns * ratio)
-
-
-#: Steps of a size in bubbles that ``tail_budget_ns`` needs before it narrows a guard.
-TAIL_MIN_STEPS = 8
-
-
-def tail_budget_ns(budget_ns: int, profile_p95_ns: float, recent_ns: Iterable[float]) -> int:
-    """A guard re-scaled by the steps a task takes where it runs: ``budget_ns`` guards a step
-    as long as the profile's 95th percentile (``profile_p95_ns``); a size whose recent steps
-    in bubbles (``recent_ns``, at least ``TAIL_MIN_STEPS``) all ended sooner is guarded in
-    proportion to the longest of them. Never wider than ``budget_ns``: a size whose steps
-    run longer than the profile said keeps the budget (the overrun policy and the governor
-    answer for those).
-
-    A profile is a handful of single steps, each alone in its bubble and the first on a
-    device left idle; the steps a task then takes back to back (a group's mean time, a
-    warmed-up kernel) can be several times shorter, and a guard in proportion to the profile
-    leaves that many times their length empty at every bubble's end.
-
-        >>> tail_budget_ns(1_610_000, 1.01e6, [0.16e6] * 12 + [0.45e6])  # PageRank's groups
-        717327
-        >>> tail_budget_ns(6_100_000, 5.1e6, [5.5e6] * 12)  # slower than profiled: kept
-        6100000
-        >>> tail_budget_ns(1_610_000, 1.01e6, [0.16e6] * 5)  # too few steps yet: kept
-        1610000
-
-    A time that is not > 0 (the wall clock stepped back during a step) is left out.
-
-    Raises:
-        ValueError: a budget below 0, or a profile p95 that is not > 0.
-    """
-    if budget_ns < 0:
-        raise ValueError(f"budget_ns={budget_ns} must be >= 0")
-    if not profile_p95_ns > 0:
-        raise ValueError(f"profile_p95_ns={profile_p95_ns} must be > 0")
-    times = [t for t in recent_ns if t > 0]
-    if len(times) < TAIL_MIN_STEPS:
-        return budget_ns
-    return round(budget_ns * min(max(times) / profile_p95_ns, 1.0))
 
 
 class OverrunPolicy(StrEnum):

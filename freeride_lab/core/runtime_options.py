@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
-    "GUARDS",
     "OUTLIVED",
     "PREDICTORS",
     "RUNTIME_KEYS",
@@ -45,8 +44,6 @@ MAX_STEP_GROUP_MS = 100.0
 PREDICTORS: tuple[str, ...] = ("min", "feedback")
 #: What a side task does once a bubble outlives its predicted end (``RuntimeOptions.outlived``).
 OUTLIVED: tuple[str, ...] = ("stop", "survivors")
-#: What a side-task step's guard is scaled by (``RuntimeOptions.guard``).
-GUARDS: tuple[str, ...] = ("profile", "bubbles")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -241,11 +238,6 @@ class RuntimeOptions:
             last as long as its slot's recent bubbles that were longer than it has lasted so
             far say (their shortest, one in five set aside), and go on stepping while a step
             fits that (``core.bubble_survival``).
-        guard: what a side-task step's guard (its budget, sized) is scaled by: "profile",
-            the task's profile alone; "bubbles", also the task's own recent steps in bubbles,
-            narrower where the longest of a size's last 16 ended sooner than the profile's
-            p95 said (``core.budget.tail_budget_ns``; ``sidetasks.host.iterative`` [Note:
-            step sizes]).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -259,7 +251,6 @@ class RuntimeOptions:
     step_group_ms: float = 1.0
     predictor: str = "min"
     outlived: str = "stop"
-    guard: str = "profile"
     emulate: EmulateOptions | None = None
 
     def __post_init__(self) -> None:
@@ -304,11 +295,6 @@ class RuntimeOptions:
             raise ValueError(
                 f"runtime outlived={self.outlived!r}; valid: {', '.join(OUTLIVED)} (no step "
                 "past the predicted end, or steps while the slot's longer bubbles say one fits)"
-            )
-        if self.guard not in GUARDS:
-            raise ValueError(
-                f"runtime guard={self.guard!r}; valid: {', '.join(GUARDS)} (a step's guard "
-                "scaled by the task's profile alone, or by its recent steps in bubbles too)"
             )
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):

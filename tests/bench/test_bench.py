@@ -279,18 +279,6 @@ def test_what_a_host_does_past_a_predicted_end_reaches_every_run(
     assert {c.runtime.outlived for c in configs} == {outlived}
 
 
-@pytest.mark.parametrize(("words", "guard"), [((), "profile"), (("--guard", "bubbles"), "bubbles")])
-def test_what_a_side_task_steps_guard_is_scaled_by_reaches_every_run(
-    tmp_path: Path, words: tuple[str, ...], guard: str
-) -> None:
-    from freeride_lab.bench.profiles import run_config
-
-    profile = bench_options(*words)
-    assert profile.guard == guard  # type: ignore[attr-defined]  # recorded with the result
-    configs = [run_config(profile, plan, tmp_path) for plan in profile.runs]  # type: ignore[attr-defined]
-    assert {c.runtime.guard for c in configs} == {guard}
-
-
 @pytest.mark.parametrize(("words", "leftovers"), [((), ""), (("--leftovers", "image"), "image")])
 def test_a_task_beside_every_segments_task_takes_its_leftovers_when_named(
     words: tuple[str, ...], leftovers: str

@@ -159,7 +159,6 @@ def in_process_host(
     leftovers_file: str = "",
     edge_file: str = "",
     sink_name: str = "task.jsonl",
-    guard: str = "profile",
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
     the sink its events go to (``tmp_path / sink_name``; close it before reading). Its
@@ -178,7 +177,7 @@ def in_process_host(
         task=spec, run_dir=str(run_dir.path), rank=0, stage=0,
         leftovers_file=leftovers_file, edge_file=edge_file,
     )  # fmt: skip
-    host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived, guard=guard)
+    host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived)
     host._send = lambda message: None  # type: ignore[method-assign]
     host.task = task
     for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
@@ -314,76 +313,6 @@ def test_guards_of_smaller_steps_follow_the_newest_step_times(
     assert host._guard_ns(1) == 20_000_000
     assert host._guard_ns(4) == 40_000_000
     sink.close()
-
-
-@pytest.mark.usefixtures("edges")
-@pytest.mark.parametrize("guard", ["profile", "bubbles"])
-def test_a_guard_follows_the_steps_in_bubbles_where_they_run_shorter_than_profiled(
-    run_dir: RunDir, tmp_path: Path, guard: str
-) -> None:
-    """Under guard "bubbles", once 8 steps of a size ran in bubbles, the budget guards them in
-    proportion to the longest of them against the profile's p95 (PageRank's single profiled
-    steps at 1.0 ms, its grouped steps at 0.16-0.4 ms); never wider than the budget, and the
-    governor's scale of the budget carries through. Under "profile" the budget stays."""
-    from tasks_for_tests import Counting
-
-    from freeride_lab.core.budget import profile_from_steps
-
-    host, sink = in_process_host(
-        run_dir, tmp_path, Counting(), {"budget_s": 0.0016}, guard=guard
-    )  # fmt: skip
-    host.profile = profile_from_steps([0.0008, 0.0009, 0.0010, 0.0010], 0)
-    for _ in range(7):
-        host._note_size_time(1, 7, 7 * 160_000)  # groups of 7, 0.16 ms a step
-    assert host._guard_ns(1) == 1_600_000  # 7 steps: too few to judge
-    host._note_size_time(1, 1, 400_000)  # a lone step, 0.4 ms
-    narrow = guard == "bubbles"
-    assert host._guard_ns(1) == (640_000 if narrow else 1_600_000)  # 1.6 ms x 0.4 / 1.0
-    host._budget_fixed_ns = 3_200_000  # the governor doubled the budget
-    assert host._guard_ns(1) == (1_280_000 if narrow else 3_200_000)
-    for _ in range(16):
-        host._note_size_time(1, 1, 1_200_000)  # slower than profiled: the budget, no wider
-    assert host._guard_ns(1) == 3_200_000
-    sink.close()
-
-
-@pytest.mark.usefixtures("edges")
-def test_a_smaller_size_keeps_the_narrower_of_its_two_guards(
-    run_dir: RunDir, tmp_path: Path
-) -> None:
-    """Under guard "bubbles" a size below the largest is guarded by the narrower of the sized
-    budget (the sizes' medians) and its own steps' tail against the profile."""
-    from tasks_for_tests import Sized
-
-    from freeride_lab.core.budget import profile_from_steps
-
-    host, sink = in_process_host(
-        run_dir, tmp_path, Sized(unit_s=0.001), {"budget_s": 0.040}, guard="bubbles"
-    )  # fmt: skip
-    host.profile = profile_from_steps([0.030] * 5, 0)  # the largest size profiled at 30 ms
-    host._top_size = 4
-    for _ in range(8):
-        host._note_size_time(4, 1, 20_000_000)
-        host._note_size_time(1, 1, 5_000_000)
-    # sized: 40 x 5 / 20 = 10 ms; its tail: 40 x 5 / 30 = 6.7 ms; the largest: 40 x 20 / 30
-    assert host._guard_ns(1) == 6_666_667
-    assert host._guard_ns(4) == 26_666_667
-    sink.close()
-
-
-def test_a_runs_guard_option_reaches_its_task_hosts(run_dir: RunDir) -> None:
-    """``RuntimeOptions.guard`` from run.json, "profile" where absent; anything else refused."""
-    from freeride_lab.core.runtime_options import RuntimeOptions
-    from freeride_lab.sidetasks.host.entry import _runtime_options
-    from freeride_lab.sidetasks.spec import HostSpec
-
-    spec = HostSpec(task=TaskSpec.from_dict({"task": ref("Counting"), "task_id": "t1"}),
-                    run_dir=str(run_dir.path), rank=0, stage=0)  # fmt: skip
-    assert _runtime_options(spec).guard == "profile"
-    run_dir.write_json(run_dir.run_json, {"config": {"runtime": {"guard": "bubbles"}}})
-    assert _runtime_options(spec).guard == "bubbles"
-    with pytest.raises(ValueError, match="guard='tails'; valid: profile, bubbles"):
-        RuntimeOptions(guard="tails")
 
 
 def task_events_at(path: Path) -> list[ev.Event]:

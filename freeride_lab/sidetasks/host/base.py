@@ -23,7 +23,7 @@ from freeride_lab.core import events as ev
 from freeride_lab.core.bubble_survival import SurvivorLengths
 from freeride_lab.core.budget import Profile
 from freeride_lab.core.edge_timing import NextBubbleClock
-from freeride_lab.core.runtime_options import GUARDS, OUTLIVED
+from freeride_lab.core.runtime_options import OUTLIVED
 from freeride_lab.core.sidetask_state import (
     Rejected,
     SideTaskEvent,
@@ -63,17 +63,11 @@ class HostBase:
         beacon: TaskBeacon | None = None,
         step_group_ns: int = 0,
         outlived: str = "stop",
-        guard: str = "profile",
     ) -> None:
         if outlived not in OUTLIVED:
             raise ValueError(f"outlived={outlived!r}; valid: {', '.join(OUTLIVED)}")
-        if guard not in GUARDS:
-            raise ValueError(f"guard={guard!r}; valid: {', '.join(GUARDS)}")
         self.spec = spec
         self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
-        # "bubbles": guards also scaled by the steps' own recent times; host.iterative
-        # [Note: step sizes]
-        self._guard_from_steps = guard == "bubbles"
         # once a bubble outlives its prediction: see host.iterative [Note: outlived bubbles]
         self._survivors = SurvivorLengths() if outlived == "survivors" else None
         # (step, slot) -> start (ns) of recent bubbles; None once their length is noted

@@ -39,7 +39,7 @@ def _task_sink(spec: HostSpec) -> EventSink:
 
 
 def _runtime_options(spec: HostSpec) -> RuntimeOptions:
-    """The run's ``RuntimeOptions`` (step groups, what to do past a predicted end, the guard); the
+    """The run's ``RuntimeOptions`` (step groups, what to do past a predicted end); the
     defaults where run.json has none or they are unreadable."""
     try:
         runtime = RunDir(Path(spec.run_dir)).read_run().get("config", {}).get("runtime") or {}
@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     host = TaskHost(
         spec, conn=conn, sink=sink, beacon=beacon,
         step_group_ns=round(options.step_group_ms * 1e6), outlived=options.outlived,
-        guard=options.guard,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
     try:

@@ -30,14 +30,7 @@ its batch's end) may come back at the next. The budget
 (FreeRide's, the governor's, a tuned one) guards the task's largest step, the one it takes
 alone and is profiled by; a smaller size's guard is that budget scaled by the two sizes'
 recent median step times (``core.budget.sized_budget_ns``; in proportion to the size before
-both are timed). Under ``RuntimeOptions.guard`` "bubbles" a size's guard is also held to the
-budget scaled by the longest of that size's last 16 steps in bubbles against the profile's
-p95, where that is narrower (``core.budget.tail_budget_ns``): the profile's single steps, each
-the first on an idle device, can take several times what the same steps take back to back in
-the bubbles (PageRank's, 1.0 ms at the p95 against 0.16 ms a step in its groups), and the
-budget then leaves that many times a step empty at every bubble's end. The budget's own margin
-(the governor's scale with it) stays in proportion. A bubble is used at all when the smallest
-size's guard fits. Steps outside
+both are timed). A bubble is used at all when the smallest size's guard fits. Steps outside
 the bubbles (gating "none") take the largest size, the task's own best pace; the profile
 samples steps of the largest size alone. A task with sizes is never stepped in groups.
 
@@ -112,7 +105,7 @@ import sys
 import time
 from typing import Any
 
-from freeride_lab.core.budget import should_step, sized_budget_ns, tail_budget_ns
+from freeride_lab.core.budget import should_step, sized_budget_ns
 from freeride_lab.core.sidetask_state import SideTaskEvent, SideTaskState
 from freeride_lab.sidetasks.api import IterativeSideTask, SideTaskBase
 from freeride_lab.sidetasks.edges import Edge, EdgeWriter, Phase
@@ -383,21 +376,13 @@ class IterativeSteps(StepAccounting):
         between a bubble's edge and its first step)."""
         budget_ns = self._budget_ns()
         top = self._top_size
-        if size >= top and not self._guard_from_steps:
+        if size >= top:
             return budget_ns
         key = (size, top, budget_ns)
         guard = self._guards.get(key)
         if guard is None:
-            guard = budget_ns
-            if size < top:
-                top_ns, size_ns = self._median_size_ns(top), self._median_size_ns(size)
-                guard = sized_budget_ns(budget_ns, size, top, top_ns, size_ns)
-            profile, times = self.profile, self._size_ns.get(size)
-            if self._guard_from_steps and profile is not None and profile.p95_step_s > 0:
-                # the budget in force keeps its margin (and the governor's scale) in proportion
-                scaled = tail_budget_ns(budget_ns, profile.p95_step_s * 1e9, times or ())
-                guard = min(guard, scaled)
-            self._guards[key] = guard
+            top_ns, size_ns = self._median_size_ns(top), self._median_size_ns(size)
+            guard = self._guards[key] = sized_budget_ns(budget_ns, size, top, top_ns, size_ns)
         return guard
 
     def _note_size_time(self, size: int, calls: int, duration_ns: int) -> None:
