@@ -196,7 +196,8 @@ class IterativeSideTask(SideTaskBase):
     @property
     def warmup_steps(self) -> int:
         """Steps at the start on a device whose time says nothing of the task's pace (a
-        compilation, a graph capture); the host's profile leaves them out. Default 0."""
+        compilation, a graph capture); the host's profile leaves them out, and always at
+        least the first (``host.accounting`` [Note: profiling in bubbles]). Default 0."""
         return 0
 
 

@@ -55,6 +55,20 @@ class WarmingUp(Counting):
         return 1.0
 
 
+class ColdStart(Counting):
+    """Counting whose first step sleeps ``cold_s`` (a process's one-time costs: the device's
+    libraries, a kernel's first launch) and declares no warm-up."""
+
+    def __init__(self, step_s: float = 0.002, cold_s: float = 0.03) -> None:
+        super().__init__(step_s=step_s)
+        self.cold_s, self.calls = cold_s, 0
+
+    def step(self) -> float:
+        self.calls += 1
+        time.sleep(self.cold_s if self.calls == 1 else self.step_s)
+        return 1.0
+
+
 class Sized(Counting):
     """Steps of ``sizes`` units; n units take ``unit_s`` x (1 + n) / 2 (a larger step is faster
     per unit, as a larger slice of a batch is) and make n units of progress."""
