@@ -7,9 +7,9 @@ side, on one GPU with emulated pipeline peers (``pipeline/emulate.py``).
 One *run* is one pipeline process tree (a ``Session``) with a fixed M and MPS setting. Inside
 it the benchmark steps through *segments*, one per (real stage, side task): it holds training
 and lets the task run alone on the device for at least ``solo_min_s`` and ``solo_steps`` steps
-(its dedicated speed, FreeRide's step budget from its median step, and the tight budget of
-``core.budget.tight_step_budget_s`` from its 95th percentile: the governed mode's starting
-point), then interleaves blocks of training steps in each mode (A B C D A B C D A:
+(its dedicated speed, FreeRide's step budget from the median of one ``step()`` call, and the
+tight budget of ``core.budget.tight_step_budget_s`` from its 95th percentile: the governed
+mode's starting point; ``bench.blocks.solo_figures``), then interleaves blocks of training steps in each mode (A B C D A B C D A:
 ``bench.stats.interleave``, closed by one more vanilla block), and then measures the task
 alone once more: the segment's harvest uses the mean of its two speeds, and a segment whose
 two speeds differ by more than 10% is flagged. Blocks switch modes through the emulation's

@@ -190,6 +190,9 @@ class SideTaskStep(Event):
     # smallest step's; ns) when this step was taken in a bubble; 0 outside bubbles or while
     # profiling. The bench reads it for the bubbles the task left (core.idle_use)
     guard_ns: int = 0
+    # the step() calls this record covers: a group's (sidetasks.host.iterative [Note: step
+    # groups]), 1 for a lone step; the time of one call is (end_ns - start_ns) / calls
+    calls: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -720,6 +720,7 @@ def test_short_steps_run_in_groups_that_stay_inside_their_bubble(
     steps = steps_of(events)
     assert steps
     sizes = [s.progress for s in steps]
+    assert [s.calls for s in steps] == sizes  # each record says how many calls it covers
     if group_ms:
         assert max(sizes) > 1  # calls were grouped
         assert sum(sizes) > len(steps)

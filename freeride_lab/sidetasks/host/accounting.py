@@ -110,7 +110,7 @@ class StepAccounting(Checkpointing):
         groups]): its event, a profile sample of one step's time (not for a step smaller than
         the task's largest: ``sample=False``, [Note: step sizes]), the overrun policy (not for
         a step that ran through training's compute by design: ``policy=False``)."""
-        self._emit_step(step, start_ns, end_ns, progress, overrun_ns)
+        self._emit_step(step, start_ns, end_ns, progress, overrun_ns, calls)
         if sample:
             self._sample_profile((end_ns - start_ns) // calls)
         if not policy:
@@ -193,7 +193,13 @@ class StepAccounting(Checkpointing):
         )
 
     def _emit_step(
-        self, step: int, start_ns: int, end_ns: int, progress: float, overrun_ns: int
+        self,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        progress: float,
+        overrun_ns: int,
+        calls: int = 1,
     ) -> None:
         task = self.task
         assert task is not None
@@ -218,6 +224,7 @@ class StepAccounting(Checkpointing):
                 spin_from_ns=self._spin_from_ns,
                 spin_until_ns=self._spin_until_ns,
                 guard_ns=self._entry_guard_ns,
+                calls=calls,
             )
         )
         self._entry_guard_ns = 0
