@@ -40,11 +40,18 @@ harvest = that time over the bubbles' time. Not modelled: a batch's end, which m
 vision task to a smaller size than fits; the guard's drift within a block (the median is
 taken); profiling. A step is counted in the bubble it started in.
 
+With ``--guard-ms TASK=MS`` the named task is replayed on that guard at entry instead of its
+block's (its larger sizes' in proportion): another guard's harvest, and, in the arm to the
+rank's prediction, the share of its steps that end past their bubble's end
+(``predicted_overrun``; a step lasting its block's mean, so an estimate of the overruns the
+guard would let through, not of what they would cost training).
+
 Figures are per block (each gated block of a stage: at least 5), with their mean and 95%
 t-interval over the blocks (``core.intervals.mean_interval``). Arithmetic over recorded
 bubbles and steps: no task runs.
 
     python benchmarks/harvest_ceiling.py RESULT.json LEDGER.json --out ceiling.json
+    python benchmarks/harvest_ceiling.py RESULT LEDGER --guard-ms pagerank=0.68 --out c.json
 """
 
 from __future__ import annotations
@@ -76,6 +83,8 @@ COSTS = {
 }
 #: What the last arm leaves: 100% less its time under steps.
 BEYOND = "beyond any rule"
+#: The share of the ``predicted`` arm's steps that end past their bubble's end.
+OVERRUN = "predicted_overrun"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +145,13 @@ def menus(
     per_s: Mapping[str, float],
     grouped: Mapping[str, bool],
     group_ms: float,
+    guard_ms: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, Menu], float | None]:
     """Each task's ``Menu`` in one block's ``bubbles`` (tasks with no size of three steps, or
     no speed alone, are left out), and the median hand-on gap (ms; None if never seen).
     ``grouped`` says which tasks step in groups (a task it does not name: see
-    ``steps_in_groups``)."""
+    ``steps_in_groups``); ``guard_ms`` puts a task it names on that guard at entry instead of
+    the block's (its larger sizes' in proportion, as the host's)."""
     times: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     guards: dict[str, list[float]] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
@@ -163,7 +174,7 @@ def menus(
         first = firsts[task] or firsts[main]  # a leftovers task never alone: as the main's
         if not per_s.get(task) or not first:
             continue
-        guard = statistics.median(guards[task])
+        guard = (guard_ms or {}).get(task) or statistics.median(guards[task])
         in_groups = grouped.get(task, steps_in_groups(by_progress))
         groups = _groups(by_progress, group_ms) if in_groups else None
         if groups is not None:
@@ -213,12 +224,13 @@ def _groups(ms_by_progress: Mapping[float, Sequence[float]], group_ms: float) ->
 
 def pack(
     menu: Menu, start_ms: float, end_ms: float, length_ms: float, *, margin: bool = True
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, tuple[int, int]]:
     """One task's steps in a bubble from ``start_ms``, planned to ``end_ms``, launched while
     the bubble (``length_ms``) lasts: (when the last step ended, or ``start_ms`` without one;
-    the time under steps within the bubble; their work, in ms of the task's speed alone).
-    ``margin=False`` guards each step by its own time."""
-    now, last, under, work = start_ms, None, 0.0, 0.0
+    the time under steps within the bubble; their work, in ms of the task's speed alone; the
+    steps launched and how many of them end past the bubble's end, overruns of a step that
+    lasts its mean). ``margin=False`` guards each step by its own time."""
+    now, last, under, work, launched, crossed = start_ms, None, 0.0, 0.0, 0, 0
     sizes, groups = menu.sizes, menu.groups
     guard = [s.guard_ms if margin else s.ms for s in sizes]
     while now < length_ms and end_ms - now > guard[0]:
@@ -232,9 +244,10 @@ def pack(
             ms, progress = sizes[i].ms, sizes[i].progress
         under += min(now + ms, length_ms) - now
         work += progress / menu.per_ms
+        launched, crossed = launched + 1, crossed + (now + ms > length_ms)
         last = now + ms
         now = last + menu.gap_ms
-    return (start_ms if last is None else last), under, work
+    return (start_ms if last is None else last), under, work, (launched, crossed)
 
 
 def _whole(x: float) -> int:
@@ -249,16 +262,19 @@ def replay_block(
     leftovers: str | None,
     grouped: Mapping[str, bool],
     group_ms: float,
+    guard_ms: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Harvest (work over bubble time) of one block under each arm, and the time under steps
-    of the ``at_speed_alone`` arm."""
-    menus_, handon_ms = menus(bubbles, main, per_s, grouped, group_ms)
+    """Harvest (work over bubble time) of one block under each arm, the time under steps of
+    the ``at_speed_alone`` arm, and the share of the ``predicted`` arm's steps that end past
+    their bubble's end (``OVERRUN``)."""
+    menus_, handon_ms = menus(bubbles, main, per_s, grouped, group_ms, guard_ms)
     total = sum(b["length_ms"] for b in bubbles)
     observed = sum(s[4] / per_s[s[0]] * 1e3 for b in bubbles for s in _own_steps(b)
                    if per_s.get(s[0]))  # fmt: skip
     out = {"observed": observed / total}
     for arm in ARMS[1:4]:
         work = under = 0.0
+        steps = [0, 0]  # launched, crossed the bubble's end
         for b in bubbles:
             length, predicted = b["length_ms"], b["predicted_ms"]
             if arm == "predicted" and predicted is None:
@@ -268,14 +284,18 @@ def replay_block(
             now, used = 0.0, False
             if main in menus_:
                 m = menus_[main]
-                last, u, w = pack(m, m.first_ms, end, length, margin=margin)
+                last, u, w, (n, x) = pack(m, m.first_ms, end, length, margin=margin)
                 now, used, under, work = last, w > 0, under + u, work + w
+                steps = [steps[0] + n, steps[1] + x]
             if leftovers in menus_ and now < length:
                 m = menus_[leftovers]
                 start = now + (handon_ms or 0.0) if used else m.first_ms
-                _, u, w = pack(m, start, end, length, margin=margin)
+                _, u, w, (n, x) = pack(m, start, end, length, margin=margin)
                 under, work = under + u, work + w
+                steps = [steps[0] + n, steps[1] + x]
         out[arm] = work / total
+        if arm == "predicted":
+            out[OVERRUN] = steps[1] / steps[0] if steps[0] else 0.0
         if arm == "no_margin":
             out["at_speed_alone"] = under / total
     return out
@@ -288,6 +308,7 @@ def stage_ceiling(
     per_s: Mapping[str, float],
     grouped: Mapping[str, bool],
     group_ms: float,
+    guard_ms: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Per gated block of one stage's ledger, the arms' figures; and their means [95%] and
     the paired differences between them (``COSTS``)."""
@@ -296,10 +317,10 @@ def stage_ceiling(
         blocks[(b["mode"], int(b["repeat"]))].append(b)
     rows = []
     for (mode, repeat), bubbles in sorted(blocks.items()):
-        figures = replay_block(bubbles, per_s, main, leftovers, grouped, group_ms)
+        figures = replay_block(bubbles, per_s, main, leftovers, grouped, group_ms, guard_ms)
         rows.append({"mode": mode, "repeat": repeat, "bubbles": len(bubbles),
                      **{k: round(v, 4) for k, v in figures.items()}})  # fmt: skip
-    summary = {arm: mean_interval([r[arm] for r in rows]).record() for arm in ARMS}
+    summary = {arm: mean_interval([r[arm] for r in rows]).record() for arm in (*ARMS, OVERRUN)}
     costs = {what: mean_interval([r[b] - r[a] for r in rows]).record()
              for what, (a, b) in COSTS.items()}  # fmt: skip
     costs[BEYOND] = mean_interval([1.0 - r[ARMS[-1]] for r in rows]).record()
@@ -319,8 +340,13 @@ def _segments(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [s for run in result["runs"] for s in run["segments"] if s.get("task")]
 
 
-def ceiling(result: Mapping[str, Any], ledger: Mapping[str, Any]) -> dict[str, Any]:
-    """``stage_ceiling`` for every run and stage of ``ledger`` (the ledger of ``result``)."""
+def ceiling(
+    result: Mapping[str, Any],
+    ledger: Mapping[str, Any],
+    guard_ms: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """``stage_ceiling`` for every run and stage of ``ledger`` (the ledger of ``result``),
+    with the tasks ``guard_ms`` names on those guards at entry."""
     alone = speeds_alone(result)
     group_ms = float(result["config"].get("step_group_ms") or 0.0)
     # a segment's task of one step size steps in groups; a leftovers task: by its steps
@@ -339,7 +365,7 @@ def ceiling(result: Mapping[str, Any], ledger: Mapping[str, Any]) -> dict[str, A
         main, leftovers = tasks[(run, int(r))]
         per_s = {task: s for (at, task), s in alone.items() if at == int(r)}
         mine = {task: g for (at, task), g in grouped.items() if at == int(r)}
-        out[key] = stage_ceiling(stage, main, leftovers, per_s, mine, group_ms)
+        out[key] = stage_ceiling(stage, main, leftovers, per_s, mine, group_ms, guard_ms)
     return out
 
 
@@ -348,14 +374,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("result", type=Path, help="a freeride-lab bench result (JSON)")
     parser.add_argument("ledger", type=Path, help="its bubble ledger (bubble_ledger.py)")
     parser.add_argument("--out", type=Path, required=True, help="write the figures as JSON here")
+    parser.add_argument("--guard-ms", action="append", default=[], metavar="TASK=MS",
+                        help="replay TASK with this guard at entry instead of its block's "
+                        "(repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
-    found = ceiling(json.loads(args.result.read_text()), json.loads(args.ledger.read_text()))
+    guard_ms = {}
+    for given in args.guard_ms:
+        task, _, ms = given.partition("=")
+        try:
+            guard_ms[task] = float(ms)
+        except ValueError:
+            parser.error(f"--guard-ms {given!r}: TASK=MS, e.g. pagerank=0.68")
+        if not task or not guard_ms[task] > 0:
+            parser.error(f"--guard-ms {given!r}: TASK=MS with MS > 0, e.g. pagerank=0.68")
+    found = ceiling(
+        json.loads(args.result.read_text()), json.loads(args.ledger.read_text()), guard_ms
+    )
     for key, one in found.items():
         s = one["summary"]
         print(key, one["main"], one["leftovers"] or "-",
               " ".join(f"{arm} {s[arm]['value']:.1%}" for arm in ARMS))  # fmt: skip
     record = {"command": command_line(), "result": args.result.name,
-              "ledger": args.ledger.name, "stages": found}  # fmt: skip
+              "ledger": args.ledger.name, "guard_ms": guard_ms, "stages": found}  # fmt: skip
     write_results(record, args.out)
     return 0
 

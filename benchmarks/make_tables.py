@@ -32,7 +32,7 @@ from typing import Any
 
 from goal_status import Source, goal_table
 from harvest_ceiling import ARMS as CEILING_ARMS
-from harvest_ceiling import BEYOND, COSTS, gaps_ms, steps_by_task
+from harvest_ceiling import BEYOND, COSTS, OVERRUN, gaps_ms, steps_by_task
 from lever_status import (
     Arm,
     Comparison,
@@ -69,7 +69,7 @@ from freeride_lab.bench.placement import predicted_fill_ms
 from freeride_lab.bench.results import fill_tables, segment_tasks
 from freeride_lab.bench.stats import GATED_MODES, side_work
 from freeride_lab.core.budget import sized_budget_ns
-from freeride_lab.core.intervals import Interval
+from freeride_lab.core.intervals import Interval, mean_interval
 from freeride_lab.sidetasks.api import doubling_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,6 +448,38 @@ H100_12_07C_CEILINGS = tuple(
     (arm, f"h100-2026-12-07c-ceiling-{n}.json")
     for arm, n in zip(H100_12_07C, H100_12_07C_NAMES, strict=True)
 )
+#: 2026-12-07, evening: each pair of calls ran one tree, the second arm with a step guard
+#: scaled by the task's own recent steps in bubbles against its profile (``--guard
+#: bubbles``, backed out after: the profile took in the first step, and the guards of PageRank
+#: and the image task collapsed), both replaying one calibration of the peers
+H100_K_ZB_PROFILE = ("h100-2026-12-07d-zb-guard-profile.json", "zero-bubble, guard by the budget")
+H100_K_ZB_STEPS = ("h100-2026-12-07d-zb-guard-bubbles.json", "zero-bubble, guard collapsed")
+H100_K_M8_PROFILE = ("h100-2026-12-07d-m8-guard-profile.json", "M = 8, guard by the budget")
+H100_K_M8_STEPS = ("h100-2026-12-07d-m8-guard-bubbles.json", "M = 8, guard collapsed")
+H100_12_07D = (H100_K_ZB_PROFILE, H100_K_ZB_STEPS, H100_K_M8_PROFILE, H100_K_M8_STEPS)
+H100_12_07D_NAMES = ("zb-guard-profile", "zb-guard-bubbles", "m8-guard-profile", "m8-guard-bubbles")
+H100_12_07D_LEDGERS = tuple(
+    (arm, f"h100-2026-12-07d-ledger-{n}.json")
+    for arm, n in zip(H100_12_07D, H100_12_07D_NAMES, strict=True)
+)
+H100_12_07D_CEILINGS = tuple(
+    (arm, f"h100-2026-12-07d-ceiling-{n}.json")
+    for arm, n in zip(H100_12_07D, H100_12_07D_NAMES, strict=True)
+)
+#: PageRank's stages replayed on the guard of one 0.16 ms call (0.16 x 1.1 + 0.5 ms): the
+#: replay on its blocks' guard, the replay on that one, and the call they replay
+H100_CALL_GUARD = tuple(
+    (f"{day}-ceiling-{n}.json", f"{day}-ceiling-{n}-call-guard.json", label)
+    for day, n, label in (
+        ("h100-2026-12-07c", "zb-leftovers-all", "zero-bubble, every stage (12-07c)"),
+        ("h100-2026-12-07d", "zb-guard-profile", "zero-bubble, every stage (12-07d)"),
+        ("h100-2026-12-07b", "m8-all", "M = 8, every stage (12-07b)"),
+        ("h100-2026-12-07d", "m8-guard-profile", "M = 8, every stage (12-07d)"),
+        ("h100-2026-12-07c", "m8-group1-s0", "M = 8, stage 0, step groups of 1 ms (12-07c)"),
+    )
+)
+#: a task's first steps in a fresh process on the H100 (``first_steps.py``)
+FIRST_STEPS_H100 = "first-steps-h100-2026-12-07.json"
 #: the task host's own paths (bench_host_path.py) on the H100 machine's host CPU, that evening
 HOST_PATH_H100_HOST = (("host-path-h100-host-2026-12-07.json", "the H100 machine (c5417ea)"),)
 #: Lever 6 on the H200: each of the mix's four tasks on each of the four stages (M = 4,
@@ -1213,6 +1245,56 @@ def step_gaps(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
     )  # fmt: skip
 
 
+def guard_costs(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Per result and stage · task (governed blocks): the guard each of its tasks had to clear
+    at a bubble's entry (the ledger's median), its steps and overruns over the blocks, the
+    overrun time per block, and the p99 step-time inflation with its interval."""
+    rows = []
+    for (name, label), ledger_name in pairs:
+        ledger = raw(ledger_name)["stages"]
+        data = result(name)
+        for s in data["summary"]:
+            if s["mode"] != "governed" or s["case"] != "mix":
+                continue
+            mine = [b for b in data["blocks"] if b["mode"] == "governed"
+                    and b["stage"] == s["stage"] and b["case"] == "mix"]  # fmt: skip
+            guards = ledger[f"{s['run']}/{s['stage']}"]["summary"]["guard_at_entry_ms"]
+            guard = " + ".join(
+                f"{g['p50']:.3f}"
+                for _, g in sorted(guards.items(), key=lambda kv: kv[0] != s["task"])
+            )  # the stage's task first
+            steps = sum(int(b["side_steps"]) for b in mine)
+            overruns = sum(int(b["overruns"]) for b in mine)
+            ms = sum(float(b["overrun_ms_total"]) for b in mine) / max(len(mine), 1)
+            task = s["task"] + (f" + {s['leftovers_task']}" if s.get("leftovers_task") else "")
+            p99 = (s.get(f"step_p99_inflation{k}_frac") for k in ("", "_lo", "_hi"))
+            rows.append([label, f"{s['stage']} · {task}", guard, str(steps),
+                         fmt_pct(overruns / steps if steps else None, 1), f"{ms:.1f}",
+                         fmt_interval(*p99, signed=True)])  # fmt: skip
+            label = ""
+    return md_table(
+        ["", "stage · task", "guard at entry p50 ms (task + leftovers)", "steps",
+         "of them overran", "overrun ms per block", "p99 step-time inflation [95%]"],
+        rows,
+    )  # fmt: skip
+
+
+def first_steps() -> list[str]:
+    """Each task's first steps in a fresh process, and the p95 a five-step profile takes."""
+    rows = []
+    for t in raw(FIRST_STEPS_H100)["tasks"]:
+        ms, p95 = t["step_ms"], t["profile_p95_ms"]
+        rows.append([t["task"], str(t["top_size"]), str(t["warmup_steps"]),
+                     " · ".join(f"{x:.2f}" for x in ms[:4]), f"{statistics.median(ms[10:]):.2f}",
+                     f"{p95['first_five']:.2f}", f"{p95['next_five']:.2f}"])  # fmt: skip
+    return md_table(
+        ["task", "largest size", "declared warm-up", "steps 1 · 2 · 3 · 4 ms",
+         "steps after the 10th, median ms", "p95 of the first five after the warm-up",
+         "of the five after them"],
+        rows,
+    )  # fmt: skip
+
+
 def edge_watcher() -> list[str]:
     data = raw(EDGE_WATCHER)
     step, vs = data["step_ms"], data["vs_none_frac"]
@@ -1518,7 +1600,8 @@ def h100_goal_sources() -> list[Source]:
                                  H100_M4_ALL, H100_M8_ALL, H100_M8_FINE, H100_SPIN4,
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
-                                 *H100_12_07B, *H100_12_07C)),
+                                 *H100_12_07B, *H100_12_07C, H100_K_ZB_PROFILE,
+                                 H100_K_M8_PROFILE)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1827,6 +1910,37 @@ def harvest_ceiling(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
     )  # fmt: skip
 
 
+def call_guard_replay(arms: Sequence[tuple[str, str, str]], task: str = "pagerank") -> list[str]:
+    """``task``'s stages replayed to the rank's predictions (``harvest_ceiling.py``) on the
+    guard its blocks had and on another (``--guard-ms``): each one's harvest, the paired
+    difference per block [95%], and the share of the replayed steps that end past their
+    bubble's end. ``arms``: (the replay on the block's guard, the replay on the other, label)."""
+    rows = []
+    for own_name, other_name, label in arms:
+        own, other = raw(own_name), raw(other_name)
+        for key, stage in own["stages"].items():
+            if stage["main"] != task:
+                continue
+            a, b = stage["blocks"], other["stages"][key]["blocks"]
+            gain = mean_interval(
+                [y["predicted"] - x["predicted"] for x, y in zip(a, b, strict=True)]
+            )
+            s, t = stage["summary"], other["stages"][key]["summary"]
+            tasks = stage["main"] + (f" + {stage['leftovers']}" if stage["leftovers"] else "")
+            rows.append([label, f"{key.rsplit('/', 1)[1]} · {tasks}", str(len(a)),
+                         *(fmt_interval(x["predicted"]["value"], x["predicted"]["lo"],
+                                        x["predicted"]["hi"], 0) for x in (s, t)),
+                         _points(gain.record()),
+                         *(fmt_pct(x[OVERRUN]["value"], 1) for x in (s, t))])  # fmt: skip
+    guard = next(iter(raw(arms[0][1])["guard_ms"].values()))
+    return md_table(
+        ["", "stage · task", "blocks", "replayed on its blocks' guard",
+         f"on a guard of {guard:g} ms", "difference (pts)", "steps past the bubble's end",
+         f"on {guard:g} ms"],
+        rows,
+    )  # fmt: skip
+
+
 def _points(one: Mapping[str, float]) -> str:
     """A share's difference [95%] in percentage points: "+7.0 [+4.4, +9.6]"."""
     v, lo, hi = (100 * one[k] for k in ("value", "lo", "hi"))
@@ -1920,6 +2034,14 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07b-harvest-ceiling": lambda: harvest_ceiling(H100_12_07B_CEILINGS),
     "host-path-between-cpu": host_path_between,
     "host-path-h100-host": lambda: host_path_between(HOST_PATH_H100_HOST),
+    "h100-12-07d-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07D)),
+    "h100-12-07d-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07D)),
+    "h100-12-07d-stages": lambda: _side_by_side(H100_12_07D, ("governed",)),
+    "h100-12-07d-idle-split": lambda: _idle_split(H100_12_07D),
+    "h100-12-07d-guards": lambda: guard_costs(H100_12_07D_LEDGERS),
+    "h100-12-07d-harvest-ceiling": lambda: harvest_ceiling(H100_12_07D_CEILINGS[::2]),
+    "first-steps-h100": first_steps,
+    "h100-12-07d-call-guard-replay": lambda: call_guard_replay(H100_CALL_GUARD),
     "h100-12-07c-zb": lambda: schedules(H100_12_07C[:2]),
     "h100-12-07c-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07C[:2])),
     "h100-12-07c-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07C[:2])),

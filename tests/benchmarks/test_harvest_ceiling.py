@@ -24,18 +24,18 @@ def test_a_bubble_is_filled_coarse_to_fine_while_the_smallest_guard_fits() -> No
     # to an end at 10 ms: a step of 4 (its guard of 6 fits the 10 left); with 6 left, 4's guard
     # no longer fits and 2's does: a step of 2, and another with 4 left; with 2 left only the
     # smallest's guard (1.5) fits: a step of 1; with 1 left, none: 9 ms of steps
-    last, under, work = ceiling.pack(_sized(), 0.0, 10.0, 10.0)
-    assert (last, under, work) == (9.0, 9.0, 9.0)
+    last, under, work, (launched, crossed) = ceiling.pack(_sized(), 0.0, 10.0, 10.0)
+    assert (last, under, work, launched, crossed) == (9.0, 9.0, 9.0, 4, 0)
 
 
 def test_no_step_starts_once_the_bubble_has_ended_and_one_in_flight_counts_to_its_end() -> None:
     # planned to 10 ms (a prediction too long), the bubble ends at 5: 4 ms, then a 1 ms step
     # (guard 1.5 < 6 left by the plan) from 4 to 5; nothing after the end
-    last, under, work = ceiling.pack(_sized(), 0.0, 10.0, 5.0)
-    assert under == 5.0 and last >= 5.0
+    last, under, work, (_, crossed) = ceiling.pack(_sized(), 0.0, 10.0, 5.0)
+    assert under == 5.0 and last >= 5.0 and crossed == 1  # the step in flight at the end
     # planned to the true end, the same bubble takes 2, 1 and 1: no step crosses its end
-    last, under, work = ceiling.pack(_sized(), 0.0, 5.0, 5.0)
-    assert (last, work) == (4.0, 4.0)
+    last, under, work, (_, crossed) = ceiling.pack(_sized(), 0.0, 5.0, 5.0)
+    assert (last, work, crossed) == (4.0, 4.0, 0)
 
 
 def test_without_the_margin_a_step_needs_only_its_own_time() -> None:
@@ -49,11 +49,11 @@ def test_a_grouped_task_launches_groups_bounded_by_their_length_and_the_bubble()
     groups = Groups(unit=1.0, base_ms=0.1, step_ms=0.1, median_ms=0.1, group_ms=1.0)
     menu = Menu((Size(1.0, 0.1, 0.5),), first_ms=0.0, gap_ms=0.0, per_ms=10.0, groups=groups)
     # to 1.5 ms: a group of 10 (1.1 ms); then 0.4 ms left, under the guard of 0.5: stop
-    last, under, work = ceiling.pack(menu, 0.0, 1.5, 1.5)
+    last, under, work, _ = ceiling.pack(menu, 0.0, 1.5, 1.5)
     assert last == under == pytest.approx(1.1) and work == pytest.approx(1.0)
     # to 0.8 ms: the group keeps its last step's guard, 1 + (0.8 - 0.5) // 0.1 = 4 steps
     # (0.5 ms), as the host counts them; then 0.3 ms left: stop
-    last, _, work = ceiling.pack(menu, 0.0, 0.8, 0.8)
+    last, _, work, _ = ceiling.pack(menu, 0.0, 0.8, 0.8)
     assert last == pytest.approx(0.5) and work == pytest.approx(0.4)
 
 
@@ -88,7 +88,8 @@ def _block(repeat: int, predicted: float) -> list[dict[str, Any]]:
 def test_the_arms_change_one_thing_each_and_the_model_matches_what_it_replays() -> None:
     per_s = {"a": 1000.0, "b": 500.0}  # a unit a ms; b half a unit a ms
     figures = ceiling.replay_block(_block(0, 9.0), per_s, "a", "b", {}, 1.0)
-    assert set(figures) == set(ceiling.ARMS)
+    assert set(figures) == {*ceiling.ARMS, ceiling.OVERRUN}
+    assert figures[ceiling.OVERRUN] == 0.0  # predicted 1 ms short: no step crosses an end
     # observed: 4 bubbles x (7 + 1) ms of work and 2 x 1 ms over 44 ms of bubbles
     assert figures["observed"] == pytest.approx((4 * 8 + 2 * 1) / 44)
     # the rule replayed on the steps it learnt from gives back what they did
@@ -96,6 +97,17 @@ def test_the_arms_change_one_thing_each_and_the_model_matches_what_it_replays() 
     assert figures["true_end"] >= figures["predicted"]
     assert figures["no_margin"] >= figures["true_end"] - 1e-9
     assert 0 < figures["at_speed_alone"] <= 1
+
+
+def test_another_guard_is_replayed_with_the_steps_it_lets_cross_the_end() -> None:
+    """ "a" on a guard of 0.5 ms instead of 1.5: in bubbles predicted 1 ms too long (11 ms of
+    10), it takes a fourth step with 2 ms left of the plan, which crosses the true end."""
+    per_s = {"a": 1000.0, "b": 500.0}
+    block = _block(0, 11.0)
+    own = ceiling.replay_block(block, per_s, "a", "b", {}, 1.0)
+    narrow = ceiling.replay_block(block, per_s, "a", "b", {}, 1.0, {"a": 0.5})
+    assert narrow["predicted"] > own["predicted"]
+    assert narrow[ceiling.OVERRUN] > own[ceiling.OVERRUN]
 
 
 def test_a_step_spanning_two_bubbles_counts_in_the_first_only() -> None:
@@ -138,6 +150,13 @@ def test_a_stage_gets_each_arm_and_each_cost_with_an_interval_over_its_blocks(
     assert ceiling.main([str(result_path), str(ledger_path), "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["stages"]["m8/1"]["summary"] == found["summary"]
+    assert written["guard_ms"] == {}
+    guarded = tmp_path / "guarded.json"
+    argv = [str(result_path), str(ledger_path), "--guard-ms", "a=0.5", "--out", str(guarded)]
+    assert ceiling.main(argv) == 0
+    assert json.loads(guarded.read_text())["guard_ms"] == {"a": 0.5}
+    with pytest.raises(SystemExit):
+        ceiling.main([*argv[:3], "a=fast", "--out", str(guarded)])
     assert (written["result"], written["ledger"]) == ("r.json", "l.json")
 
 
