@@ -303,7 +303,8 @@ _WHERE_IDLE = (
     "where the tail goes; evening: past the predicted end, and the feedback predictor at "
     "M = 8; and night: a second task on the leftovers; 2026-12-07, later: every stage at M = 8 "
     "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); a replay: "
-    "what stands between the harvest and all of the bubble time"
+    "what stands between the harvest and all of the bubble time; late morning: a guard that "
+    "collapsed and what it cost, a group's guard"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
