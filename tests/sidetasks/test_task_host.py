@@ -820,21 +820,30 @@ def test_a_malformed_trickle_duty_is_refused_and_the_task_goes_on(
     assert stop(proc) == 0
 
 
-def test_the_profile_leaves_out_the_steps_a_task_declares_as_warm_up(
-    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
-) -> None:
-    """Three 30 ms warm-up steps (a graph capture, say) before 2 ms ones: the five profiled
-    steps are the 2 ms ones, so the budget is not set by the capture."""
-    proc = start_active(
-        run_dir, hosts, ref("WarmingUp"), options={"warmup": 3}, limits={"budget_s": 0.005}
-    )
+def profiled(
+    run_dir: RunDir,
+    edges: EdgeWriter,
+    hosts: list[TaskProcess],
+    task: str,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The profile a host of ``task`` (with a fixed budget) writes once bubbles have come."""
+    proc = start_active(run_dir, hosts, ref(task), options=options, limits={"budget_s": 0.005})
     path = profile_path(run_dir.path, "t1")
     for first in range(0, 60, 6):
         drive_bubbles(edges, 6, first_step=first)
         if path.exists():
             break
     assert stop(proc) == 0
-    profile = json.loads(path.read_text())
+    return dict(json.loads(path.read_text()))
+
+
+def test_the_profile_leaves_out_the_steps_a_task_declares_as_warm_up(
+    run_dir: RunDir, edges: EdgeWriter, hosts: list[TaskProcess]
+) -> None:
+    """Three 30 ms warm-up steps (a graph capture, say) before 2 ms ones: the five profiled
+    steps are the 2 ms ones, so the budget is not set by the capture."""
+    profile = profiled(run_dir, edges, hosts, "WarmingUp", {"warmup": 3})
     assert profile["n_steps"] == 5
     assert profile["median_step_s"] < 0.015  # 2 ms steps, not the 30 ms warm-up
 
@@ -845,16 +854,7 @@ def test_the_profile_leaves_out_a_first_step_that_pays_the_processs_one_time_cos
     """A task that declares no warm-up, whose first step takes 30 ms and the rest 2 ms (on an
     H100 PageRank's first took 124 ms, the next 0.15 ms): the profile's p95, a governed task's
     base budget, is of the 2 ms steps, not the first one's."""
-    proc = start_active(
-        run_dir, hosts, ref("ColdStart"), options={"cold_s": 0.03}, limits={"budget_s": 0.005}
-    )
-    path = profile_path(run_dir.path, "t1")
-    for first in range(0, 60, 6):
-        drive_bubbles(edges, 6, first_step=first)
-        if path.exists():
-            break
-    assert stop(proc) == 0
-    profile = json.loads(path.read_text())
+    profile = profiled(run_dir, edges, hosts, "ColdStart", {"cold_s": 0.03})
     assert profile["n_steps"] == 5
     assert profile["p95_step_s"] < 0.015  # with the first step: 24 ms
 
