@@ -5,7 +5,8 @@ tasks on a stage (gating "leftovers", ``freeride-lab bench --leftovers``) it can
 task left a bubble, nor what held it back. This reads a bench result and its run directories
 and lists, for every bubble a real stage announced inside a gated block: its slot, length and
 predicted length, and each side-task step in it (task, start and end after the bubble's start,
-the guard it cleared at entry, ms, and its progress in the task's unit); then sums up per
+the guard it cleared at entry, ms, its progress in the task's unit and the calls it covers);
+then sums up per
 stage: bubbles and their time by who stepped (each task alone, both, neither), the lengths and
 predictions of the bubbles no task used, the time after the last step, the gap from the
 stage's task's last step to the leftovers task's first step in bubbles both used, each task's
@@ -71,14 +72,15 @@ def stage_ledger(
 
 def _step(e: Mapping[str, Any], start_ns: int) -> list[Any]:
     """A ``side_task_step`` event in a bubble that started at ``start_ns``: its task's name,
-    start and end after the bubble's start and the guard it cleared at entry (ms), and its
-    progress."""
+    start and end after the bubble's start and the guard it cleared at entry (ms), its
+    progress, and the ``step()`` calls it covers (a group's; 1 where the event does not say)."""
     return [
         str(e["task_id"]).rsplit("-", 1)[0],
         round((int(e["start_ns"]) - start_ns) / 1e6, 3),
         round((int(e["end_ns"]) - start_ns) / 1e6, 3),
         round(int(e.get("guard_ns") or 0) / 1e6, 3),
         float(e.get("progress") or 0.0),
+        int(e.get("calls") or 1),
     ]
 
 

@@ -22,23 +22,24 @@ and 100% less (4) is what no step rule reaches: the edge's latency before the fi
 host's gaps between steps, and each bubble's last milliseconds, too short for the smallest
 step.
 
-The rule replayed is ``sidetasks.host.iterative`` [Note: step sizes] and [Note: leftovers]:
-at each launch the largest size whose guard fits what is left of the bubble, the smallest
-size's guard checked first (``core.budget.should_step``); a size's guard is the smallest
-size's guard at entry scaled by the sizes' median step times (``core.budget.sized_budget_ns``'s
-proportion); launching stops once the bubble has ended; the stage's main task goes first and,
-where it stops with the bubble still open, the task on its leftovers takes the rest, after the
-block's median hand-on gap. A task of one step size (a segment's task whose largest size is
-1, or, for a task on the leftovers, one whose steps' progress does not double from size to
-size) steps in groups by [Note: step groups]: as many steps as the group's length holds by the
-median step, and as the bubble holds with the last one's guard kept, a group of n lasting a
-line fitted to the block's groups. Per block and task, each step size's time is the mean of
-that block's steps of the size (sizes with at least three steps), the first step starts at the
-block's median offset, and steps follow each other after the median gap between them. Each
-step counts its progress, valued at the task's speed alone (the segment's dedicated speed):
-harvest = that time over the bubbles' time. Not modelled: a batch's end, which may hold a
-vision task to a smaller size than fits; the guard's drift within a block (the median is
-taken); profiling. A step is counted in the bubble it started in.
+The rule replayed is ``sidetasks.host.iterative`` [Note: step sizes] and [Note: leftovers]: at
+each launch the largest size whose guard fits what is left of the bubble, the smallest size's
+guard checked first (``core.budget.should_step``); a size's guard is the smallest size's guard
+at entry scaled by the sizes' median step times (``core.budget.sized_budget_ns``'s proportion);
+launching stops once the bubble has ended; the stage's main task goes first and, where it stops
+with the bubble still open, the task on its leftovers takes the rest, after the block's median
+hand-on gap. A task of one step size (a segment's task whose largest size is 1, or, for a task
+on the leftovers, one whose records covered several calls, where the ledger says, else one
+whose steps' progress does not double from size to size) steps in groups by [Note: step
+groups]: as many steps as the group's length holds by the median step, and as the bubble holds
+with the last one's guard kept, a group of n lasting a line fitted to the block's groups. Per
+block and task, each step size's time is the mean of that block's steps of the size (sizes with
+at least three steps), the first step starts at the block's median offset, and steps follow
+each other after the median gap between them. Each step counts its progress, valued at the
+task's speed alone (the segment's dedicated speed): harvest = that time over the bubbles' time.
+Not modelled: a batch's end, which may hold a vision task to a smaller size than fits; the
+guard's drift within a block (the median is taken); profiling. A step is counted in the bubble
+it started in.
 
 With ``--guard-ms TASK=MS`` the named task is replayed on that guard at entry instead of its
 block's (its larger sizes' in proportion): another guard's harvest, and, in the arm to the
@@ -147,13 +148,15 @@ def menus(
     group_ms: float,
     guard_ms: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, Menu], float | None]:
-    """Each task's ``Menu`` in one block's ``bubbles`` (tasks with no size of three steps, or
-    no speed alone, are left out), and the median hand-on gap (ms; None if never seen).
-    ``grouped`` says which tasks step in groups (a task it does not name: see
-    ``steps_in_groups``); ``guard_ms`` puts a task it names on that guard at entry instead of
-    the block's (its larger sizes' in proportion, as the host's)."""
+    """Each task's ``Menu`` in one block's ``bubbles`` (tasks with no size of three steps, or no
+    speed alone, are left out), and the median hand-on gap (ms; None if never seen).
+    ``grouped`` says which tasks step in groups (a task it does not name: whether a record
+    covered several calls, where the ledger says, else ``steps_in_groups``); ``guard_ms`` puts
+    a task it names on that guard at entry instead of the block's (its larger sizes' in
+    proportion, as the host's)."""
     times: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     guards: dict[str, list[float]] = defaultdict(list)
+    calls: dict[str, int] = {}  # the most calls one record covered, where the ledger says
     gaps: dict[str, list[float]] = defaultdict(list)
     firsts: dict[str, list[float]] = defaultdict(list)
     handons: list[float] = []
@@ -163,6 +166,8 @@ def menus(
             for s in steps:
                 times[task][s[4]].append(s[2] - s[1])
                 guards[task].append(s[3])
+                if len(s) > 5:
+                    calls[task] = max(calls.get(task, 1), int(s[5]))
             gaps[task].extend(gaps_ms(steps))
         for task, steps in by_task.items():
             if task == main or main not in by_task:
@@ -175,7 +180,9 @@ def menus(
         if not per_s.get(task) or not first:
             continue
         guard = (guard_ms or {}).get(task) or statistics.median(guards[task])
-        in_groups = grouped.get(task, steps_in_groups(by_progress))
+        in_groups = grouped.get(task, calls[task] > 1 if task in calls else None)
+        if in_groups is None:  # a ledger without calls: read from the steps' progress
+            in_groups = steps_in_groups(by_progress)
         groups = _groups(by_progress, group_ms) if in_groups else None
         if groups is not None:
             sizes: tuple[Size, ...] = (Size(groups.unit, groups.median_ms, guard),)

@@ -31,13 +31,13 @@ def _run(tmp_path: Path) -> tuple[dict[str, object], Path]:
                           predicted_end_ns=int(predicted * MS)),
             ev.BubbleEdge(rank=1, stage=1, step=step, slot=start, edge="end", t_ns=end * MS),
         ]  # fmt: skip
-    steps = [("resnet18-0a1b", 101, 105, 4.5), ("image-0c2d", 105.3, 107, 0.8),
-             ("image-0c2d", 120.4, 121.2, 0.8)]  # fmt: skip
+    steps = [("resnet18-0a1b", 101, 105, 4.5, 1), ("image-0c2d", 105.3, 107, 0.8, 3),
+             ("image-0c2d", 120.4, 121.2, 0.8, 1)]  # fmt: skip
     side = [
         ev.SideTaskStep(task_id=t, name=t.split("-")[0], stage=1, rank=1, step=10,
-                        start_ns=int(a * MS), end_ns=int(z * MS), progress=1.0, unit="x",
-                        guard_ns=int(g * MS))
-        for t, a, z, g in steps
+                        start_ns=int(a * MS), end_ns=int(z * MS), progress=float(n), unit="x",
+                        guard_ns=int(g * MS), calls=n)
+        for t, a, z, g, n in steps
     ]  # fmt: skip
     for name, lines in (("rank-1", rank), ("task-a", side)):
         (events / f"{name}.jsonl").write_text("".join(ev.to_json(e) + "\n" for e in lines))
@@ -61,7 +61,11 @@ def test_each_bubble_of_a_gated_block_lists_the_steps_in_it_and_who_used_it(
         (4.0, 3.5),
         (4.0, 3.0),
     ]  # the vanilla block's bubble is not among them
-    assert rows[0]["steps"] == [["resnet18", 1.0, 5.0, 4.5, 1.0], ["image", 5.3, 7.0, 0.8, 1.0]]
+    # task, start and end after the bubble's start, guard (ms), progress, calls (a group of 3)
+    assert rows[0]["steps"] == [
+        ["resnet18", 1.0, 5.0, 4.5, 1.0, 1],
+        ["image", 5.3, 7.0, 0.8, 3.0, 3],
+    ]
     assert rows[2]["steps"] == []
     found = stage["summary"]
     assert found["by_who"] == {

@@ -57,6 +57,22 @@ def test_a_grouped_task_launches_groups_bounded_by_their_length_and_the_bubble()
     assert last == pytest.approx(0.5) and work == pytest.approx(0.4)
 
 
+def test_a_ledger_that_records_calls_says_which_task_steps_in_groups() -> None:
+    """Records of 2 and 4 calls double like a sized task's steps: the calls, where the ledger
+    has them, say they are groups; without them the progress reads as step sizes."""
+    steps = [("b", 0.2, 1.2, 0.5, 2.0), ("b", 1.3, 3.3, 0.5, 4.0), ("b", 3.4, 5.4, 0.5, 4.0)]
+
+    def bubble(with_calls: bool) -> dict[str, Any]:
+        rows = [(*s, int(s[4])) if with_calls else s for s in steps]
+        return _bubble(10.0, 10.0, *rows)
+
+    per_s = {"b": 1000.0}
+    with_calls, _ = ceiling.menus([bubble(True)] * 3, "b", per_s, {}, 1.0)
+    without, _ = ceiling.menus([bubble(False)] * 3, "b", per_s, {}, 1.0)
+    assert with_calls["b"].groups is not None
+    assert without["b"].groups is None
+
+
 def test_steps_that_do_not_double_are_groups() -> None:
     assert ceiling.steps_in_groups({1.0: [0.2], 3.0: [0.5], 8.0: [1.0]})
     assert not ceiling.steps_in_groups({0.0078125: [1.0], 0.015625: [1.5], 0.0625: [4.4]})
