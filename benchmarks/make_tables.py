@@ -431,6 +431,15 @@ H100_12_07B_CEILINGS = (
 #: --pin-ahead``), beside Python alone in the first call, beside a kernel and its wait later
 STATE_COPY_AHEAD = ("state-copy-ahead-h100-2026-12-07.json",
                     "state-copy-ahead-cuda-h100-2026-12-07.json")  # fmt: skip
+
+
+def _files_of(
+    arms: Sequence[tuple[str, str]], names: Sequence[str], prefix: str
+) -> tuple[tuple[tuple[str, str], str], ...]:
+    """Each arm beside its file ``<prefix>-<name>.json`` (its bubble ledger, its replay)."""
+    return tuple((arm, f"{prefix}-{n}.json") for arm, n in zip(arms, names, strict=True))
+
+
 # 2026-12-07, last: the zero-bubble schedule on every stage with and without the image task
 # on the leftovers (two calls back to back on one machine), then PageRank's step groups of 2 ms
 # against 1 ms at M = 8 (one call, the peers replaying the every-stage M = 8 call's costs)
@@ -440,15 +449,9 @@ H100_J_G2 = ("h100-2026-12-07c-m8-group2-s0.json", "M = 8, step groups of 2 ms")
 H100_J_G1 = ("h100-2026-12-07c-m8-group1-s0.json", "M = 8, step groups of 1 ms")
 H100_12_07C = (H100_J_ZB_ON, H100_J_ZB_OFF, H100_J_G2, H100_J_G1)
 H100_12_07C_NAMES = ("zb-leftovers-all", "zb-alone-all", "m8-group2-s0", "m8-group1-s0")
-H100_12_07C_LEDGERS = tuple(
-    (arm, f"h100-2026-12-07c-ledger-{n}.json")
-    for arm, n in zip(H100_12_07C, H100_12_07C_NAMES, strict=True)
-)
-H100_12_07C_CEILINGS = tuple(
-    (arm, f"h100-2026-12-07c-ceiling-{n}.json")
-    for arm, n in zip(H100_12_07C, H100_12_07C_NAMES, strict=True)
-)
-#: 2026-12-07, evening: each pair of calls ran one tree, the second arm with a step guard
+H100_12_07C_LEDGERS = _files_of(H100_12_07C, H100_12_07C_NAMES, "h100-2026-12-07c-ledger")
+H100_12_07C_CEILINGS = _files_of(H100_12_07C, H100_12_07C_NAMES, "h100-2026-12-07c-ceiling")
+#: 2026-12-07, late morning: each pair of calls ran one tree, the second arm with a step guard
 #: scaled by the task's own recent steps in bubbles against its profile (``--guard
 #: bubbles``, backed out after: the profile took in the first step, and the guards of PageRank
 #: and the image task collapsed), both replaying one calibration of the peers
@@ -458,14 +461,8 @@ H100_K_M8_PROFILE = ("h100-2026-12-07d-m8-guard-profile.json", "M = 8, guard by 
 H100_K_M8_STEPS = ("h100-2026-12-07d-m8-guard-bubbles.json", "M = 8, guard collapsed")
 H100_12_07D = (H100_K_ZB_PROFILE, H100_K_ZB_STEPS, H100_K_M8_PROFILE, H100_K_M8_STEPS)
 H100_12_07D_NAMES = ("zb-guard-profile", "zb-guard-bubbles", "m8-guard-profile", "m8-guard-bubbles")
-H100_12_07D_LEDGERS = tuple(
-    (arm, f"h100-2026-12-07d-ledger-{n}.json")
-    for arm, n in zip(H100_12_07D, H100_12_07D_NAMES, strict=True)
-)
-H100_12_07D_CEILINGS = tuple(
-    (arm, f"h100-2026-12-07d-ceiling-{n}.json")
-    for arm, n in zip(H100_12_07D, H100_12_07D_NAMES, strict=True)
-)
+H100_12_07D_LEDGERS = _files_of(H100_12_07D, H100_12_07D_NAMES, "h100-2026-12-07d-ledger")
+H100_12_07D_CEILINGS = _files_of(H100_12_07D, H100_12_07D_NAMES, "h100-2026-12-07d-ceiling")
 #: PageRank's stages replayed on the guard of one 0.16 ms call (0.16 x 1.1 + 0.5 ms): the
 #: replay on its blocks' guard, the replay on that one, and the call they replay
 H100_CALL_GUARD = tuple(
