@@ -52,7 +52,10 @@ def time_steps(task_name: str, device: str, steps: int, options: dict[str, Any])
     times_ms: list[float] = []
     for _ in range(steps):
         t0 = time.perf_counter_ns()
-        task.step(top) if top > 1 else task.step()  # type: ignore[attr-defined]
+        if top > 1:
+            task.step(top)  # type: ignore[attr-defined]
+        else:
+            task.step()  # type: ignore[attr-defined]
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         times_ms.append((time.perf_counter_ns() - t0) / 1e6)
