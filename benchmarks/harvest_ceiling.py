@@ -41,11 +41,12 @@ Not modelled: a batch's end, which may hold a vision task to a smaller size than
 guard's drift within a block (the median is taken); profiling. A step is counted in the bubble
 it started in.
 
-With ``--guard-ms TASK=MS`` the named task is replayed on that guard at entry instead of its
-block's (its larger sizes' in proportion): another guard's harvest, and, in the arm to the
-rank's prediction, the share of its steps that end past their bubble's end
-(``predicted_overrun``; a step lasting its block's mean, so an estimate of the overruns the
-guard would let through, not of what they would cost training).
+Every replay also counts, in the arm to the rank's prediction, the share of the stage's
+replayed steps (both tasks') that end past their bubble's end (``predicted_overrun``; each step
+lasting its block's mean, so an estimate of the overruns a rule lets through, not of what they
+would cost training). With ``--guard-ms TASK=MS`` the named task is replayed on that guard at
+entry instead of its block's (its larger sizes' in proportion): another guard's harvest, and
+its overruns.
 
 Figures are per block (each gated block of a stage: at least 5), with their mean and 95%
 t-interval over the blocks (``core.intervals.mean_interval``). Arithmetic over recorded
