@@ -98,6 +98,7 @@ class RunDriver:
             "run_dir": str(self.run_dir),
             "segments": [],
             "skipped": [],
+            "skipped_need_s": [],  # what each skipped segment was estimated to take
             "errors": [],
             "governor": [],
         }
@@ -187,6 +188,7 @@ class RunDriver:
             if left < need:
                 note = f"{seg.case}@{seg.stage} ({seg.task}): ~{need:.0f} s, {left:.0f} s left"
                 self.record["skipped"].append(note)
+                self.record["skipped_need_s"].append(round(need, 1))
                 self.say(f"  skip segment {note}")
                 continue
             self._segment(seg)

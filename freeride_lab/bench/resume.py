@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from freeride_lab.bench.profiles import (
 __all__ = [
     "SAME_SETUP_KEYS",
     "OtherSetup",
+    "budget_to_finish_s",
     "check_same_setup",
     "completed",
     "left_to_measure",
@@ -176,6 +178,40 @@ def left_to_measure(profile: BenchProfile, result: Mapping[str, Any]) -> list[st
     return out
 
 
+def budget_to_finish_s(profile: BenchProfile, result: Mapping[str, Any]) -> int | None:
+    """The ``--time-budget-s`` a continuing call would need for what ``result``'s calls
+    skipped for time: per run, its start-up (as measured, else the profile's estimate) and
+    the estimates of the segments it skipped, plus 20 s; rounded up to 10 s. None where that
+    is not known: a run the budget skipped whole, or a result recorded before the estimates
+    were kept.
+
+        >>> from freeride_lab.bench.profiles import bench_profile
+        >>> p = bench_profile("quick", "cuda")
+        >>> budget_to_finish_s(p, {"runs": [{"startup_s": 40.0, "skipped": ["mix@3 ..."],
+        ...                                  "skipped_need_s": [49.0]}]})
+        110
+        >>> budget_to_finish_s(p, {"runs": [{"skipped": "time budget (12 s)"}]}) is None
+        True
+    """
+    total = 0.0
+    for run in result.get("runs", []):
+        if not isinstance(run, Mapping):
+            continue
+        skipped = run.get("skipped")
+        if isinstance(skipped, str):
+            return None  # the whole run: its segments were never estimated
+        need = run.get("skipped_need_s")
+        if not skipped:
+            continue
+        if not isinstance(need, list) or len(need) != len(skipped):
+            return None
+        startup = run.get("startup_s")
+        if not isinstance(startup, int | float):
+            startup = profile.startup_estimate_s
+        total += float(startup) + sum(float(x) for x in need) + 20.0
+    return int(math.ceil(total / 10.0) * 10) if total else None
+
+
 def _finished(seg: Mapping[str, Any]) -> bool:
     if seg.get("case") == _INSTRUMENTATION:
         return True  # recorded only after its last block
@@ -194,6 +230,8 @@ def without_partial(result: Mapping[str, Any]) -> dict[str, Any]:
             continue
         run["segments"] = [s for s in run.get("segments", []) if _finished(s)]
         run["skipped"] = []
+        if "skipped_need_s" in run:  # kept with the notes since they were
+            run["skipped_need_s"] = []
         runs.append(run)
     out["runs"] = runs
     out["blocks"] = [

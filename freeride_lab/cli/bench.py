@@ -294,7 +294,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress(f"done in {time.monotonic() - t0:.0f} s; wrote {out} and {out.with_suffix('.md')}")
     left = resume.left_to_measure(profile, result)
     if left:
-        again = f"{PROG} bench --emulate-peers --resume {out} --time-budget-s SECONDS"
+        seconds = resume.budget_to_finish_s(profile, result) or "SECONDS"
+        again = f"{PROG} bench --emulate-peers --resume {out} --time-budget-s {seconds}"
         progress(f"not measured ({len(left)}): {'; '.join(left)}; measure them with `{again}`")
     return EXIT_OK if result.get("blocks") else EXIT_FAILED
 

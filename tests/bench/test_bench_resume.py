@@ -45,6 +45,7 @@ def _result(**changes: Any) -> dict[str, Any]:
                     {"case": "mix", "stage": 1, "task": "resnet18"},  # cut in its blocks
                 ],
                 "skipped": ["mix@2 (image): ~90 s, 10 s left"],
+                "skipped_need_s": [90.0],
             },
             {"name": "m4-mps", "skipped": "time budget (12 s)"},
         ],
@@ -59,6 +60,15 @@ def _result(**changes: Any) -> dict[str, Any]:
     return result
 
 
+def test_the_budget_to_finish_a_result_is_named_where_its_skips_were_estimated() -> None:
+    profile = resume.profile_of(_result())
+    assert resume.budget_to_finish_s(profile, _result()) is None  # a run skipped whole
+    (timesliced, _) = _result()["runs"]
+    timesliced["startup_s"] = 55.0
+    # its start-up, the skipped segment's 90 s and 20 s, rounded up to 10 s
+    assert resume.budget_to_finish_s(profile, {"runs": [timesliced]}) == 170
+
+
 def test_only_segments_that_finished_count_as_measured() -> None:
     done = resume.completed(_result())
     assert done == {"m4-timeslice": frozenset({("instrumentation", 0), ("mix", 0)})}
@@ -69,7 +79,7 @@ def test_a_continuation_drops_what_the_cut_left_half_done() -> None:
     assert {(b["case"], b["stage"]) for b in kept["blocks"]} == {("instrumentation", 0), ("mix", 0)}
     (run,) = kept["runs"]  # the run the budget skipped whole is decided again
     assert [s["stage"] for s in run["segments"]] == [0, 0]
-    assert run["skipped"] == [] and "interrupted" not in kept
+    assert run["skipped"] == [] and run["skipped_need_s"] == [] and "interrupted" not in kept
 
 
 def test_a_continuation_measures_the_segments_left_and_no_instrumentation_twice() -> None:
@@ -95,19 +105,28 @@ def test_what_a_result_has_not_measured_is_named_segment_by_segment() -> None:
     assert not any("instrumentation" in x for x in left if x.startswith("m4-timeslice"))
 
 
+@pytest.mark.parametrize(("need", "budget"), [([49.0], "110"), (None, "SECONDS")])
 def test_a_call_that_leaves_segments_unmeasured_says_which_and_how_to_continue(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    need: list[float] | None,
+    budget: str,
 ) -> None:
     # a budget too short for the one segment asked for: the call measures only the
-    # instrumentation blocks, and must not read as if it had measured the task
+    # instrumentation blocks, and must not read as if it had measured the task; it names the
+    # budget that would finish it (its start-up, 40 s, the segment's 49 s and 20 s, to 10 s),
+    # where the skipped segment's estimate was kept
     from freeride_lab.bench import driver
 
     def short_budget(profile: Any, **_: Any) -> dict[str, Any]:
         plan = profile.runs[0]
-        return {"config": jsonable(dataclasses.asdict(profile)),
-                "runs": [{"name": plan.name, "segments": [
-                    {"case": "instrumentation", "stage": 3, "task": ""}],
-                    "skipped": ["mix@3 (vgg19): ~49 s, 40 s left"]}],
+        run = {"name": plan.name, "startup_s": 40.0,
+               "segments": [{"case": "instrumentation", "stage": 3, "task": ""}],
+               "skipped": ["mix@3 (vgg19): ~49 s, 40 s left"]}  # fmt: skip
+        if need is not None:
+            run["skipped_need_s"] = need
+        return {"config": jsonable(dataclasses.asdict(profile)), "runs": [run],
                 "blocks": [_block(plan.name, "instrumentation", 3)]}  # fmt: skip
 
     monkeypatch.setattr(driver, "run_bench", short_budget)
@@ -118,7 +137,7 @@ def test_a_call_that_leaves_segments_unmeasured_says_which_and_how_to_continue(
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "not measured (1): m4-timeslice: mix@3 (vgg19)" in err
-    assert f"--resume {out} --time-budget-s" in err
+    assert f"--resume {out} --time-budget-s {budget}`" in err
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
