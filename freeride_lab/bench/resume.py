@@ -182,8 +182,8 @@ def budget_to_finish_s(profile: BenchProfile, result: Mapping[str, Any]) -> int 
     """The ``--time-budget-s`` a continuing call would need for what ``result``'s calls
     skipped for time: per run, its start-up (as measured, else the profile's estimate) and
     the estimates of the segments it skipped, plus 20 s; rounded up to 10 s. None where that
-    is not known: a run the budget skipped whole, or a result recorded before the estimates
-    were kept.
+    is not known: a call cut short (a segment cut in its blocks, an interrupt), a run the
+    budget skipped whole, or a result recorded before the estimates were kept.
 
         >>> from freeride_lab.bench.profiles import bench_profile
         >>> p = bench_profile("quick", "cuda")
@@ -193,10 +193,14 @@ def budget_to_finish_s(profile: BenchProfile, result: Mapping[str, Any]) -> int 
         >>> budget_to_finish_s(p, {"runs": [{"skipped": "time budget (12 s)"}]}) is None
         True
     """
+    if result.get("interrupted"):
+        return None
     total = 0.0
     for run in result.get("runs", []):
         if not isinstance(run, Mapping):
             continue
+        if any(isinstance(seg, Mapping) and not _finished(seg) for seg in run.get("segments", [])):
+            return None  # a segment cut in its blocks: measured again whole, not estimated
         skipped = run.get("skipped")
         if isinstance(skipped, str):
             return None  # the whole run: its segments were never estimated

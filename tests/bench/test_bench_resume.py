@@ -65,8 +65,12 @@ def test_the_budget_to_finish_a_result_is_named_where_its_skips_were_estimated()
     assert resume.budget_to_finish_s(profile, _result()) is None  # a run skipped whole
     (timesliced, _) = _result()["runs"]
     timesliced["startup_s"] = 55.0
+    assert resume.budget_to_finish_s(profile, {"runs": [timesliced]}) is None  # a cut segment
+    timesliced["segments"] = timesliced["segments"][:2]
     # its start-up, the skipped segment's 90 s and 20 s, rounded up to 10 s
     assert resume.budget_to_finish_s(profile, {"runs": [timesliced]}) == 170
+    interrupted = {"runs": [timesliced], "interrupted": True}
+    assert resume.budget_to_finish_s(profile, interrupted) is None
 
 
 def test_only_segments_that_finished_count_as_measured() -> None:
