@@ -349,6 +349,13 @@ def stop_all(
     """
     tasks = list(tasks)
     deadline = time.monotonic() + grace_s
+
+    def forward(task: TaskProcess, message: dict[str, Any] | None) -> None:
+        """Pass on what the caller serves: not acks and states, which ``receive`` took in."""
+        if on_message is None or message is None or message.get("type") in ("ack", "state"):
+            return
+        on_message(task, message)
+
     for task in tasks:
         if task.alive and not is_terminal(task.state):
             if task.sigstopped:
@@ -366,10 +373,7 @@ def stop_all(
             continue
         for ready in wait_for(list(channels), timeout=min(_POLL_S, remaining)):
             task = channels[ready]  # type: ignore[index]
-            message = task.receive()
-            kind = None if message is None else message.get("type")
-            if message is not None and on_message is not None and kind not in ("ack", "state"):
-                on_message(task, message)
+            forward(task, task.receive())
     for task in tasks:
         if task.alive:
             log.warning("task %s did not stop within %g s; killing it", task.task_id, grace_s)
@@ -378,5 +382,4 @@ def stop_all(
         # its last words: a process that exits right after its STOPPED state is not alive
         # when the loop above looks again, with the state still queued on its channel
         for message in task.drain():
-            if on_message is not None and message.get("type") not in ("ack", "state"):
-                on_message(task, message)
+            forward(task, message)
