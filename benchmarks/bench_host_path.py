@@ -33,11 +33,13 @@ Run it with ``PYTHONPATH`` naming another tree of the package to time that tree'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,16 +104,25 @@ class Consecutive(IterativeSideTask):
         return 1.0
 
 
-def _host(workdir: Path, task_path: str, **options: Any) -> tuple[TaskHost, Any]:
-    """A real ``TaskHost`` in this process, its task not yet set, its edge file opened, and
-    what to close after it (the writer, the beacon, the sink)."""
+@contextlib.contextmanager
+def _host(workdir: Path, task_path: str, **options: Any) -> Iterator[tuple[TaskHost, EdgeWriter]]:
+    """A real ``TaskHost`` in this process, its task not yet set, and the writer of its edge
+    file; its event sink (``workdir / "task.jsonl"``), edge reader, writer and beacon are
+    closed on the way out."""
     writer = EdgeWriter.create(edge_path(workdir, 0))
     spec = TaskSpec.from_dict({"task": task_path, "task_id": "t1"})
     beacon = TaskBeacon.create()
     sink = EventSink(workdir / "task.jsonl")
     host = TaskHost(HostSpec(task=spec, run_dir=str(workdir), rank=0, stage=0), conn=None,
                     sink=sink, beacon=TaskBeacon.attach(beacon.fd), **options)  # fmt: skip
-    return host, (writer, beacon, sink)
+    try:
+        yield host, writer
+    finally:
+        sink.close()
+        if host._reader is not None:
+            host.reader.close()
+        writer.close()
+        beacon.close()
 
 
 def _managed(host: TaskHost, task: IterativeSideTask, sizes: tuple[int, ...]) -> None:
@@ -151,24 +162,20 @@ def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -
         raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
     if per_bubble < 2:
         raise SystemExit(f"--steps-per-bubble {per_bubble}: a gap needs two steps a bubble")
-    host, (writer, beacon, sink) = _host(workdir, "bench_host_path:Consecutive", step_group_ns=0)
     task = Consecutive()
     task.per_bubble = per_bubble
-    _managed(host, task, (1,))
     gaps_us = []
     warm_up = max(5, bubbles // 20)
-    for i in range(warm_up + bubbles):
-        n = len(task.called)
-        _one_bubble(host, writer, task, i)
-        if len(task.called) != n + per_bubble:
-            raise RuntimeError(f"bubble {i}: {len(task.called) - n} steps, not {per_bubble}")
-        if i >= warm_up:
-            gaps_us += [(task.called[k + 1] - task.returned[k]) / 1e3
-                        for k in range(n, n + per_bubble - 1)]  # fmt: skip
-    sink.close()
-    host.reader.close()
-    writer.close()
-    beacon.close()
+    with _host(workdir, "bench_host_path:Consecutive", step_group_ns=0) as (host, writer):
+        _managed(host, task, (1,))
+        for i in range(warm_up + bubbles):
+            n = len(task.called)
+            _one_bubble(host, writer, task, i)
+            if len(task.called) != n + per_bubble:
+                raise RuntimeError(f"bubble {i}: {len(task.called) - n} steps, not {per_bubble}")
+            if i >= warm_up:
+                gaps_us += [(task.called[k + 1] - task.returned[k]) / 1e3
+                            for k in range(n, n + per_bubble - 1)]  # fmt: skip
     return {"steps_per_bubble": per_bubble, "between_steps_us": _blocks(gaps_us, blocks)}
 
 
@@ -176,25 +183,21 @@ def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
     """Drive ``bubbles`` bubbles through one in-process host; per-block statistics in µs."""
     if blocks < 5:
         raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
-    host, (writer, beacon, sink) = _host(workdir, "bench_host_path:Instant")
     task = Instant()
-    _managed(host, task, (1, 2, 4))
     call_us, start_us = [], []
     warm_up = max(20, bubbles // 20)
-    for i in range(warm_up + bubbles):
-        n = len(task.calls)
-        t_ns = _one_bubble(host, writer, task, i)
-        if len(task.calls) != n + 1:
-            raise RuntimeError(f"bubble {i}: {len(task.calls) - n} steps, expected 1")
-        if i >= warm_up:
-            call_us.append((task.calls[n] - t_ns) / 1e3)
-            start_us.append(t_ns)
-    sink.close()
-    starts = _step_starts(workdir / "task.jsonl")[-bubbles:]
+    with _host(workdir, "bench_host_path:Instant") as (host, writer):
+        _managed(host, task, (1, 2, 4))
+        for i in range(warm_up + bubbles):
+            n = len(task.calls)
+            t_ns = _one_bubble(host, writer, task, i)
+            if len(task.calls) != n + 1:
+                raise RuntimeError(f"bubble {i}: {len(task.calls) - n} steps, expected 1")
+            if i >= warm_up:
+                call_us.append((task.calls[n] - t_ns) / 1e3)
+                start_us.append(t_ns)
+    starts = _step_starts(workdir / "task.jsonl")[-bubbles:]  # the sink is closed: all written
     start_us = [(s - t) / 1e3 for s, t in zip(starts, start_us, strict=True)]
-    host.reader.close()
-    writer.close()
-    beacon.close()
     return {
         "bubbles": bubbles,
         "warm_up_bubbles": warm_up,
