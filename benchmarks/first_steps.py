@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -30,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_output import command_line, cpu_model, write_results
+from bench_output import command_line, write_results
+
+from freeride_lab.bench.results import machine, versions
 
 PROFILE_STEPS = 5  # TaskSpec.profile_steps' default
 
@@ -117,11 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "first_steps",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command_line(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_model": cpu_model(),
-            "device": args.device,
-        },
+        "versions": versions(),  # the package's source digest with torch's and the GPU's
+        "machine": {**machine(), "device": args.device},
         "steps": args.steps,
         "task_options": options,
         "tasks": rows,
