@@ -31,6 +31,7 @@ from typing import Any
 
 from bench_output import command_line, write_results
 
+from freeride_lab.bench.readout import step_calls
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.announced import announced_spans
 from freeride_lab.lab.tables import read_events
@@ -80,7 +81,7 @@ def _step(e: Mapping[str, Any], start_ns: int) -> list[Any]:
         round((int(e["end_ns"]) - start_ns) / 1e6, 3),
         round(int(e.get("guard_ns") or 0) / 1e6, 3),
         float(e.get("progress") or 0.0),
-        int(e.get("calls") or 1),
+        step_calls(e),
     ]
 
 

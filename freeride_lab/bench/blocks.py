@@ -32,7 +32,7 @@ from freeride_lab.bench.profiles import (
     run_config,
     run_segments,
 )
-from freeride_lab.bench.readout import collect_blocks, read_calibration, task_steps
+from freeride_lab.bench.readout import collect_blocks, read_calibration, step_calls, task_steps
 from freeride_lab.core.budget import step_budget_s, tight_step_budget_s
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.governor import OverheadGovernor
@@ -585,7 +585,7 @@ def solo_figures(
         return out
     progress = [float(e["progress"]) for e in steps]
     durations = [(e["end_ns"] - e["start_ns"]) / 1e6 for e in steps]
-    calls = [max(int(e.get("calls", 1)), 1) for e in steps]
+    calls = [step_calls(e) for e in steps]
     call_ms = [d / n for d, n in zip(durations, calls, strict=True)][2:]
     out["dedicated_per_s"] = bs.dedicated_throughput_per_s(progress, durations, skip=2)
     out["solo_step_ms_median"] = bs.median(call_ms)

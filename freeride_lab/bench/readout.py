@@ -38,6 +38,7 @@ __all__ = [
     "predicted_bubbles_ms",
     "read_calibration",
     "stage_memory",
+    "step_calls",
     "task_steps",
 ]
 
@@ -158,6 +159,19 @@ def task_steps(path: Path, since_ns: int) -> list[dict[str, Any]]:
                 if e.get("kind") == "side_task_step" and int(e["start_ns"]) >= since_ns:
                     out.append(e)
     return out
+
+
+def step_calls(event: Mapping[str, Any]) -> int:
+    """The ``step()`` calls a ``side_task_step`` record covers (``SideTaskStep.calls``): 1
+    where it does not say, or says something other than a whole number of at least 1 (a record
+    from before the field, or one a task's own code wrote into its event file).
+
+        >>> [step_calls(e) for e in ({"calls": 7}, {}, {"calls": "7"}, {"calls": 0},
+        ...                          {"calls": True}, {"calls": 2.0})]
+        [7, 1, 1, 1, 1, 1]
+    """
+    calls = event.get("calls", 1)
+    return calls if isinstance(calls, int) and not isinstance(calls, bool) and calls >= 1 else 1
 
 
 class AnnouncedBubble(NamedTuple):
