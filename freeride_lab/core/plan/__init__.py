@@ -7,6 +7,8 @@ actions table with exactly the schema of a real run, so the bubble analyses work
     arrays  ``PlanArrays``, ``plan_arrays``: a plan as per-rank arrays, checked runnable
     simulate the engines ([Note: planner semantics], [Note: vectorised rounds])
     api     ``simulate``, ``simulate_summary``, ``compare_with_run``
+    critical ``action_floats``: how much later each action of a step could end before the
+            step ends later (the critical-path method over the same dependencies)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from freeride_lab.core.plan.api import compare_with_run, simulate, simulate_summary
 from freeride_lab.core.plan.arrays import PlanArrays, plan_arrays
 from freeride_lab.core.plan.costs import ACTION_COLUMNS, KIND_CODES, SUMMARY_COLUMNS, Costs
+from freeride_lab.core.plan.critical import action_floats
 
 __all__ = [
     "ACTION_COLUMNS",
@@ -21,6 +24,7 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "Costs",
     "PlanArrays",
+    "action_floats",
     "compare_with_run",
     "plan_arrays",
     "simulate",
