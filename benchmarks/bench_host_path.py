@@ -12,7 +12,9 @@ step publishes the bubble's end (stamped a millisecond later, so the step does n
 every bubble gets one step.
 
 Per bubble: the edge's stamp → ``step()`` called (what the host adds to the signal latency),
-and the edge's stamp → the step's recorded start (what the bench's signal latency ends at).
+the edge's stamp → the step's recorded start (what the bench's signal latency ends at), and the
+edge's publication done → ``step()`` called (the host's path alone, without the write that
+publishes the edge, which in a run is the training rank's).
 The bubbles make ``--blocks`` consecutive blocks (≥ 5): the mean over blocks of each figure's
 p50, p90 and p99 with its 95% t-interval (``core.intervals.mean_interval``), and the share of
 bubbles whose edge → step took over a millisecond (a thread of the host that takes the GIL
@@ -24,8 +26,17 @@ returning → the next ``step()`` called: the step's record, the overrun check, 
 decision and the watchdog's mark, what a bubble loses between two steps besides the device
 wait (on a GPU the device wait adds its own wake-up).
 
+[Note: a cold path]
+Back to back, the host's path runs hot: its code and data stay in the CPU's caches from one
+bubble to the next. In a run a host sleeps between bubbles and spins only across the moment
+the next one should start (``core.edge_timing``), and the machine's other processes run in
+between. ``--idle-ms`` and ``--spin-ms`` put that before every bubble: the host sleeps, then
+spins in its edge reader's wait (nothing comes, the spin runs out), and only then is the edge
+published.
+
     python benchmarks/bench_host_path.py --bubbles 4000 --blocks 8 --out host-path.json
     python benchmarks/bench_host_path.py --bubbles 400 --steps-per-bubble 20 --out host-path.json
+    python benchmarks/bench_host_path.py --bubbles 1000 --idle-ms 28 --spin-ms 2 --out cold.json
 
 Run it with ``PYTHONPATH`` naming another tree of the package to time that tree's host.
 """
@@ -140,18 +151,27 @@ def _managed(host: TaskHost, task: IterativeSideTask, sizes: tuple[int, ...]) ->
             host._note_size_time(size, 1, round(STEP_S * 1e9 * size / sizes[-1]))
 
 
-def _one_bubble(host: TaskHost, writer: EdgeWriter, task: Any, i: int) -> int:
+def _one_bubble(
+    host: TaskHost, writer: EdgeWriter, task: Any, i: int, idle_s: float = 0.0, spin_s: float = 0.0
+) -> tuple[int, int]:
     """Publish bubble ``i``'s start just before the host looks, and let the host run it; the
     task's step publishes its end, stamped after the step, so no step overruns (no overrun
-    policy at work after it). Returns the start's stamp (ns)."""
+    policy at work after it). Before it, the host sleeps ``idle_s`` and then spins ``spin_s``
+    in its edge reader's wait, as a host waits for a bubble in a run ([Note: a cold path]).
+    Returns the start's stamp and when its publication was done (ns)."""
     task.end_bubble = lambda: writer.bubble_end(i, 0, time.time_ns() + END_AFTER_NS)
+    if idle_s > 0:
+        time.sleep(idle_s)
+    if spin_s > 0:
+        host.reader.wait(timeout_s=0.0, spin_s=spin_s)  # nothing comes: the spin runs out
     t_ns = time.time_ns()
     writer.bubble_start(i, 0, t_ns, t_ns + PREDICTED_NS)
+    visible_ns = time.time_ns()
     edge = host._wait_for_edge(0.1)
     if edge is None or not edge.in_bubble:
         raise RuntimeError(f"bubble {i}: the host saw {edge!r}")
     host._run_bubble(edge)
-    return t_ns
+    return t_ns, visible_ns
 
 
 def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -> dict[str, Any]:
@@ -179,30 +199,37 @@ def measure_between(bubbles: int, per_bubble: int, blocks: int, workdir: Path) -
     return {"steps_per_bubble": per_bubble, "between_steps_us": _blocks(gaps_us, blocks)}
 
 
-def measure(bubbles: int, blocks: int, workdir: Path) -> dict[str, Any]:
-    """Drive ``bubbles`` bubbles through one in-process host; per-block statistics in µs."""
+def measure(
+    bubbles: int, blocks: int, workdir: Path, idle_s: float = 0.0, spin_s: float = 0.0
+) -> dict[str, Any]:
+    """Drive ``bubbles`` bubbles through one in-process host, each after ``idle_s`` asleep and
+    ``spin_s`` spinning (``_one_bubble``); per-block statistics in µs."""
     if blocks < 5:
         raise SystemExit(f"--blocks {blocks}: an interval needs at least 5 blocks")
     task = Instant()
-    call_us, start_us = [], []
+    call_us, start_us, visible_us = [], [], []
     warm_up = max(20, bubbles // 20)
     with _host(workdir, "bench_host_path:Instant") as (host, writer):
         _managed(host, task, (1, 2, 4))
         for i in range(warm_up + bubbles):
             n = len(task.calls)
-            t_ns = _one_bubble(host, writer, task, i)
+            t_ns, visible_ns = _one_bubble(host, writer, task, i, idle_s, spin_s)
             if len(task.calls) != n + 1:
                 raise RuntimeError(f"bubble {i}: {len(task.calls) - n} steps, expected 1")
             if i >= warm_up:
                 call_us.append((task.calls[n] - t_ns) / 1e3)
+                visible_us.append((task.calls[n] - visible_ns) / 1e3)
                 start_us.append(t_ns)
     starts = _step_starts(workdir / "task.jsonl")[-bubbles:]  # the sink is closed: all written
     start_us = [(s - t) / 1e3 for s, t in zip(starts, start_us, strict=True)]
     return {
         "bubbles": bubbles,
         "warm_up_bubbles": warm_up,
+        "idle_ms": round(idle_s * 1e3, 3),
+        "spin_ms": round(spin_s * 1e3, 3),
         "edge_to_call_us": _blocks(call_us, blocks),
         "edge_to_recorded_start_us": _blocks(start_us, blocks),
+        "visible_to_call_us": _blocks(visible_us, blocks),
     }
 
 
@@ -240,12 +267,19 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8, help="blocks (>= 5) for the intervals")
     ap.add_argument("--steps-per-bubble", type=int, default=20,
                     help="steps in each bubble of the between-steps phase (>= 2)")  # fmt: skip
+    ap.add_argument("--idle-ms", type=float, default=0.0,
+                    help="the host sleeps this long before each bubble (a cold path)")  # fmt: skip
+    ap.add_argument("--spin-ms", type=float, default=0.0,
+                    help="then spins this long in its edge reader's wait")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="results JSON")
     ap.add_argument("--note", default="", help="what to say about the machine or the tree")
     args = ap.parse_args()
+    if args.idle_ms < 0 or args.spin_ms < 0:
+        ap.error("--idle-ms and --spin-ms are times: give 0 or more")
     sys.modules.setdefault("bench_host_path", sys.modules[__name__])  # the spec's reference
     with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
-        figures = measure(args.bubbles, args.blocks, Path(tmp))
+        figures = measure(args.bubbles, args.blocks, Path(tmp), args.idle_ms / 1e3,
+                          args.spin_ms / 1e3)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
         figures |= measure_between(args.bubbles, args.steps_per_bubble, args.blocks, Path(tmp))
     result = {
@@ -262,7 +296,8 @@ def main() -> None:
         "note": args.note,
         **figures,
     }
-    for name in ("edge_to_call_us", "edge_to_recorded_start_us", "between_steps_us"):
+    for name in ("edge_to_call_us", "edge_to_recorded_start_us", "visible_to_call_us",
+                 "between_steps_us"):  # fmt: skip
         b = result[name]
         print(f"{name}: {b['blocks']} blocks of {b['per_block']}: p50 {b['p50']['value']:.1f} "
               f"[{b['p50']['lo']:.1f}, {b['p50']['hi']:.1f}] us, p90 {b['p90']['value']:.1f} "

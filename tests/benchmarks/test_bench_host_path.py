@@ -50,3 +50,15 @@ def test_edge_latency_blocks_give_each_figure_an_interval() -> None:
     assert (out["blocks"], out["starts_per_block"]) == (5, 40)
     assert out["no_wake_frac"]["value"] == pytest.approx((1 + 0.25) / 5)
     assert out["p50_us"]["lo"] <= out["p50_us"]["value"] <= out["p50_us"]["hi"]
+
+
+def test_a_cold_path_sleeps_and_spins_before_each_bubble_and_times_the_host_alone(
+    tmp_path: Path,
+) -> None:
+    bench = load_script("bench_host_path")
+    figures = bench.measure(100, 5, tmp_path, idle_s=0.001, spin_s=0.0005)
+    assert (figures["idle_ms"], figures["spin_ms"]) == (1.0, 0.5)
+    alone, call = figures["visible_to_call_us"], figures["edge_to_call_us"]
+    assert (alone["blocks"], alone["per_block"]) == (5, 20)
+    for q in ("p50", "p90"):
+        assert 0 < alone[q]["value"] < call[q]["value"]  # the publication's write left out
