@@ -304,13 +304,15 @@ _WHERE_IDLE = (
     "M = 8; and night: a second task on the leftovers; 2026-12-07, later: every stage at M = 8 "
     "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); a replay: "
     "what stands between the harvest and all of the bubble time; late morning: a guard that "
-    "collapsed and what it cost, a group's guard"
+    "collapsed and what it cost, a group's guard; early afternoon: a step group's guard per "
+    "call on the GPU, and which bubbles' ends training waits on"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
 _EDGES = (
     '2026-12-03, "Bubble-edge latency on the GPU host"; 2026-12-04, later, "Waiting for '
-    'edges: sleeping or polling"'
+    "edges: sleeping or polling\"; on the H100, 2026-12-07, early afternoon: the host's "
+    "path run cold"
 )
 
 #: One row per goal. The five thresholds each bench result records (``bench.profiles.GOALS``)

@@ -452,6 +452,10 @@ LEVERS: tuple[Lever, ...] = (
     Lever("step_groups", "2. fit the tails: step groups",
           "side-task steps much shorter than `--step-group-ms` (1 ms) launched several per "
           "device wait", ""),
+    Lever("group_guard", "2. fit the tails: a step group's guard per call",
+          "a group of a task's short steps starts where one call's guard fits (the solo guards "
+          "governed blocks start from are one call's, `SideTaskStep.calls`); off: the whole "
+          "group's, the tree before 6693dda", ""),
     Lever("graphs", "2. fit the tails: steps as CUDA graphs",
           "a batch in slices, each slice's step replayed as a CUDA graph (`cuda_graphs`)", ""),
     Lever("sm_share", "3. SM share per bubble (MPS, green contexts)",

@@ -463,6 +463,41 @@ H100_12_07D = (H100_K_ZB_PROFILE, H100_K_ZB_STEPS, H100_K_M8_PROFILE, H100_K_M8_
 H100_12_07D_NAMES = ("zb-guard-profile", "zb-guard-bubbles", "m8-guard-profile", "m8-guard-bubbles")
 H100_12_07D_LEDGERS = _files_of(H100_12_07D, H100_12_07D_NAMES, "h100-2026-12-07d-ledger")
 H100_12_07D_CEILINGS = _files_of(H100_12_07D, H100_12_07D_NAMES, "h100-2026-12-07d-ceiling")
+#: 2026-12-07, early afternoon, one machine: the zero-bubble schedule's stage 0 (PageRank, the
+#: image task on the leftovers) with a step group guarded as one call (the tree since 6693dda)
+#: against as the whole group (38dc600), two pairs, the second in the other order; then M = 8
+#: and the zero-bubble schedule on every stage with the first tree; every call under
+#: ``run_queue.py``, the peers replaying 12-07b's (M = 8) and 12-07c's (zero-bubble) costs
+H100_L_CALL_A = ("h100-2026-12-07e-zb-s0-call-a.json", "stage 0, guard per call (first pair)")
+H100_L_GROUP_A = ("h100-2026-12-07e-zb-s0-group-a.json", "stage 0, guard per group (first pair)")
+H100_L_GROUP_B = ("h100-2026-12-07e-zb-s0-group-b.json", "stage 0, guard per group (second pair)")
+H100_L_CALL_B = ("h100-2026-12-07e-zb-s0-call-b.json", "stage 0, guard per call (second pair)")
+H100_L_M8 = ("h100-2026-12-07e-m8-all.json", "M = 8, every stage")
+H100_L_ZB = ("h100-2026-12-07e-zb-all.json", "zero-bubble, every stage")
+H100_12_07E = (H100_L_CALL_A, H100_L_GROUP_A, H100_L_GROUP_B, H100_L_CALL_B, H100_L_M8, H100_L_ZB)
+H100_12_07E_NAMES = ("zb-s0-call-a", "zb-s0-group-a", "zb-s0-group-b", "zb-s0-call-b", "m8-all",
+                     "zb-all")  # fmt: skip
+H100_12_07E_LEDGERS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-ledger")
+H100_12_07E_FLOATS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-floats")
+H100_12_07E_RUN_QUEUE = tuple(
+    (f"run-queue-h100-2026-12-07e-{n}.json", label)
+    for n, (_, label) in zip(H100_12_07E_NAMES, H100_12_07E, strict=True)
+)
+#: the host's path alone on that machine, before, between and after its calls, in call order
+HOST_PATH_H100_12_07E = tuple(
+    (f"host-path-h100-2026-12-07e-{k}.json", label)
+    for k, label in (("a", "before the first pair"), ("b", "after M = 8, every stage"),
+                     ("c", "before the second pair"), ("d", "after zero-bubble, every stage"))
+)  # fmt: skip
+#: the host's path on the 2-core CPU box, hot and after an idle spell (``bench_host_path.py
+#: --idle-ms --spin-ms``, [Note: a cold path]); the four settings alternating, three rounds
+HOST_PATH_COLD_CPU = tuple(
+    (f"host-path-cold-cpu-2026-12-07-idle{idle}-spin{spin}-{n}.json", label)
+    for n in (1, 2, 3)
+    for idle, spin, label in ((0, 0, "back to back"), (8, 2, "8 ms asleep, 2 ms spinning"),
+                              (28, 2, "28 ms asleep, 2 ms spinning"),
+                              (28, 0, "28 ms asleep, no spin"))
+)  # fmt: skip
 #: PageRank's stages replayed on the guard of one 0.16 ms call (0.16 x 1.1 + 0.5 ms): the
 #: replay on its blocks' guard, the replay on that one, and the call they replay
 H100_CALL_GUARD = tuple(
@@ -1199,7 +1234,9 @@ def host_path_tail_cpu() -> list[str]:
     )  # fmt: skip
 
 
-def host_path_between(files: Sequence[tuple[str, str]] = HOST_PATH_BETWEEN_CPU) -> list[str]:
+def host_path_between(
+    files: Sequence[tuple[str, str]] = HOST_PATH_BETWEEN_CPU, first: str = "tree (CPU)"
+) -> list[str]:
     """Per tree or machine: the host's path from one step's return to the next step's call,
     and the edge → step() path of the same run (means of block percentiles, t-intervals)."""
     rows = []
@@ -1210,8 +1247,84 @@ def host_path_between(files: Sequence[tuple[str, str]] = HOST_PATH_BETWEEN_CPU) 
                      *(_record_interval(gap[q], 1) for q in ("p50", "p90", "p99")),
                      _record_interval(call["p50"], 1)])  # fmt: skip
     return md_table(
-        ["tree (CPU)", "UTC", "blocks × gaps", "step → next step() p50 µs", "p90 µs", "p99 µs",
+        [first, "UTC", "blocks × gaps", "step → next step() p50 µs", "p90 µs", "p99 µs",
          "edge → step() called p50 µs"],
+        rows,
+    )  # fmt: skip
+
+
+def host_path_cold(files: Sequence[tuple[str, str]] = HOST_PATH_COLD_CPU) -> list[str]:
+    """Per setting: the host's path from a bubble's start edge to its step() call, and from the
+    edge's publication done to that call (the host alone), after the idle spell the setting
+    puts before each bubble ([Note: a cold path] in ``bench_host_path.py``)."""
+    rows = []
+    for name, label in files:
+        data = raw(name)
+        call, alone = data["edge_to_call_us"], data["visible_to_call_us"]
+        rows.append([label, data["date"][11:16], f"{call['blocks']} × {call['per_block']}",
+                     _record_interval(call["p50"], 1),
+                     *(_record_interval(alone[q], 1) for q in ("p50", "p90", "p99"))])  # fmt: skip
+    return md_table(
+        ["before each bubble (CPU)", "UTC", "blocks × bubbles", "edge → step() called p50 µs",
+         "the host alone: publication done → step() p50 µs", "p90 µs", "p99 µs"],
+        rows,
+    )  # fmt: skip
+
+
+def bubble_floats_table(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Per call, stage and mode: the share of the stage's bubble time whose float (how far past
+    its end a step could run before training's step ends later) is at least 1 and 5 ms, as the
+    schedule ran and with the least lags (``bubble_floats.py``: lower and upper bound), and of
+    the steps that ran past their bubble's end, how many stayed within its float (as run)."""
+    rows = []
+    for (_, label), name in pairs:
+        for key, modes in raw(name)["stages"].items():
+            for mode in ("vanilla", *GATED_MODES):
+                if mode not in modes:
+                    continue
+                s = modes[mode]["summary"]
+                low = s["time_frac_float_at_least_ms"]
+                high = s["time_frac_float_least_lags_at_least_ms"]
+                over = (f"{s['overruns_within_float']} of {s['overruns']}"
+                        if mode in GATED_MODES else "—")  # fmt: skip
+                rows.append([label, key.rsplit("/", 1)[1], mode, str(s["with_float"]),
+                             *(f"{fmt_pct(low[m], 0)} / {fmt_pct(high[m], 0)}" for m in ("1", "5")),
+                             over])  # fmt: skip
+                label = ""
+    return md_table(
+        ["", "stage", "mode", "bubbles", "bubble time with a float ≥ 1 ms (as run / least lags)",
+         "≥ 5 ms", "steps past the bubble's end: within its float"],
+        rows,
+    )  # fmt: skip
+
+
+#: the roles a run-queue table shows, in this order (``run_queue.py``'s labels)
+_RUN_QUEUE_ROLES = ("task host", "pipeline rank", "side-task worker", "bench")
+
+
+def run_queue_table(files: Sequence[tuple[str, str]]) -> list[str]:
+    """Per call and role: CPU time, time ready but waiting for a CPU (all threads, and the main
+    threads alone), preemptions, and the machine's busy and stolen CPU time
+    (``benchmarks/run_queue.py``)."""
+    rows = []
+    for name, label in files:
+        data = raw(name)
+        cpu = data["cpu"]
+        for role in _RUN_QUEUE_ROLES:
+            r = data["roles"].get(role)
+            if r is None:
+                continue
+            wait, main = r["wait_per_cpu_s"], r["main_wait_per_cpu_s"]
+            rows.append([label, role, str(r["processes"]), f"{r['cpu_s']:.1f}",
+                         "—" if r["wait_s"] is None else f"{1e3 * r['wait_s']:.1f}",
+                         "—" if wait is None else fmt_pct(wait, 2),
+                         "—" if main is None else fmt_pct(main, 2),
+                         str(r["involuntary_switches"]),
+                         fmt_pct(cpu["busy_frac"], 1), fmt_pct(cpu["steal_frac"], 2)])  # fmt: skip
+            label = ""
+    return md_table(
+        ["", "role", "processes", "CPU s", "waited for a CPU ms", "of its CPU time",
+         "main threads': of theirs", "preempted (times)", "machine busy", "stolen"],
         rows,
     )  # fmt: skip
 
@@ -1598,7 +1711,7 @@ def h100_goal_sources() -> list[Source]:
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
                                  *H100_12_07B, *H100_12_07C, H100_K_ZB_PROFILE,
-                                 H100_K_M8_PROFILE)),
+                                 H100_K_M8_PROFILE, *H100_12_07E)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1702,6 +1815,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "micro_batches": _on_off(micro4, micro1, "table `h200-12-04d-levers`"),
         "step_groups": [*_on_off(group1, group0, "table `h200-12-04d-levers`"),
                         *_on_off(H100_J_G2, H100_J_G1, "table `h100-12-07c-stages`")],
+        "group_guard": [*_on_off(H100_L_CALL_A, H100_L_GROUP_A, "table `h100-12-07e-stages`"),
+                        *_on_off(H100_L_CALL_B, H100_L_GROUP_B, "table `h100-12-07e-stages`")],
         "predictor": _predictor(),
         "outlived": [*_on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
                      *_on_off(H100_H_SURVIVORS, H100_H_STOP, "table `h100-12-07-stages`")],
@@ -2037,6 +2152,18 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07d-idle-split": lambda: _idle_split(H100_12_07D),
     "h100-12-07d-guards": lambda: guard_costs(H100_12_07D_LEDGERS),
     "h100-12-07d-harvest-ceiling": lambda: harvest_ceiling(H100_12_07D_CEILINGS[::2]),
+    "h100-12-07e-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07E[4:])),
+    "h100-12-07e-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07E[4:])),
+    "h100-12-07e-stages": lambda: _side_by_side(H100_12_07E, ("governed",)),
+    "h100-12-07e-idle-split": lambda: _idle_split(H100_12_07E),
+    "h100-12-07e-guards": lambda: guard_costs(H100_12_07E_LEDGERS),
+    "h100-12-07e-run-queue": lambda: run_queue_table(H100_12_07E_RUN_QUEUE),
+    "h100-12-07e-host-path": lambda: host_path_between(
+        HOST_PATH_H100_12_07E, "the H100 machine's CPU, idle"
+    ),
+    "h100-12-07e-latency": lambda: signal_latency(_labelled_rows(H100_12_07E)),
+    "h100-12-07e-floats": lambda: bubble_floats_table(H100_12_07E_FLOATS),
+    "host-path-cold-cpu": host_path_cold,
     "first-steps-h100": first_steps,
     "h100-12-07d-call-guard-replay": lambda: call_guard_replay(H100_CALL_GUARD),
     "h100-12-07c-zb": lambda: schedules(H100_12_07C[:2]),
