@@ -48,14 +48,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from bench_output import command_line, write_results
+from bench_output import add_run_arguments, bench_runs, command_line, write_results
 
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.announced import announced_spans
 from freeride_lab.core.plan import KIND_CODES, plan_arrays
 from freeride_lab.core.plan.critical import action_floats
 from freeride_lab.lab.frames import actions_frame
-from freeride_lab.lab.tables import read_events
 
 KINDS = tuple(KIND_CODES)  # code -> "F", "B", "I", "W"
 LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses (solo phases), not training's
@@ -267,12 +266,9 @@ def floats(
 ) -> dict[str, Any]:
     """Per run, real stage and mode of ``result``: its bubbles' floats and their ``summary``."""
     out: dict[str, Any] = {}
-    for run in result["runs"]:
-        run_dir = run_root / Path(str(run["run_dir"])).name
-        blocks = [b for b in result["blocks"] if b["run"] == run["name"]]
+    for run, blocks, events in bench_runs(result, run_root):
         optimizer_ns = {int(c["rank"]): round(float(c["optimizer_ms"]) * 1e6)
                         for c in run.get("calibration") or []}  # fmt: skip
-        events = read_events(run_dir)
         waits = send_waits(str(run["schedule"]), int(result["config"]["stages"]),
                            int(run["microbatches"]), run.get("chunks"))  # fmt: skip
         for stage in sorted({int(b["stage"]) for b in blocks}):
@@ -290,13 +286,7 @@ def floats(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("result", type=Path, help="a freeride-lab bench result (JSON)")
-    parser.add_argument(
-        "--run-root",
-        type=Path,
-        required=True,
-        help="the folder the bench's --run-root named (its run directories)",
-    )
+    add_run_arguments(parser)
     parser.add_argument(
         "--ledger",
         type=Path,

@@ -29,12 +29,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_output import command_line, write_results
+from bench_output import add_run_arguments, bench_runs, command_line, write_results
 
 from freeride_lab.bench.readout import step_calls
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.announced import announced_spans
-from freeride_lab.lab.tables import read_events
 
 LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses (solo phases), not training's
 NONE = "none"
@@ -146,10 +145,7 @@ def _quantiles(xs: Sequence[float]) -> dict[str, float] | None:
 def ledger(result: Mapping[str, Any], run_root: Path) -> dict[str, Any]:
     """Per run and real stage of ``result``: its bubbles (``stage_ledger``) and ``summary``."""
     out: dict[str, Any] = {}
-    for run in result["runs"]:
-        run_dir = run_root / Path(str(run["run_dir"])).name
-        blocks = [b for b in result["blocks"] if b["run"] == run["name"]]
-        events = read_events(run_dir)
+    for run, blocks, events in bench_runs(result, run_root):
         for stage in sorted({int(b["stage"]) for b in blocks}):
             rows = stage_ledger(events, blocks, stage)
             mine = next(b for b in blocks if int(b["stage"]) == stage)
@@ -162,13 +158,7 @@ def ledger(result: Mapping[str, Any], run_root: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("result", type=Path, help="a freeride-lab bench result (JSON)")
-    parser.add_argument(
-        "--run-root",
-        type=Path,
-        required=True,
-        help="the folder the bench's --run-root named (its run directories)",
-    )
+    add_run_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="write the ledger as JSON here")
     args = parser.parse_args(argv)  # fmt: skip
     result = json.loads(args.result.read_text())
