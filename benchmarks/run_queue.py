@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--interval-s {args.interval_s} must be > 0")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    rc, records, machine = watch(command, args.interval_s)
+    try:
+        rc, records, machine = watch(command, args.interval_s)
+    except OSError as exc:  # no such program, not executable
+        ap.error(f"cannot run {command[0]!r}: {exc.strerror or exc}")
     wall = time.monotonic() - t0
     total = machine.busy_s + machine.idle_s + machine.steal_s
     record = {

@@ -66,7 +66,13 @@ def test_a_schedstat_that_says_nothing_reads_as_absent_not_as_zero(
     assert rq.read_schedstat(path) == (2000, 500, 7)
 
 
-def test_a_command_is_required(tmp_path: Path) -> None:
+def test_a_command_is_required_and_one_that_cannot_run_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rq = load_script("run_queue")
+    out = tmp_path / "x.json"
     with pytest.raises(SystemExit):
-        rq.main(["--out", str(tmp_path / "x.json")])
+        rq.main(["--out", str(out)])
+    with pytest.raises(SystemExit):
+        rq.main(["--out", str(out), "--", str(tmp_path / "no-such-program")])
+    assert "cannot run" in capsys.readouterr().err and not out.exists()
