@@ -146,7 +146,8 @@ def stage_floats(
     waits: Mapping[tuple[int, str, int], int],
 ) -> list[dict[str, Any]]:
     """One row per bubble ``stage`` announced in ``blocks`` (any mode): its mode, step, slot,
-    length and float (ms; None where no action of the step follows it)."""
+    length, and float as run and with the least lags (ms; None where no action of the step
+    follows it)."""
     actions = actions_frame(events)
     steps = pd.DataFrame(
         [(int(e["step"]), int(e["rank"]), int(e["start_ns"]), int(e["optimizer_end_ns"]))
