@@ -52,11 +52,10 @@ from bench_output import add_run_arguments, bench_runs, command_line, write_resu
 
 from freeride_lab.bench.stats import GATED_MODES
 from freeride_lab.core.announced import announced_spans
-from freeride_lab.core.plan import KIND_CODES, plan_arrays
-from freeride_lab.core.plan.critical import action_floats
+from freeride_lab.core.plan import plan_arrays
+from freeride_lab.core.plan.critical import action_floats, send_waits_of
 from freeride_lab.lab.frames import actions_frame
 
-KINDS = tuple(KIND_CODES)  # code -> "F", "B", "I", "W"
 LONGEST_MS = 1000.0  # longer bubbles are the bench's pauses (solo phases), not training's
 FLOAT_MARKS_MS = (1.0, 2.0, 5.0)
 _AFTER_NS = 200_000  # an action that starts this much before a bubble's end stamp still follows it
@@ -120,22 +119,13 @@ def send_waits(
     schedule: str, ranks: int, microbatches: int, chunks: int | None
 ) -> dict[tuple[int, str, int], int]:
     """Per action (stage, kind, micro-batch), when its rank waits for its send, as the planner
-    has it for ``schedule`` (``PlanArrays.send_wait``; empty where it waits at the step's end).
+    has it for ``schedule`` (``core.plan.critical.send_waits_of``).
 
     >>> waits = send_waits("1F1B", 2, 2, None)
     >>> waits[(0, "F", 0)], waits[(1, "F", 0)], waits[(1, "B", 1)]  # after next, with it, at end
     (2, 1, 0)
     """
-    pa = plan_arrays(schedule, ranks, microbatches, chunks)
-    if pa.send_wait is None:
-        return {}
-    return {
-        (int(pa.stage[r, p]), KINDS[int(pa.kind[r, p])], int(pa.microbatch[r, p])): int(
-            pa.send_wait[r, p]
-        )
-        for r in range(pa.ranks)
-        for p in range(int(pa.length[r]))
-    }
+    return send_waits_of(plan_arrays(schedule, ranks, microbatches, chunks))
 
 
 def stage_floats(

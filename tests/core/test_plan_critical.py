@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from freeride_lab.core.plan import Costs, simulate
-from freeride_lab.core.plan.critical import action_floats
+from freeride_lab.core.plan.critical import action_floats, send_waits_of
 
 DISPATCH_NS, COMM_NS = 50_000, 200_000
 
@@ -147,15 +147,8 @@ def test_the_planners_rendezvous_schedule_meets_every_tie_the_floats_add() -> No
     costs = Costs(forward_ms=(1.0, 3.0, 1.0, 1.0), backward_ms=(2.0, 6.0, 2.0, 2.0),
                   comm_ms=COMM_NS / 1e6, rendezvous=True)  # fmt: skip
     actions = simulate("1F1B", 4, 8, costs=costs).reset_index(drop=True)
-    pa = plan_arrays("1F1B", 4, 8)
-    assert pa.send_wait is not None
-    waits = {
-        (int(pa.stage[r, p]), "FBIW"[int(pa.kind[r, p])], int(pa.microbatch[r, p])): int(
-            pa.send_wait[r, p]
-        )
-        for r in range(pa.ranks)
-        for p in range(int(pa.length[r]))
-    }
+    waits = send_waits_of(plan_arrays("1F1B", 4, 8))
+    assert waits
     barrier = int(actions["end_ns"].max())
     deadlines = dict.fromkeys(range(4), barrier)
     tied = action_floats(actions, deadlines_ns=deadlines, comm_ns=COMM_NS, send_wait=waits)

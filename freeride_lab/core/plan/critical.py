@@ -52,9 +52,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from freeride_lab.core.plan.arrays import SEND_AFTER_NEXT, SEND_WITH_NEXT
+from freeride_lab.core.plan.arrays import SEND_AFTER_NEXT, SEND_WITH_NEXT, PlanArrays
+from freeride_lab.core.plan.costs import _LETTERS
 
-__all__ = ["action_floats"]
+__all__ = ["action_floats", "send_waits_of"]
 
 _BACKWARD = ("B", "I")
 
@@ -158,6 +159,26 @@ def action_floats(
             latest[i] = min(latest[i], latest[after] - duration[after] - lag)
     floats: np.ndarray = latest - end
     return floats
+
+
+def send_waits_of(plan: PlanArrays) -> dict[tuple[int, str, int], int]:
+    """``plan``'s ``send_wait`` by action (stage, kind, micro-batch), as ``action_floats``
+    takes it; empty where the plan waits for every send at the step's end.
+
+        >>> from freeride_lab.core.plan import plan_arrays
+        >>> waits = send_waits_of(plan_arrays("1F1B", 2, 2))
+        >>> waits[(0, "F", 0)], waits[(1, "F", 0)], waits[(1, "B", 1)]  # after next, with, at end
+        (2, 1, 0)
+    """
+    if plan.send_wait is None:
+        return {}
+    return {
+        (int(plan.stage[r, p]), str(_LETTERS[plan.kind[r, p]]), int(plan.microbatch[r, p])): int(
+            plan.send_wait[r, p]
+        )
+        for r in range(plan.ranks)
+        for p in range(int(plan.length[r]))
+    }
 
 
 def _send_waits(
