@@ -44,7 +44,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -128,23 +128,45 @@ def send_waits(
     return send_waits_of(plan_arrays(schedule, ranks, microbatches, chunks))
 
 
-def stage_floats(
-    events: Sequence[Mapping[str, Any]],
-    blocks: Sequence[Mapping[str, Any]],
-    stage: int,
-    optimizer_ns: Mapping[int, int],
-    waits: Mapping[tuple[int, str, int], int],
-) -> list[dict[str, Any]]:
-    """One row per bubble ``stage`` announced in ``blocks`` (any mode): its mode, step, slot,
-    length, and float as run and with the least lags (ms; None where no action of the step
-    follows it)."""
+class RunTimes(NamedTuple):
+    """What every stage's floats of one run read: its actions and step records, its lags, each
+    rank's calibrated optimizer time and the plan's send waits."""
+
+    actions: pd.DataFrame
+    steps: pd.DataFrame
+    dispatch_ns: int
+    comm_ns: int
+    optimizer_ns: Mapping[int, int]
+    waits: Mapping[tuple[int, str, int], int]
+
+
+def run_times(
+    result: Mapping[str, Any], run: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
+) -> RunTimes:
+    """``RunTimes`` of one run of ``result`` from its events."""
     actions = actions_frame(events)
     steps = pd.DataFrame(
         [(int(e["step"]), int(e["rank"]), int(e["start_ns"]), int(e["optimizer_end_ns"]))
          for e in events if e.get("kind") == "step"],
         columns=["step", "rank", "start_ns", "optimizer_end_ns"],
     )  # fmt: skip
-    dispatch, comm = lags_ns(actions)
+    optimizer_ns = {int(c["rank"]): round(float(c["optimizer_ms"]) * 1e6)
+                    for c in run.get("calibration") or []}  # fmt: skip
+    waits = send_waits(str(run["schedule"]), int(result["config"]["stages"]),
+                       int(run["microbatches"]), run.get("chunks"))  # fmt: skip
+    return RunTimes(actions, steps, *lags_ns(actions), optimizer_ns, waits)
+
+
+def stage_floats(
+    events: Sequence[Mapping[str, Any]],
+    blocks: Sequence[Mapping[str, Any]],
+    stage: int,
+    times: RunTimes,
+) -> list[dict[str, Any]]:
+    """One row per bubble ``stage`` announced in ``blocks`` (any mode): its mode, step, slot,
+    length, and float as run and with the least lags (ms; None where no action of the step
+    follows it)."""
+    actions, steps = times.actions, times.steps
     starts = {int(e["step"]): int(e["start_ns"]) for e in events
               if e.get("kind") == "step" and e.get("rank") == stage}  # fmt: skip
     spans = announced_spans(events, stage).spans
@@ -158,11 +180,11 @@ def stage_floats(
             continue
         for step in range(first, first + int(b["steps"])):
             one = actions[actions["step"] == step].reset_index(drop=True)
-            deadlines = step_deadlines_ns(steps, actions, step, stage, optimizer_ns)
+            deadlines = step_deadlines_ns(steps, actions, step, stage, times.optimizer_ns)
             if one.empty or deadlines is None:
                 continue
-            kwargs = {"deadlines_ns": deadlines, "dispatch_ns": dispatch, "comm_ns": comm,
-                      "send_wait": waits}  # fmt: skip
+            kwargs = {"deadlines_ns": deadlines, "dispatch_ns": times.dispatch_ns,
+                      "comm_ns": times.comm_ns, "send_wait": times.waits}  # fmt: skip
             low = action_floats(one, as_run=True, **kwargs)  # type: ignore[arg-type]
             high = action_floats(one, **kwargs)  # type: ignore[arg-type]
             low -= low.min()  # the boundary's own time: the critical path has none
@@ -258,13 +280,10 @@ def floats(
     """Per run, real stage and mode of ``result``: its bubbles' floats and their ``summary``."""
     out: dict[str, Any] = {}
     for run, blocks, events in bench_runs(result, run_root):
-        optimizer_ns = {int(c["rank"]): round(float(c["optimizer_ms"]) * 1e6)
-                        for c in run.get("calibration") or []}  # fmt: skip
-        waits = send_waits(str(run["schedule"]), int(result["config"]["stages"]),
-                           int(run["microbatches"]), run.get("chunks"))  # fmt: skip
+        times = run_times(result, run, events)
         for stage in sorted({int(b["stage"]) for b in blocks}):
             key = f"{run['name']}/{stage}"
-            rows = stage_floats(events, blocks, stage, optimizer_ns, waits)
+            rows = stage_floats(events, blocks, stage, times)
             led = (ledger or {}).get("stages", {}).get(key, {}).get("bubbles", [])
             out[key] = {}
             for mode in sorted({r["mode"] for r in rows}):
