@@ -479,10 +479,7 @@ H100_12_07E_NAMES = ("zb-s0-call-a", "zb-s0-group-a", "zb-s0-group-b", "zb-s0-ca
                      "zb-all")  # fmt: skip
 H100_12_07E_LEDGERS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-ledger")
 H100_12_07E_FLOATS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-floats")
-H100_12_07E_RUN_QUEUE = tuple(
-    (f"run-queue-h100-2026-12-07e-{n}.json", label)
-    for n, (_, label) in zip(H100_12_07E_NAMES, H100_12_07E, strict=True)
-)
+H100_12_07E_RUN_QUEUE = _files_of(H100_12_07E, H100_12_07E_NAMES, "run-queue-h100-2026-12-07e")
 #: the host's path alone on that machine, before, between and after its calls, in call order
 HOST_PATH_H100_12_07E = tuple(
     (f"host-path-h100-2026-12-07e-{k}.json", label)
@@ -1302,12 +1299,12 @@ def bubble_floats_table(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[st
 _RUN_QUEUE_ROLES = ("task host", "pipeline rank", "side-task worker", "bench")
 
 
-def run_queue_table(files: Sequence[tuple[str, str]]) -> list[str]:
-    """Per call and role: CPU time, time ready but waiting for a CPU (all threads, and the main
-    threads alone), preemptions, and the machine's busy and stolen CPU time
-    (``benchmarks/run_queue.py``)."""
+def run_queue_table(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Per call (each result beside its ``run_queue.py`` record) and role: CPU time, time ready
+    but waiting for a CPU (all threads, and the main threads alone), preemptions, and the
+    machine's busy and stolen CPU time."""
     rows = []
-    for name, label in files:
+    for (_, label), name in pairs:
         data = raw(name)
         cpu = data["cpu"]
         for role in _RUN_QUEUE_ROLES:
