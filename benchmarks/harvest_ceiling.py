@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             guard_ms[task] = float(ms)
         except ValueError:
             parser.error(f"--guard-ms {given!r}: TASK=MS, e.g. pagerank=0.68")
-        if not task or not guard_ms[task] > 0:
+        if not task or not 0 < guard_ms[task] < math.inf:
             parser.error(f"--guard-ms {given!r}: TASK=MS with MS > 0, e.g. pagerank=0.68")
     found = ceiling(
         json.loads(args.result.read_text()), json.loads(args.ledger.read_text()), guard_ms

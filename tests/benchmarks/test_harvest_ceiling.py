@@ -171,8 +171,9 @@ def test_a_stage_gets_each_arm_and_each_cost_with_an_interval_over_its_blocks(
     argv = [str(result_path), str(ledger_path), "--guard-ms", "a=0.5", "--out", str(guarded)]
     assert ceiling.main(argv) == 0
     assert json.loads(guarded.read_text())["guard_ms"] == {"a": 0.5}
-    with pytest.raises(SystemExit):
-        ceiling.main([*argv[:3], "a=fast", "--out", str(guarded)])
+    for bad in ("a=fast", "a=inf", "a=nan", "a=0", "=0.5"):  # a guard is a finite time > 0
+        with pytest.raises(SystemExit):
+            ceiling.main([*argv[:3], bad, "--out", str(guarded)])
     assert (written["result"], written["ledger"]) == ("r.json", "l.json")
 
 
