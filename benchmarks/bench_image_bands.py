@@ -1,15 +1,16 @@
-"""A band step of the image task on a GPU: channel by channel against all channels at once.
+"""A band step of the image task on a GPU: channel by channel, all channels at once, graphed.
 
 The image task's GPU preset (4096² sources, 16384² outputs) in 128 bands: a step of k bands
 resizes 128·k output rows (``tasks.image.resize_band``) and writes them into the image in
 progress, timed from the first launch to ``torch.cuda.synchronize()`` as the task host times
 a step, and to the last launch's return (the host's own part). Two ways, each over 50 bands
-at spread-out rows after 10 left out, k = 1, 2, 4, 8: "per_channel" resizes one channel at a
+at spread-out bands after 10 left out, k = 1, 2, 4, 8: "per_channel" resizes one channel at a
 time from the whole source channel in float (the task before 2026-12-06, kept here as its
-few lines), "all_channels" is ``resize_band`` as the task runs it (one gather and one
-multiply-add per tap for all channels, over the band's own input rows). Reported per way and
-k: the median and 90th percentile of the step time and the median launch time (ms), and
-whether the two ways give the same band bit for bit.
+few lines), "all_channels" is ``resize_band`` as the task runs it eagerly (one gather and one
+multiply-add per tap for all channels, over the band's own input rows), "graphed" the same
+step replayed as a CUDA graph (``tasks.graphed_bands``, the task with ``cuda_graphs``: one
+fill and one replay). Reported per way and k: the median and 90th percentile of the step time
+and the median launch time (ms), and whether the ways give the same band bit for bit.
 
     python benchmarks/bench_image_bands.py --out image-bands.json
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 from bench_output import write_results
 
 from freeride_lab.tasks import image as im
+from freeride_lab.tasks.graphed_bands import GraphedBands, band_windows
 
 SOURCE, OUTPUT, BANDS = 4096, 16384, 128
 KEPT, LEFT_OUT = 50, 10
@@ -41,20 +44,23 @@ def per_channel_band(image: torch.Tensor, taps: Any, rows: slice) -> torch.Tenso
 
 
 def measure(way: str, bands: int, src: torch.Tensor, taps: Any, host_index: torch.Tensor,
-            canvas: torch.Tensor) -> dict[str, float]:  # fmt: skip
+            canvas: torch.Tensor, graphs: GraphedBands) -> dict[str, float]:  # fmt: skip
     """Median and p90 step time and median launch time (ms) of ``bands``-band steps."""
     n = bands * OUTPUT // BANDS
     times, launch = [], []
     for k in range(KEPT + LEFT_OUT):
-        start = (k * 1024) % (OUTPUT - n)
+        start = (k * 8) % (BANDS - bands) * (OUTPUT // BANDS)
         rows = slice(start, start + n)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if way == "per_channel":
-            band = per_channel_band(src, taps, rows)
+        if way == "graphed":
+            graphs.run(bands, start, start + n)
         else:
-            band = im.resize_band(src, taps, rows, im.band_source_rows(host_index, rows))
-        canvas[:, rows] = band.round_().clamp_(0, 255).to(torch.uint8)
+            if way == "per_channel":
+                band = per_channel_band(src, taps, rows)
+            else:
+                band = im.resize_band(src, taps, rows, im.band_source_rows(host_index, rows))
+            canvas[:, rows] = band.round_().clamp_(0, 255).to(torch.uint8)
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
@@ -80,14 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     table = im.lanczos_taps(SOURCE, OUTPUT)
     taps = (tuple(t.to("cuda") for t in table),) * 2
     canvas = torch.empty(3, OUTPUT, OUTPUT, dtype=torch.uint8, device="cuda")
+    windows = band_windows(table[0], OUTPUT, BANDS, (1, 2, 4, 8))
+    graphs = GraphedBands(partial(im.band_into, canvas, src, taps), windows, src.device)
     record: dict[str, Any] = {}
-    for way in ("per_channel", "all_channels"):
+    for way in ("per_channel", "all_channels", "graphed"):
         for bands in (1, 2, 4, 8):
-            record[f"{way}/{bands}"] = measure(way, bands, src, taps, table[0], canvas)
+            record[f"{way}/{bands}"] = measure(way, bands, src, taps, table[0], canvas, graphs)
             print(way, bands, record[f"{way}/{bands}"], flush=True)
     rows = slice(4096, 4096 + OUTPUT // BANDS)
-    same = torch.equal(per_channel_band(src, taps, rows), im.resize_band(src, taps, rows))
-    record["equal"] = bool(same)
+    band = im.resize_band(src, taps, rows)
+    record["equal"] = bool(torch.equal(per_channel_band(src, taps, rows), band))
+    graphs.run(1, rows.start, rows.stop)
+    eager = band.round_().clamp_(0, 255).to(torch.uint8)
+    record["graphed_equal"] = bool(torch.equal(canvas[:, rows], eager))
     record["device"] = torch.cuda.get_device_name()
     write_results(record, args.out, indent=1)
     return 0

@@ -46,6 +46,7 @@ band would make.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 
 from freeride_lab.sidetasks.api import doubling_sizes
 from freeride_lab.tasks.device import HostReturningTask
+from freeride_lab.tasks.graphed_bands import GraphedBands, band_windows
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "ImageOptions",
     "ImageTask",
     "alpha_blend",
+    "band_into",
     "band_source_rows",
     "lanczos_taps",
     "make_logo",
@@ -98,6 +101,7 @@ class ImageOptions:
     max_images: int | None = None  # is_finished() after this many images; None: never
     bands: int = 1  # steps per image, one band of output rows each (see [Note: image bands])
     step_bands: int = 1  # the most bands one step may take (1, 2, 4, ...; [Note: image bands])
+    cuda_graphs: bool = False  # on a GPU, replay band steps as CUDA graphs (tasks.graphed_bands)
 
     def __post_init__(self) -> None:
         check_int("source_size", self.source_size, minimum=8)
@@ -112,6 +116,13 @@ class ImageOptions:
         check_int("max_images", self.max_images, optional=True)
         check_int("bands", self.bands)
         check_int("step_bands", self.step_bands)
+        if not isinstance(self.cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs={self.cuda_graphs!r} must be True or False")
+        if self.cuda_graphs and self.bands == 1:
+            raise ValueError(
+                "cuda_graphs=True needs bands > 1: the graphs replay band steps "
+                "([Note: graphed bands]); give bands, e.g. 16"
+            )
         if self.step_bands > self.bands:
             raise ValueError(
                 f"step_bands={self.step_bands} > bands={self.bands}: a step cannot take more "
@@ -259,9 +270,43 @@ def resize_band(
     index, weight = row_index[rows], row_weight[rows]  # (n, taps) each
     lo, hi = source_rows if source_rows is not None else band_source_rows(row_index, rows)
     source = image[:, lo:hi].float()  # (C, hi - lo, W): only the rows the band reads
+    return _band(source, (index - lo, weight), cols)
+
+
+def band_into(
+    canvas: torch.Tensor,
+    image: torch.Tensor,
+    taps: tuple[Taps, Taps],
+    start: torch.Tensor,
+    rows: int,
+    window: int,
+) -> None:
+    """Write output rows ``start:start + rows`` of a Lanczos resize of ``image`` into
+    ``canvas`` (C, O, O) uint8, with ``start`` a one-element int64 tensor on their device.
+
+    ``resize_band`` and the canvas write of ``ImageTask``, made without reading anything back
+    to the host, so a CUDA graph can replay it for any start ([Note: graphed bands] in
+    ``tasks.graphed_bands``): the band's row-table entries and the ``window`` input rows from
+    its first (at least the rows any band of ``rows`` rows reads; ``band_windows``) are
+    gathered on the device. The same kernels on the same values as ``resize_band``, so the
+    same bytes.
+    """
+    (row_index, row_weight), cols = taps
+    out_rows = start + torch.arange(rows, device=canvas.device)  # (n,)
+    index = row_index.index_select(0, out_rows)  # (n, taps)
+    weight = row_weight.index_select(0, out_rows)
+    lo = index[0, :1]  # (1,) the band's first input row: the first tap of its first row
+    reads = (lo + torch.arange(window, device=canvas.device)).clamp_(max=image.shape[1] - 1)
+    band = _band(image.index_select(1, reads).float(), (index - lo, weight), cols)
+    canvas.index_copy_(1, out_rows, band.round_().clamp_(0, 255).to(torch.uint8))
+
+
+def _band(source: torch.Tensor, rows: Taps, cols: Taps) -> torch.Tensor:
+    """Resize (C, h, W) float ``source`` rows by ``rows`` (indices into its h rows), then
+    columns by ``cols``: (C, n, width) float32."""
     # all channels at once: a third of the kernel launches, which bound a thin band's step
     # on a GPU; the same arithmetic, in the same order, as channel by channel
-    band = _resample(source, (index - lo, weight), dim=1)  # (C, n, W)
+    band = _resample(source, rows, dim=1)  # (C, n, W)
     c, n, w = band.shape
     # the columns as one (C·n, W) matrix's: on a CPU a gather along a 3-d tensor's last dim
     # runs about ten times slower than along a matrix's
@@ -358,7 +403,8 @@ class ImageTask(HostReturningTask):
         {"source_size": 4096, "output_size": 16384, "logo_size": 2048, "margin": 256, "bands": 16}
     )
     #: ``teardown`` drops images, logo and tables.
-    _dropped = ("sources", "logo", "last_output", "_canvas", "_taps", "_row_index")
+    _dropped = ("sources", "logo", "last_output", "_canvas", "_taps", "_row_index", "_graphs",
+                "_graph_canvas", "_graph_source")  # fmt: skip
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -374,6 +420,9 @@ class ImageTask(HostReturningTask):
         self._row_index: torch.Tensor | None = None  # the row table's index, on the host
         self._band = 0  # next band of the image in progress (bands > 1)
         self._canvas: torch.Tensor | None = None  # (3, O, O) uint8, the image in progress
+        self._graphs: GraphedBands | None = None  # cuda_graphs on a GPU ([Note: graphed bands])
+        self._graph_canvas: torch.Tensor | None = None  # (3, O, O) uint8, the graphs' canvas
+        self._graph_source: torch.Tensor | None = None  # (3, S, S) uint8, the graphs' source
 
     def __repr__(self) -> str:
         return (
@@ -402,6 +451,7 @@ class ImageTask(HostReturningTask):
         if self._taps is not None:
             self._taps = (_taps_to(self._taps[0], target), _taps_to(self._taps[1], target))
         self.last_output = self._canvas = None
+        self._graphs = self._graph_canvas = self._graph_source = None  # on the old device
         self._band = 0  # a half-done image is redone on the new device
         self.device = str(target)
 
@@ -453,18 +503,27 @@ class ImageTask(HostReturningTask):
         sources, logo = self._require_setup()
         cfg = self.config
         size = (cfg.output_size, cfg.output_size)
+        source = sources[self.images_done % cfg.n_sources]  # (3, S, S) uint8
         if self._band == 0:
             self.last_output = None
-            self._canvas = torch.empty(3, *size, dtype=torch.uint8, device=sources.device)
+            graphs = self._graphed()
+            if graphs is None:
+                self._canvas = torch.empty(3, *size, dtype=torch.uint8, device=sources.device)
+            else:
+                assert self._graph_source is not None
+                self._graph_source.copy_(source)
+                self._canvas = self._graph_canvas
         assert self._canvas is not None
-        source = sources[self.images_done % cfg.n_sources]  # (3, S, S) uint8
         start = self._band * cfg.output_size // cfg.bands
         stop = (self._band + count) * cfg.output_size // cfg.bands
-        assert self._taps is not None  # bands > 1 implies lanczos (ImageOptions)
-        assert self._row_index is not None
-        rows = slice(start, stop)
-        band = resize_band(source, self._taps, rows, band_source_rows(self._row_index, rows))
-        self._canvas[:, start:stop] = band.round_().clamp_(0, 255).to(torch.uint8)
+        if self._graphs is not None:
+            self._graphs.run(count, start, stop)
+        else:
+            assert self._taps is not None  # bands > 1 implies lanczos (ImageOptions)
+            assert self._row_index is not None
+            rows = slice(start, stop)
+            band = resize_band(source, self._taps, rows, band_source_rows(self._row_index, rows))
+            self._canvas[:, start:stop] = band.round_().clamp_(0, 255).to(torch.uint8)
         self._band += count
         if self._band < cfg.bands:
             return False
@@ -472,6 +531,27 @@ class ImageTask(HostReturningTask):
         self.last_output = alpha_blend(self._canvas, logo, top=top, left=left, alpha=cfg.alpha)
         self._canvas, self._band = None, 0
         return True
+
+    def _graphed(self) -> GraphedBands | None:
+        """At an image's first band: the band steps' graphs when they may be used
+        (``cuda_graphs`` on a CUDA device), captured now if they are not yet, with the canvas
+        and source buffer they write and read ([Note: graphed bands]); else None."""
+        cfg = self.config
+        if not (cfg.cuda_graphs and torch.device(self.device).type == "cuda"):
+            return None
+        if self._graphs is None:
+            sources, _ = self._require_setup()
+            assert self._taps is not None and self._row_index is not None
+            self._graph_source = torch.empty_like(sources[0])
+            self._graph_canvas = torch.empty(
+                3, cfg.output_size, cfg.output_size, dtype=torch.uint8, device=sources.device
+            )
+            windows = band_windows(
+                self._row_index, cfg.output_size, cfg.bands, doubling_sizes(cfg.step_bands)
+            )
+            step = functools.partial(band_into, self._graph_canvas, self._graph_source, self._taps)
+            self._graphs = GraphedBands(step, windows, sources.device)
+        return self._graphs
 
     def is_finished(self) -> bool:
         """True once ``max_images`` images are done (never when it is None)."""
