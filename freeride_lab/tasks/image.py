@@ -41,7 +41,21 @@ offers steps of 1, 2, 4, ... bands, up to m and to the bands its image has left
 what is left of it (``sidetasks.host.iterative`` [Note: step sizes]). So fine bands fill the
 short bubbles and the last milliseconds of every bubble, and a long bubble is taken in a few
 large steps; a step of k bands is one resize of their rows, the same pixels k steps of one
-band would make.
+band would make (on a GPU to float rounding: a batched product over more rows may sum in
+another order, [Note: columns in blocks]).
+
+[Note: columns in blocks]
+Tap by tap, a band's column pass writes and reads the whole band in float once per tap (a
+gather, then a multiply-add): XXX, the GPU's memory, not its arithmetic, the bound. A column
+table is a banded matrix: the outputs of a block of adjacent columns read one short window
+of input columns. So ``column_blocks`` cuts the output width into blocks (256 columns for
+the GPU preset: 64 blocks, each reading 71 input columns) and keeps each block's weights as a
+dense (window, block) matrix, with the weights of taps that an edge clamps onto one pixel
+summed; the pass is then one gather of every block's window and one batched matrix product
+(``_columns``): XXX (BENCHMARKS.md, table ``image-bands-h100-12-07f``). The products run in
+float32 (torch's default; TF32 is never switched on here), so a band differs from the tap by
+tap one by float rounding only (about 1e-4 of a level before the rounding to uint8). The row
+pass stays tap by tap: it works on the band's few input rows.
 """
 
 from __future__ import annotations
@@ -62,13 +76,16 @@ from freeride_lab.tasks.graphed_bands import GraphedBands, band_windows
 from freeride_lab.tasks.options import check_choice, check_float, check_int, resolve_options
 
 __all__ = [
+    "COLUMN_BLOCK",
     "METHODS",
     "POSITIONS",
+    "ColumnBlocks",
     "ImageOptions",
     "ImageTask",
     "alpha_blend",
     "band_into",
     "band_source_rows",
+    "column_blocks",
     "lanczos_taps",
     "make_logo",
     "make_source_image",
@@ -81,6 +98,11 @@ __all__ = [
 METHODS: tuple[str, ...] = ("lanczos", "bicubic")
 #: A Lanczos table for one axis: (n_out, taps) int64 input pixels, (n_out, taps) float32 weights.
 Taps = tuple[torch.Tensor, torch.Tensor]
+#: A column table as blocks (``column_blocks``): (blocks · window,) int64 input columns and
+#: (blocks, window, block) float32 weights.
+ColumnBlocks = tuple[torch.Tensor, torch.Tensor]
+#: Output columns a block of ``column_blocks`` makes ([Note: columns in blocks]).
+COLUMN_BLOCK = 256
 #: Where the watermark goes.
 POSITIONS: tuple[str, ...] = ("bottom-right", "bottom-left", "top-right", "top-left", "center")
 
@@ -252,6 +274,8 @@ def resize_band(
     taps: tuple[Taps, Taps],
     rows: slice,
     source_rows: tuple[int, int] | None = None,
+    *,
+    columns: ColumnBlocks | None = None,
 ) -> torch.Tensor:
     """Output rows ``rows`` of a Lanczos resize of a (C, H, W) image, rows first.
 
@@ -261,6 +285,8 @@ def resize_band(
         source_rows: the input rows the band reads, ``(first, stop)`` (``band_source_rows``
             on a host copy of the row table); None reads them off ``taps``, which waits for
             a device that holds the table.
+        columns: the column table as blocks (``column_blocks``), to resize the columns as
+            one batched product ([Note: columns in blocks]); None: tap by tap, as ``resize``.
 
     Returns:
         (C, stop - start, width) float32, equal to those rows of ``resize`` up to float
@@ -270,13 +296,18 @@ def resize_band(
     index, weight = row_index[rows], row_weight[rows]  # (n, taps) each
     lo, hi = source_rows if source_rows is not None else band_source_rows(row_index, rows)
     source = image[:, lo:hi].float()  # (C, hi - lo, W): only the rows the band reads
-    return _band(source, (index - lo, weight), cols)
+    band = _resample(source, (index - lo, weight), dim=1)  # (C, n, W), all channels at once
+    c, n, w = band.shape
+    flat = band.reshape(c * n, w)  # the columns as one matrix's ([Note: columns in blocks])
+    out = _resample(flat, cols, dim=1) if columns is None else _columns(flat, columns)
+    return out.reshape(c, n, -1)  # (C, n, width)
 
 
 def band_into(
     canvas: torch.Tensor,
     image: torch.Tensor,
-    taps: tuple[Taps, Taps],
+    row_table: Taps,
+    columns: ColumnBlocks,
     start: torch.Tensor,
     rows: int,
     window: int,
@@ -284,33 +315,69 @@ def band_into(
     """Write output rows ``start:start + rows`` of a Lanczos resize of ``image`` into
     ``canvas`` (C, O, O) uint8, with ``start`` a one-element int64 tensor on their device.
 
-    ``resize_band`` and the canvas write of ``ImageTask``, made without reading anything back
-    to the host, so a CUDA graph can replay it for any start ([Note: graphed bands] in
-    ``tasks.graphed_bands``): the band's row-table entries and the ``window`` input rows from
-    its first (at least the rows any band of ``rows`` rows reads; ``band_windows``) are
-    gathered on the device. The same kernels on the same values as ``resize_band``, so the
-    same bytes.
+    ``resize_band`` with ``columns`` and the canvas write of ``ImageTask``, made without
+    reading anything back to the host, so a CUDA graph can replay it for any start ([Note:
+    graphed bands] in ``tasks.graphed_bands``): the band's entries of ``row_table`` and the
+    ``window`` input rows from its first (at least the rows any band of ``rows`` rows reads;
+    ``band_windows``) are gathered on the device. The same kernels on the same values as
+    ``resize_band``, so the same bytes.
     """
-    (row_index, row_weight), cols = taps
+    row_index, row_weight = row_table
     out_rows = start + torch.arange(rows, device=canvas.device)  # (n,)
     index = row_index.index_select(0, out_rows)  # (n, taps)
     weight = row_weight.index_select(0, out_rows)
     lo = index[0, :1]  # (1,) the band's first input row: the first tap of its first row
     reads = (lo + torch.arange(window, device=canvas.device)).clamp_(max=image.shape[1] - 1)
-    band = _band(image.index_select(1, reads).float(), (index - lo, weight), cols)
-    canvas.index_copy_(1, out_rows, band.round_().clamp_(0, 255).to(torch.uint8))
-
-
-def _band(source: torch.Tensor, rows: Taps, cols: Taps) -> torch.Tensor:
-    """Resize (C, h, W) float ``source`` rows by ``rows`` (indices into its h rows), then
-    columns by ``cols``: (C, n, width) float32."""
-    # all channels at once: a third of the kernel launches, which bound a thin band's step
-    # on a GPU; the same arithmetic, in the same order, as channel by channel
-    band = _resample(source, rows, dim=1)  # (C, n, W)
+    band = _resample(image.index_select(1, reads).float(), (index - lo, weight), dim=1)
     c, n, w = band.shape
-    # the columns as one (C·n, W) matrix's: on a CPU a gather along a 3-d tensor's last dim
-    # runs about ten times slower than along a matrix's
-    return _resample(band.reshape(c * n, w), cols, dim=1).view(c, n, -1)  # (C, n, width)
+    out = _columns(band.reshape(c * n, w), columns).reshape(c, n, -1)
+    canvas.index_copy_(1, out_rows, out.round_().clamp_(0, 255).to(torch.uint8))
+
+
+def column_blocks(table: Taps, in_size: int, most: int = COLUMN_BLOCK) -> ColumnBlocks:
+    """A column table (``lanczos_taps``) as blocks of output columns, as many as the
+    greatest common divisor of the width and ``most``: the input columns each block reads, a
+    window as wide as the widest block's, and each block's weights as a dense (window,
+    block) matrix ([Note: columns in blocks]).
+
+        >>> reads, dense = column_blocks(lanczos_taps(64, 256), 64, most=32)
+        >>> tuple(dense.shape), tuple(reads.shape)  # 8 blocks of 8 input columns and the taps
+        ((8, 15, 32), (120,))
+        >>> bool(torch.allclose(dense.sum(dim=1), torch.ones(8, 32)))  # each column's weights
+        True
+
+    Returns:
+        (blocks · window,) int64 input columns, block by block, and (blocks, window, block)
+        float32 weights, on the host.
+    """
+    index, weight = table  # (n_out, taps)
+    n_out, taps = index.shape
+    block = math.gcd(n_out, most)
+    blocks = n_out // block
+    by_block = index.view(blocks, block, taps)
+    low = by_block.amin(dim=(1, 2))
+    window = int((by_block.amax(dim=(1, 2)) + 1 - low).max())
+    first = low.clamp(max=in_size - window)  # the window stays inside the input
+    local = by_block - first[:, None, None]  # (blocks, block, taps) within the window
+    dense = torch.zeros(blocks, window, block)
+    where = (
+        torch.arange(blocks)[:, None, None].expand_as(local),
+        local,
+        torch.arange(block)[None, :, None].expand_as(local),
+    )
+    dense.index_put_(where, weight.view(blocks, block, taps), accumulate=True)
+    reads = (first[:, None] + torch.arange(window)).reshape(-1)
+    return reads, dense
+
+
+def _columns(rows: torch.Tensor, columns: ColumnBlocks) -> torch.Tensor:
+    """Resample the columns of (R, W) float ``rows`` by ``column_blocks``: one gather of
+    every block's window and one batched product ([Note: columns in blocks]); (R, width)."""
+    reads, dense = columns
+    blocks, window, block = dense.shape
+    gathered = rows.index_select(1, reads).view(-1, blocks, window).transpose(0, 1)
+    out = torch.bmm(gathered, dense)  # (blocks, R, block)
+    return out.transpose(0, 1).reshape(rows.shape[0], blocks * block)
 
 
 def _taps_to(taps: Taps, device: torch.device | str) -> Taps:
@@ -403,8 +470,8 @@ class ImageTask(HostReturningTask):
         {"source_size": 4096, "output_size": 16384, "logo_size": 2048, "margin": 256, "bands": 16}
     )
     #: ``teardown`` drops images, logo and tables.
-    _dropped = ("sources", "logo", "last_output", "_canvas", "_taps", "_row_index", "_graphs",
-                "_graph_canvas", "_graph_source")  # fmt: skip
+    _dropped = ("sources", "logo", "last_output", "_canvas", "_taps", "_row_index", "_columns",
+                "_graphs", "_graph_canvas", "_graph_source")  # fmt: skip
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -418,6 +485,7 @@ class ImageTask(HostReturningTask):
         self.last_output: torch.Tensor | None = None  # (3, O, O) uint8, the latest image
         self._taps: tuple[Taps, Taps] | None = None  # (rows, columns), for "lanczos"
         self._row_index: torch.Tensor | None = None  # the row table's index, on the host
+        self._columns: ColumnBlocks | None = None  # the column table in blocks (bands > 1)
         self._band = 0  # next band of the image in progress (bands > 1)
         self._canvas: torch.Tensor | None = None  # (3, O, O) uint8, the image in progress
         self._graphs: GraphedBands | None = None  # cuda_graphs on a GPU ([Note: graphed bands])
@@ -441,6 +509,8 @@ class ImageTask(HostReturningTask):
             table = lanczos_taps(cfg.source_size, cfg.output_size)  # square: rows = columns
             self._taps = (table, table)
             self._row_index = table[0]  # stays on the host: a band's input rows, read there
+            if cfg.bands > 1:
+                self._columns = column_blocks(table, cfg.source_size)
         self.device = "cpu"
 
     def to_device(self, device: str) -> None:
@@ -450,6 +520,8 @@ class ImageTask(HostReturningTask):
         self.sources, self.logo = sources.to(target), logo.to(target)
         if self._taps is not None:
             self._taps = (_taps_to(self._taps[0], target), _taps_to(self._taps[1], target))
+        if self._columns is not None:
+            self._columns = _taps_to(self._columns, target)
         self.last_output = self._canvas = None
         self._graphs = self._graph_canvas = self._graph_source = None  # on the old device
         self._band = 0  # a half-done image is redone on the new device
@@ -522,7 +594,8 @@ class ImageTask(HostReturningTask):
             assert self._taps is not None  # bands > 1 implies lanczos (ImageOptions)
             assert self._row_index is not None
             rows = slice(start, stop)
-            band = resize_band(source, self._taps, rows, band_source_rows(self._row_index, rows))
+            reads = band_source_rows(self._row_index, rows)
+            band = resize_band(source, self._taps, rows, reads, columns=self._columns)
             self._canvas[:, start:stop] = band.round_().clamp_(0, 255).to(torch.uint8)
         self._band += count
         if self._band < cfg.bands:
@@ -541,7 +614,8 @@ class ImageTask(HostReturningTask):
             return None
         if self._graphs is None:
             sources, _ = self._require_setup()
-            assert self._taps is not None and self._row_index is not None
+            assert self._taps is not None and self._columns is not None
+            assert self._row_index is not None
             self._graph_source = torch.empty_like(sources[0])
             self._graph_canvas = torch.empty(
                 3, cfg.output_size, cfg.output_size, dtype=torch.uint8, device=sources.device
@@ -549,7 +623,9 @@ class ImageTask(HostReturningTask):
             windows = band_windows(
                 self._row_index, cfg.output_size, cfg.bands, doubling_sizes(cfg.step_bands)
             )
-            step = functools.partial(band_into, self._graph_canvas, self._graph_source, self._taps)
+            step = functools.partial(
+                band_into, self._graph_canvas, self._graph_source, self._taps[0], self._columns
+            )
             self._graphs = GraphedBands(step, windows, sources.device)
         return self._graphs
 

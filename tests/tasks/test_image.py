@@ -246,7 +246,7 @@ def test_a_band_reads_only_its_source_rows_and_makes_the_whole_resizes_rows(rows
     damaged = source.clone()
     damaged[:, :first] = 255 - damaged[:, :first]  # rows outside the band's reach
     damaged[:, stop:] = 0
-    band = resize_band(damaged, taps, rows, (first, stop))
+    band = resize_band(damaged, taps, rows, (first, stop))  # the columns tap by tap
     (index, weight), cols = taps
     by_channel = torch.stack(  # rows first, one channel at a time over the whole image
         [_resample(_resample(source[c].float(), (index[rows], weight[rows]), dim=0), cols, dim=1)
