@@ -4,7 +4,6 @@ read from the results' own per-stage tables, "helps" only when the interval of o
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_scripts import load_script
 
 from freeride_lab.bench.markdown import fmt_interval
 from freeride_lab.core.intervals import Interval, quotient_interval, t_quantile
@@ -20,15 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str) -> ModuleType:
-    """A script module of benchmarks/ (they import one another by bare name)."""
+    """A script module of benchmarks/ (they import one another by bare name, so benchmarks/
+    is on the path while it loads: run alone, this file has no other test that put it there)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 _load("goal_status")
