@@ -3,10 +3,12 @@
 [Note: graphed bands]
 A band step of the image task's GPU preset (``tasks.image`` [Note: image bands]) launches
 about forty small kernels: per tap of each separable pass a gather and a multiply-add, then
-the rounding and the write into the image in progress. On an H100 the launches alone took
-0.42 ms of a one-band step's 0.70 ms (BENCHMARKS.md, "the image task's thin bands"), and a
-step's guard scales with its time, so the thinnest step, the one meant for the shortest
-bubbles and the last milliseconds of the others, was the one the host's launches set.
+the rounding and the write into the image in progress. On an H100 the launches took 0.60 ms
+of a one-band step's 0.63 ms once its columns were one batched product ([Note: columns in
+blocks] in ``tasks.image``), and a step's guard scales with its time, so the thinnest step,
+the one meant for the shortest bubbles and the last milliseconds of the others, was the one
+the host's launches set. Replayed, it took 0.28 ms (BENCHMARKS.md, table
+``image-bands-h100-12-07f``).
 
 A graph replays fixed shapes at fixed addresses, and a band's rows move from step to step.
 So the recorded step reads where it works from the device: the band's first output row is a
