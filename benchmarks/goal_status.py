@@ -305,7 +305,8 @@ _WHERE_IDLE = (
     "and M = 4 with a task on the leftovers (each step size's speed in the bubbles); a replay: "
     "what stands between the harvest and all of the bubble time; late morning: a guard that "
     "collapsed and what it cost, a group's guard; early afternoon: a step group's guard per "
-    "call on the GPU, and which bubbles' ends training waits on"
+    "call on the GPU, and which bubbles' ends training waits on; late afternoon: the image "
+    "task's band step, in blocks and graphed"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"
@@ -354,7 +355,8 @@ GOALS: tuple[Goal, ...] = (
                          keep=_zero_bubble),
          "2026-12-04, newest, \"Zero-bubble peers, and peers that last what they stand for\"; "
          "on the H100, 2026-12-07, last: the zero-bubble schedule with a task on the leftovers "
-         "(its bubbles replayed)"),
+         "(its bubbles replayed); late afternoon: the image task's band step, in blocks and "
+         "graphed"),
     Goal("instrumentation, share of step time (timing benchmark)", "max", 0.002, "frac",
          _instrumentation,
          "2026-12-04, later, \"What timing costs a CUDA rank\" and \"Quiet slots, and the cost "

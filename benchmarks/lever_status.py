@@ -456,6 +456,10 @@ LEVERS: tuple[Lever, ...] = (
           "a group of a task's short steps starts where one call's guard fits (the solo guards "
           "governed blocks start from are one call's, `SideTaskStep.calls`); off: the whole "
           "group's, the tree before 6693dda", ""),
+    Lever("image_bands", "2. fit the tails: the image task's band step graphed",
+          "the image task's band step with its column pass as blocks of a banded matrix (one "
+          "gather, one batched product) and replayed as a CUDA graph (`cuda_graphs`); off: tap by "
+          "tap and eager, the tree before 8b65faa", ""),
     Lever("graphs", "2. fit the tails: steps as CUDA graphs",
           "a batch in slices, each slice's step replayed as a CUDA graph (`cuda_graphs`)", ""),
     Lever("sm_share", "3. SM share per bubble (MPS, green contexts)",

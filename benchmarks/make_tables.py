@@ -480,6 +480,20 @@ H100_12_07E_NAMES = ("zb-s0-call-a", "zb-s0-group-a", "zb-s0-group-b", "zb-s0-ca
 H100_12_07E_LEDGERS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-ledger")
 H100_12_07E_FLOATS = _files_of(H100_12_07E, H100_12_07E_NAMES, "h100-2026-12-07e-floats")
 H100_12_07E_RUN_QUEUE = _files_of(H100_12_07E, H100_12_07E_NAMES, "run-queue-h100-2026-12-07e")
+#: 2026-12-07, late afternoon, one machine: the image task's band step with its columns in blocks
+#: and replayed as CUDA graphs (the tree at c7fc80a, ``"cuda_graphs": true``) against tap by tap
+#: and eager (3d9d4b5's package), the zero-bubble schedule on every stage, then stage 1 at M = 8
+#: (stages 1 and 3 were asked for; stage 3 did not fit the call's time budget), the peers
+#: replaying 12-07c's (zero-bubble) and 12-07b's (M = 8) costs
+H100_M_ZB_ON = ("h100-2026-12-07f-zb-on.json", "zero-bubble, band step graphed")
+H100_M_ZB_OFF = ("h100-2026-12-07f-zb-off.json", "zero-bubble, band step as before")
+H100_M_M8_ON = ("h100-2026-12-07f-m8-on-s1.json", "M = 8, stage 1, band step graphed")
+H100_M_M8_OFF = ("h100-2026-12-07f-m8-off-s1.json", "M = 8, stage 1, band step as before")
+H100_12_07F = (H100_M_ZB_ON, H100_M_ZB_OFF, H100_M_M8_ON, H100_M_M8_OFF)
+H100_12_07F_LEDGERS = _files_of(H100_12_07F, ("zb-on", "zb-off", "m8-on-s1", "m8-off-s1"),
+                                "h100-2026-12-07f-ledger")  # fmt: skip
+#: the band step alone on that machine, four ways (``bench_image_bands.py``)
+IMAGE_BANDS_12_07F = "image-bands-h100-2026-12-07f.json"
 #: the host's path alone on that machine, before, between and after its calls, in call order
 HOST_PATH_H100_12_07E = tuple(
     (f"host-path-h100-2026-12-07e-{k}.json", label)
@@ -1367,7 +1381,7 @@ def guard_costs(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
                     and b["stage"] == s["stage"] and b["case"] == "mix"]  # fmt: skip
             guards = ledger[f"{s['run']}/{s['stage']}"]["summary"]["guard_at_entry_ms"]
             guard = " + ".join(
-                f"{g['p50']:.3f}"
+                "—" if g is None else f"{g['p50']:.3f}"  # a task that never stepped
                 for _, g in sorted(guards.items(), key=lambda kv: kv[0] != s["task"])
             )  # the stage's task first
             steps = sum(int(b["side_steps"]) for b in mine)
@@ -1696,7 +1710,8 @@ def signal_latency(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 def h100_goal_sources() -> list[Source]:
     """Every H100 bench result BENCHMARKS.md reports: the four-stage headline (two calls read as
-    one), and each lever's arm."""
+    one), and each lever's arm; of 12-07f, the package's arms only (its other arms ran an
+    older package after them, and "latest" would read that)."""
     return [
         source(*(n for n, _ in H100_HEADLINE)),
         source(*(n for n, _ in H100_FEEDBACK)),
@@ -1708,7 +1723,7 @@ def h100_goal_sources() -> list[Source]:
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
                                  *H100_12_07B, *H100_12_07C, H100_K_ZB_PROFILE,
-                                 H100_K_M8_PROFILE, *H100_12_07E)),
+                                 H100_K_M8_PROFILE, *H100_12_07E, H100_M_ZB_ON, H100_M_M8_ON)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1814,6 +1829,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
                         *_on_off(H100_J_G2, H100_J_G1, "table `h100-12-07c-stages`")],
         "group_guard": [*_on_off(H100_L_CALL_A, H100_L_GROUP_A, "table `h100-12-07e-stages`"),
                         *_on_off(H100_L_CALL_B, H100_L_GROUP_B, "table `h100-12-07e-stages`")],
+        "image_bands": [*_on_off(H100_M_ZB_ON, H100_M_ZB_OFF, "table `h100-12-07f-stages`"),
+                        *_on_off(H100_M_M8_ON, H100_M_M8_OFF, "table `h100-12-07f-stages`")],
         "predictor": _predictor(),
         "outlived": [*_on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
                      *_on_off(H100_H_SURVIVORS, H100_H_STOP, "table `h100-12-07-stages`")],
@@ -1951,6 +1968,30 @@ def image_bands() -> list[str]:
     ]  # fmt: skip
 
 
+def image_band_ways(name: str) -> list[str]:
+    """The image task's band step on the GPU, four ways (``benchmarks/bench_image_bands.py``):
+    step time (p90) and launch time per way and bands a step, and how the ways' bands agree."""
+    data = raw(name)
+    ways = ("per_channel", "all_channels", "blocks", "graphed")
+    rows = [[k, *(f"{data[f'{w}/{k}']['median_ms']:.2f} ({data[f'{w}/{k}']['p90_ms']:.2f}) · "
+                  f"{data[f'{w}/{k}']['launch_median_ms']:.2f}" for w in ways)]
+            for k in (1, 2, 4, 8)]  # fmt: skip
+    same = {True: "the same", False: "not the same"}
+    return [
+        *md_table(
+            ["bands a step", "tap by tap, channel by channel: step ms (p90) · launches ms",
+             "tap by tap, all channels at once", "columns in blocks", "columns in blocks, graphed"],
+            rows,
+        ),
+        f"\n{data['device']}. Channel by channel and all channels at once give "
+        f"{same[data['equal']]} band bit for bit; the graphed band is "
+        f"{same[data['graphed_equal']]} as the eager blocks' bit for bit; the blocks' band "
+        f"lies within {data['blocks_max_abs_diff']:.1e} of the tap-by-tap one in float, and "
+        f"{fmt_pct(data['blocks_uint8_differ_frac'], 3)} of its pixels differ once rounded to "
+        "uint8 (an 8-band step of 1,024 rows).",
+    ]  # fmt: skip
+
+
 def state_copy() -> list[str]:
     """Taking a vision task's state on its host's thread, pageable against pinned
     (``benchmarks/bench_state_copy.py``)."""
@@ -1987,7 +2028,7 @@ def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
                     rows.append([label, f"{r} · {task}", progress + (f" {unit}" if unit else ""),
                                  str(q["steps"]), f"{q['p50']:.2f} ({q['p90']:.2f})",
                                  fmt_rate(per_s), of_alone])  # fmt: skip
-                label = ""
+                    label = ""  # a task with no steps in bubbles leaves the label
     return md_table(
         ["", "stage · task", "a step's progress", "steps in bubbles", "step ms p50 (p90)",
          "speed at p50 /s", "of its speed alone"],
@@ -2160,6 +2201,14 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     ),
     "h100-12-07e-latency": lambda: signal_latency(_labelled_rows(H100_12_07E)),
     "h100-12-07e-floats": lambda: bubble_floats_table(H100_12_07E_FLOATS),
+    "image-bands-h100-12-07f": lambda: image_band_ways(IMAGE_BANDS_12_07F),
+    "h100-12-07f-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07F[:2])),
+    "h100-12-07f-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07F[:2])),
+    "h100-12-07f-stages": lambda: _side_by_side(H100_12_07F, ("governed",)),
+    "h100-12-07f-idle-split": lambda: _idle_split(H100_12_07F),
+    "h100-12-07f-guards": lambda: guard_costs(H100_12_07F_LEDGERS),
+    "h100-12-07f-step-speed": lambda: step_speed(H100_12_07F_LEDGERS),
+    "h100-12-07f-latency": lambda: signal_latency(_labelled_rows(H100_12_07F)),
     "host-path-cold-cpu": host_path_cold,
     "first-steps-h100": first_steps,
     "h100-12-07d-call-guard-replay": lambda: call_guard_replay(H100_CALL_GUARD),
