@@ -222,6 +222,18 @@ def test_gpu_runs_step_the_vision_tasks_in_graphed_slices_unless_told_otherwise(
     assert whole.task_options["resnet18"]["micro_batches"] == 2
 
 
+def test_gpu_runs_graph_the_image_tasks_bands_with_any_band_options() -> None:
+    """The image task's band steps are graphed by default on a GPU, and options given for its
+    bands keep that (merged), including one band an image, where the option does nothing."""
+    from freeride_lab.tasks.image import ImageTask
+
+    assert bench_profile("quick", "cuda").task_options["image"] == {"cuda_graphs": True}
+    for given in ('{"image": {"bands": 128, "step_bands": 8}}', '{"image": {"bands": 1}}'):
+        options = bench_options("--task-options", given).task_options["image"]
+        assert options["cuda_graphs"] is True
+        ImageTask(preset="gpu", **options)  # a valid task, not an error at its first bubble
+
+
 @pytest.mark.parametrize(
     ("option", "text"),
     [

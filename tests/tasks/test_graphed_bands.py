@@ -88,6 +88,19 @@ def _images(device: str, n: int, **options: object) -> list[torch.Tensor]:
     return out
 
 
+def test_cuda_graphs_with_one_band_an_image_makes_it_eagerly() -> None:
+    graphed, eager = _ready_one_band(cuda_graphs=True), _ready_one_band()
+    assert graphed.step() == eager.step() == 1.0
+    assert torch.equal(graphed.last_output, eager.last_output) and graphed._graphs is None
+
+
+def _ready_one_band(**options: object) -> ImageTask:
+    task = ImageTask(**SMALL, **options)
+    task.setup()
+    task.to_device("cpu")
+    return task
+
+
 def test_cuda_graphs_on_a_cpu_changes_nothing() -> None:
     options = {"bands": 6, "step_bands": 4}
     graphed, eager = _images("cpu", 2, **options, cuda_graphs=True), _images("cpu", 2, **options)
