@@ -56,14 +56,13 @@ def band_windows(
         >>> band_windows(lanczos_taps(64, 250)[0], 250, 8, (1,))  # bands of 31 and 32 rows
         {(1, 31): 15, (1, 32): 15}
     """
+    lows, highs = row_index.amin(dim=1).tolist(), row_index.amax(dim=1).tolist()  # per row
     windows: dict[BandKey, int] = {}
     for k in sorted(set(sizes)):
         for first in range(bands - k + 1):
             start, stop = first * output_size // bands, (first + k) * output_size // bands
-            low = int(row_index[start].min())
-            high = int(row_index[stop - 1].max()) + 1
             key = (k, stop - start)
-            windows[key] = max(windows.get(key, 0), high - low)
+            windows[key] = max(windows.get(key, 0), highs[stop - 1] + 1 - lows[start])
     return dict(sorted(windows.items()))
 
 
