@@ -51,8 +51,9 @@ _CPU_TASK_OPTIONS: dict[str, dict[str, Any]] = {
 #: GPU runs: the vision tasks step in slices of a batch replayed as CUDA graphs, which filled
 #: more of the bubbles on the H200 than whole eager batches (BENCHMARKS.md, "steps as CUDA
 #: graphs"); ``{"cuda_graphs": false, "micro_batches": 1}`` gives FreeRide's whole batches.
-#: The image task's band steps are replayed as graphs too, which on the H100 took more of the
-#: measured idle on every stage it ran on ("the image task's band step graphed").
+#: The image task's band steps are replayed as graphs too, which on the H100 took 14 points
+#: more of the measured idle on the stages whose short bubbles it filled (BENCHMARKS.md, "the
+#: image task's band step, in blocks and graphed").
 _GPU_TASK_OPTIONS: dict[str, dict[str, Any]] = {
     "resnet18": {"cuda_graphs": True, "micro_batches": 2},
     "vgg19": {"cuda_graphs": True, "micro_batches": 4},
