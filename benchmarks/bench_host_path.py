@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import platform
 import sys
@@ -261,7 +262,7 @@ def _pct_interval(iv: dict[str, float]) -> str:
     return f"{100 * iv['value']:.2f}% [{100 * iv['lo']:.2f}, {100 * iv['hi']:.2f}]"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bubbles", type=int, default=4000, help="bubbles measured")
     ap.add_argument("--blocks", type=int, default=8, help="blocks (>= 5) for the intervals")
@@ -273,9 +274,9 @@ def main() -> None:
                     help="then spins this long in its edge reader's wait")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="results JSON")
     ap.add_argument("--note", default="", help="what to say about the machine or the tree")
-    args = ap.parse_args()
-    if args.idle_ms < 0 or args.spin_ms < 0:
-        ap.error("--idle-ms and --spin-ms are times: give 0 or more")
+    args = ap.parse_args(argv)
+    if not all(0 <= t < math.inf for t in (args.idle_ms, args.spin_ms)):  # nan fails too
+        ap.error("--idle-ms and --spin-ms are times: give a finite 0 or more")
     sys.modules.setdefault("bench_host_path", sys.modules[__name__])  # the spec's reference
     with tempfile.TemporaryDirectory(prefix="host-path-") as tmp:
         figures = measure(args.bubbles, args.blocks, Path(tmp), args.idle_ms / 1e3,

@@ -62,3 +62,16 @@ def test_a_cold_path_sleeps_and_spins_before_each_bubble_and_times_the_host_alon
     assert (alone["blocks"], alone["per_block"]) == (5, 20)
     for q in ("p50", "p90"):
         assert 0 < alone[q]["value"] < call[q]["value"]  # the publication's write left out
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_an_idle_or_spin_that_is_not_a_finite_time_is_a_usage_error(
+    value: str, tmp_path: Path
+) -> None:
+    """Not a sleep that never ends (inf) or a ValueError halfway through (nan): one error."""
+    bench = load_script("bench_host_path")
+    for flag in ("--idle-ms", "--spin-ms"):
+        with pytest.raises(SystemExit) as stop:
+            bench.main([flag, value, "--bubbles", "10", "--out", str(tmp_path / "o.json")])
+        assert stop.value.code == 2
+    assert not (tmp_path / "o.json").exists()
