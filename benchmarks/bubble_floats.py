@@ -115,19 +115,6 @@ def step_deadlines_ns(
     return out
 
 
-def send_waits(
-    schedule: str, ranks: int, microbatches: int, chunks: int | None
-) -> dict[tuple[int, str, int], int]:
-    """Per action (stage, kind, micro-batch), when its rank waits for its send, as the planner
-    has it for ``schedule`` (``core.plan.critical.send_waits_of``).
-
-    >>> waits = send_waits("1F1B", 2, 2, None)
-    >>> waits[(0, "F", 0)], waits[(1, "F", 0)], waits[(1, "B", 1)]  # after next, with it, at end
-    (2, 1, 0)
-    """
-    return send_waits_of(plan_arrays(schedule, ranks, microbatches, chunks))
-
-
 class RunTimes(NamedTuple):
     """What every stage's floats of one run read: its actions and step records, its lags, each
     rank's calibrated optimizer time and the plan's send waits."""
@@ -152,9 +139,9 @@ def run_times(
     )  # fmt: skip
     optimizer_ns = {int(c["rank"]): round(float(c["optimizer_ms"]) * 1e6)
                     for c in run.get("calibration") or []}  # fmt: skip
-    waits = send_waits(str(run["schedule"]), int(result["config"]["stages"]),
+    plan = plan_arrays(str(run["schedule"]), int(result["config"]["stages"]),
                        int(run["microbatches"]), run.get("chunks"))  # fmt: skip
-    return RunTimes(actions, steps, *lags_ns(actions), optimizer_ns, waits)
+    return RunTimes(actions, steps, *lags_ns(actions), optimizer_ns, send_waits_of(plan))
 
 
 def stage_floats(
