@@ -77,7 +77,8 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--outlived", default=None, choices=OUTLIVED,
                    help="once a bubble outlives its predicted end, the side task stops "
                    "(default, FreeRide's) or goes on while the slot's longer bubbles say a "
-                   "step fits (survivors)")  # fmt: skip
+                   "step fits (survivors); hand-on: as survivors, but past the predicted end "
+                   "a stage's bubble is its leftovers task's alone")  # fmt: skip
     p.add_argument("--leftovers", default=None, metavar="TASK",
                    help="attach TASK beside every segment's task with gating 'leftovers': it "
                    "takes the bubble time the segment's task leaves")  # fmt: skip

@@ -43,7 +43,7 @@ MAX_STEP_GROUP_MS = 100.0
 #: How a rank predicts bubble lengths (``RuntimeOptions.predictor``).
 PREDICTORS: tuple[str, ...] = ("min", "feedback")
 #: What a side task does once a bubble outlives its predicted end (``RuntimeOptions.outlived``).
-OUTLIVED: tuple[str, ...] = ("stop", "survivors")
+OUTLIVED: tuple[str, ...] = ("stop", "survivors", "hand-on")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -237,7 +237,9 @@ class RuntimeOptions:
             end: "stop", launch no further step (FreeRide's); "survivors", take the bubble to
             last as long as its slot's recent bubbles that were longer than it has lasted so
             far say (their shortest, one in five set aside), and go on stepping while a step
-            fits that (``core.bubble_survival``).
+            fits that (``core.bubble_survival``); "hand-on", as "survivors", except that a task
+            whose leftovers a leftovers task takes hands the bubble on at the predicted end
+            (``sidetasks.host.iterative`` [Note: outlived bubbles]).
         emulate: single-GPU emulate mode (``EmulateOptions``, or its fields as a dict); None
             is off.
     """
@@ -294,7 +296,8 @@ class RuntimeOptions:
         if self.outlived not in OUTLIVED:
             raise ValueError(
                 f"runtime outlived={self.outlived!r}; valid: {', '.join(OUTLIVED)} (no step "
-                "past the predicted end, or steps while the slot's longer bubbles say one fits)"
+                "past the predicted end; steps while the slot's longer bubbles say one fits; "
+                "those steps the leftovers task's where one takes them)"
             )
         spec = self.edges_factory
         if spec is not None and not (isinstance(spec, str) and _REF.fullmatch(spec)):

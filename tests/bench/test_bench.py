@@ -279,7 +279,12 @@ def test_the_bubble_predictor_reaches_every_runs_ranks(
 
 
 @pytest.mark.parametrize(
-    ("words", "outlived"), [((), "stop"), (("--outlived", "survivors"), "survivors")]
+    ("words", "outlived"),
+    [
+        ((), "stop"),
+        (("--outlived", "survivors"), "survivors"),
+        (("--outlived", "hand-on"), "hand-on"),
+    ],
 )
 def test_what_a_host_does_past_a_predicted_end_reaches_every_run(
     tmp_path: Path, words: tuple[str, ...], outlived: str

@@ -1123,12 +1123,13 @@ def _timing_hand_ons(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[int]:
     return times
 
 
+@pytest.mark.parametrize("outlived", ["survivors", "hand-on"])
 def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
-    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, outlived: str
 ) -> None:
-    """Under "survivors" the leftovers task's host learns each bubble handed on as the rank
-    timed it, start to end, whatever the main task took of it first; and, past the rank's
-    prediction, it steps on towards its slot's longer bubbles."""
+    """Under "survivors" and "hand-on" the leftovers task's host learns each bubble handed on
+    as the rank timed it, start to end, whatever the main task took of it first; and, past
+    the rank's prediction, it steps on towards its slot's longer bubbles."""
     from tasks_for_tests import Counting
 
     from freeride_lab.sidetasks.edges import leftovers_path
@@ -1140,7 +1141,7 @@ def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
     )
     rest, rest_sink = in_process_host(
         run_dir, tmp_path, Counting(step_s=0.0005, limit=None), limits={"budget_s": 0.001},
-        outlived="survivors", edge_file=str(path), sink_name="rest.jsonl",
+        outlived=outlived, edge_file=str(path), sink_name="rest.jsonl",
     )  # fmt: skip
     lengths = []
     for step in range(4):
@@ -1222,6 +1223,48 @@ def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
     assert not waits
     # handed on where its last step ended: after waiting, only once the 60 ms kind was filled
     assert len(handed_at) == 1 and handed_at[0] - start < 45 * MS
+
+
+@pytest.mark.parametrize("reading", [True, False])
+def test_under_hand_on_the_time_past_the_prediction_is_the_leftovers_tasks(
+    run_dir: RunDir,
+    edges: EdgeWriter,
+    tmp_path: Path,
+    reading: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bubbles of the slot were 40 ms; this one, predicted 5 ms, lasts on. Under "hand-on" a
+    main task whose hand-ons a leftovers task reads starts no step past 5 ms - its 2 ms guard
+    and hands the bubble on there, at once; with nobody reading it steps on towards 40 ms, as
+    under "survivors"."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.sidetasks.edges import EdgeReader, leftovers_path
+
+    path = leftovers_path(run_dir.path, 0)
+    EdgeWriter.create(path).release()
+    host, sink = in_process_host(
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived="hand-on",
+        leftovers_file=str(path),
+    )  # fmt: skip
+    rest = EdgeReader.open(path) if reading else None  # the leftovers task's host
+    learn_lengths(host, edges, [40, 41, 40])
+    handed_at = _timing_hand_ons(monkeypatch, path)
+    start = time.time_ns()
+    edges.bubble_start(100, 0, start, start + 5 * MS)
+    edge = host._wait_for_edge(1.0)
+    assert edge is not None
+    host._run_bubble(edge)
+    edges.bubble_end(100, 0, time.time_ns())
+    sink.close()
+    starts = [s.start_ns - start for s in steps_of(task_events_at(tmp_path / "task.jsonl"))]
+    assert starts
+    if rest is None:
+        assert max(starts) > 20 * MS  # survivors' steps, past the prediction
+        return
+    rest.close()
+    assert max(starts) < 3.5 * MS  # none past the prediction less the guard
+    assert len(handed_at) == 1 and handed_at[0] - start < 15 * MS  # handed on, not waited
 
 
 def test_a_main_task_without_a_leftovers_task_hands_nothing_on(

@@ -69,7 +69,8 @@ class HostBase:
         self.spec = spec
         self.step_group_ns = step_group_ns  # see host.iterative [Note: step groups]
         # once a bubble outlives its prediction: see host.iterative [Note: outlived bubbles]
-        self._survivors = SurvivorLengths() if outlived == "survivors" else None
+        self._survivors = SurvivorLengths() if outlived != "stop" else None
+        self._outlived_handed_on = outlived == "hand-on"
         # (step, slot) -> start (ns) of recent bubbles; None once their length is noted
         self._starts: collections.OrderedDict[tuple[int, int], int | None] = (
             collections.OrderedDict()

@@ -59,6 +59,15 @@ bubble's start, for a bubble predicted too short for any step. The guard is the 
 force, as for the rank's prediction; profiling steps never go past it. Under "stop"
 (FreeRide's) nothing is learnt and no step starts past the rank's prediction.
 
+A step planned to the survivors overruns in about one bubble in five that reaches it, by up
+to the step's length, and the governor answers overruns by widening the task's guard for
+every bubble: with a stage's main task of 5 ms steps and a leftovers task of 0.3 ms ones,
+the main task's overruns past the prediction cost more than the time they find. Under
+"hand-on" a main task whose hand-ons a leftovers task reads never plans past the rank's
+prediction: it hands the bubble on there, and the leftovers task, whose overruns are short,
+plans to the survivors. A task alone on its stage, and the leftovers task, go on as under
+"survivors".
+
 [Note: leftovers]
 FreeRide runs at most one side task per GPU, and the bubble time its steps cannot use stays
 empty: bubbles shorter than its smallest step (with its guard), and the end of a bubble after
@@ -275,11 +284,14 @@ class IterativeSteps(StepAccounting):
         end that a step of the smallest size fits before now, from the slot's recent lengths
         longer than the bubble has lasted (``SurvivorLengths.room_after``); where none is far
         enough yet, the host sleeps in the bubble until one may be and asks again. None once
-        none is left, the bubble ends or a command comes; always None under "stop" ([Note:
-        outlived bubbles])."""
+        none is left, the bubble ends or a command comes; always None under "stop", and under
+        "hand-on" while a leftovers task reads this host's hand-ons ([Note: outlived
+        bubbles])."""
         survivors = self._survivors
         if survivors is None:
             return None
+        if self._outlived_handed_on and self._leftovers_reading():
+            return None  # "hand-on": the time past the prediction is the leftovers task's
         while self._cmds.empty() and not _has_ended(bubble, self.reader.latest()):
             now_ns = self.reader.now_ns()
             room = survivors.room_after(bubble.slot, now_ns - bubble.start_ns, self._guard_ns(1))
