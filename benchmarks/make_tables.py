@@ -165,6 +165,13 @@ OUTLIVED_REPLAY = "outlived-h100-2026-12-06d.json"
 OUTLIVED_RUNS = ("minimum of five", "feedback predictor", "survivors (second call)",
                  "stop (second call)")  # fmt: skip
 OUTLIVED_TASKS = {0: "pagerank", 2: "image"}
+#: The same over the zero-bubble run of 12-07f's graphed arm (every stage, the image task on
+#: the leftovers of stages 0, 1 and 3), guarded as the image task's steps were at a bubble's
+#: entry: what planning its steps to the survivors could add on each stage.
+OUTLIVED_REPLAY_ZB = "outlived-h100-2026-12-07f-zb.json"
+OUTLIVED_ZB_RUNS = ("zero-bubble, band step graphed",)
+OUTLIVED_ZB_TASKS = {0: "pagerank + image", 1: "resnet18 + image", 2: "image",
+                     3: "vgg19 + image"}  # fmt: skip
 OUTLIVED_SHARES = {"survivors 0": "the survivors' minimum", "survivors 0.1": "1 in 10 set aside",
                    "survivors 0.2": "1 in 5 set aside (the default)",
                    "survivors 0.34": "1 in 3 set aside"}  # fmt: skip
@@ -1137,19 +1144,23 @@ def step_sizes_cpu() -> list[str]:
     )  # fmt: skip
 
 
-def outlived_replay() -> list[str]:
+def outlived_replay(
+    name: str = OUTLIVED_REPLAY,
+    run_names: Sequence[str] = OUTLIVED_RUNS,
+    tasks: Mapping[int, str] = OUTLIVED_TASKS,
+) -> list[str]:
     """Stop against the survivors (each share of early ones) past a bubble's predicted end,
-    replayed over recorded bubbles (``OUTLIVED_REPLAY``): per run and rank, stop's figures,
-    then each share's differences from them."""
-    data = raw(OUTLIVED_REPLAY)
+    replayed over recorded bubbles (``name``, bench_outlived.py's result): per run and rank,
+    stop's figures, then each share's differences from them; ``run_names`` names the runs in
+    their order there, ``tasks`` the ranks' tasks."""
+    data = raw(name)
     runs = list(dict.fromkeys(res["run"] for res in data["results"]))
     shares = [name for name in data["results"][0]["arms"] if name != "stop"]
     rows = []
     for res in data["results"]:
         arms = res["arms"]
         rows.append([
-            f"{OUTLIVED_RUNS[runs.index(res['run'])]}, rank {res['rank']} · "
-            f"{OUTLIVED_TASKS[res['rank']]}",
+            f"{run_names[runs.index(res['run'])]}, rank {res['rank']} · {tasks[res['rank']]}",
             f"{res['guard_ms']:g} ms", f"{res['blocks']} × {res['bubbles'] // res['blocks']}",
             _record_interval(arms["stop"]["plannable_frac"], 1, pct=True),
             _record_interval(arms["stop"]["overrun_frac"], 1, pct=True),
@@ -2274,6 +2285,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "predictor-cpu": predictor_cpu,
     "step-sizes-cpu": step_sizes_cpu,
     "outlived-replay": outlived_replay,
+    "outlived-replay-zb-12-07f": lambda: outlived_replay(
+        OUTLIVED_REPLAY_ZB, OUTLIVED_ZB_RUNS, OUTLIVED_ZB_TASKS
+    ),
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
     "host-path-cpu": host_path_cpu,
