@@ -1173,19 +1173,20 @@ def test_a_leftovers_task_learns_the_bubbles_own_lengths_past_its_predicted_end(
     assert max(starts) < 30
 
 
-@pytest.mark.parametrize("reading", [True, False])
-def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
+def _outlived_main_bubble(
     run_dir: RunDir,
     edges: EdgeWriter,
     tmp_path: Path,
-    reading: bool,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Bubbles of the slot were 30 ms or 60 ms; this one, predicted 5 ms, outlives its
-    prediction. The host steps towards 30 ms; alone it would then wait out the 30 ms kind
-    ([Note: outlived bubbles]) and step on towards 60 ms; with a leftovers task reading its
-    hand-ons it hands the bubble on instead, without a wait. A leftovers file nobody reads
-    (its task gone) changes nothing."""
+    *,
+    outlived: str,
+    reading: bool,
+    lengths_ms: list[float],
+) -> tuple[list[int], list[int], list[int]]:
+    """A main task's host with a leftovers file (read by a leftovers task's reader if
+    ``reading``) learns ``lengths_ms`` for slot 0, then runs a bubble predicted 5 ms that
+    lasts on: its steps' starts and its hand-ons' times, in ns after the bubble's start, and
+    the times it waited in the bubble until."""
     from tasks_for_tests import Counting
 
     from freeride_lab.sidetasks.edges import EdgeReader, leftovers_path
@@ -1193,11 +1194,11 @@ def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
     path = leftovers_path(run_dir.path, 0)
     EdgeWriter.create(path).release()
     host, sink = in_process_host(
-        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived="survivors",
+        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived=outlived,
         leftovers_file=str(path),
     )  # fmt: skip
     rest = EdgeReader.open(path) if reading else None  # the leftovers task's host
-    learn_lengths(host, edges, [30, 60, 30, 61, 30, 60])
+    learn_lengths(host, edges, lengths_ms)
     handed_at = _timing_hand_ons(monkeypatch, path)
     waits: list[int] = []
     wait_in_bubble = host._wait_in_bubble
@@ -1214,57 +1215,44 @@ def test_a_main_task_hands_on_a_bubble_rather_than_wait_in_it_for_a_survivor(
     host._run_bubble(edge)
     edges.bubble_end(100, 0, time.time_ns())
     sink.close()
-    steps = steps_of(task_events_at(tmp_path / "task.jsonl"))
-    assert max(s.start_ns - start for s in steps) > 20 * MS  # past the prediction, both ways
-    if rest is None:
-        assert waits  # waited out the 30 ms kind
-        return
-    rest.close()
-    assert not waits
-    # handed on where its last step ended: after waiting, only once the 60 ms kind was filled
-    assert len(handed_at) == 1 and handed_at[0] - start < 45 * MS
+    if rest is not None:
+        rest.close()
+    starts = [s.start_ns - start for s in steps_of(task_events_at(tmp_path / "task.jsonl"))]
+    assert starts
+    return starts, [t - start for t in handed_at], waits
 
 
 @pytest.mark.parametrize("reading", [True, False])
-def test_under_hand_on_the_time_past_the_prediction_is_the_leftovers_tasks(
+@pytest.mark.parametrize("outlived", ["survivors", "hand-on"])
+def test_past_its_prediction_a_main_task_hands_a_bubble_on_where_a_leftovers_task_reads(
     run_dir: RunDir,
     edges: EdgeWriter,
     tmp_path: Path,
+    outlived: str,
     reading: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Bubbles of the slot were 40 ms; this one, predicted 5 ms, lasts on. Under "hand-on" a
-    main task whose hand-ons a leftovers task reads starts no step past 5 ms - its 2 ms guard
-    and hands the bubble on there, at once; with nobody reading it steps on towards 40 ms, as
-    under "survivors"."""
-    from tasks_for_tests import Counting
-
-    from freeride_lab.sidetasks.edges import EdgeReader, leftovers_path
-
-    path = leftovers_path(run_dir.path, 0)
-    EdgeWriter.create(path).release()
-    host, sink = in_process_host(
-        run_dir, tmp_path, Counting(step_s=0.001, limit=None), outlived="hand-on",
-        leftovers_file=str(path),
+    """Bubbles of the slot were 30 ms or 60 ms; this one, predicted 5 ms, outlives its
+    prediction. Alone, the host steps towards 30 ms, waits out the 30 ms kind ([Note:
+    outlived bubbles]) and steps on towards 60 ms, under both rules (a leftovers file nobody
+    reads, its task gone, changes nothing). With a leftovers task reading its hand-ons, under
+    "survivors" it steps towards 30 ms and hands the bubble on instead of waiting; under
+    "hand-on" it starts no step past 5 ms - its 2 ms guard and hands the bubble on there."""
+    starts, handed_at, waits = _outlived_main_bubble(
+        run_dir, edges, tmp_path, monkeypatch, outlived=outlived, reading=reading,
+        lengths_ms=[30, 60, 30, 61, 30, 60],
     )  # fmt: skip
-    rest = EdgeReader.open(path) if reading else None  # the leftovers task's host
-    learn_lengths(host, edges, [40, 41, 40])
-    handed_at = _timing_hand_ons(monkeypatch, path)
-    start = time.time_ns()
-    edges.bubble_start(100, 0, start, start + 5 * MS)
-    edge = host._wait_for_edge(1.0)
-    assert edge is not None
-    host._run_bubble(edge)
-    edges.bubble_end(100, 0, time.time_ns())
-    sink.close()
-    starts = [s.start_ns - start for s in steps_of(task_events_at(tmp_path / "task.jsonl"))]
-    assert starts
-    if rest is None:
-        assert max(starts) > 20 * MS  # survivors' steps, past the prediction
+    if not reading:
+        assert max(starts) > 20 * MS and waits  # past the prediction; waited out 30 ms
         return
-    rest.close()
-    assert max(starts) < 3.5 * MS  # none past the prediction less the guard
-    assert len(handed_at) == 1 and handed_at[0] - start < 15 * MS  # handed on, not waited
+    assert not waits
+    if outlived == "survivors":
+        assert max(starts) > 20 * MS  # past the prediction
+        # handed on where its last step ended: after a wait, it would have filled 60 ms
+        assert len(handed_at) == 1 and handed_at[0] < 45 * MS
+    else:
+        assert max(starts) < 3.5 * MS  # none past the prediction less the guard
+        assert len(handed_at) == 1 and handed_at[0] < 15 * MS  # at once
 
 
 def test_a_main_task_without_a_leftovers_task_hands_nothing_on(
