@@ -53,17 +53,24 @@ def fmt_pct(v: Any, digits: int = 2, *, signed: bool = False) -> str:
 def fmt_interval(
     v: Any, lo: Any, hi: Any, digits: int = 2, *, signed: bool = False, pct: bool = True
 ) -> str:
-    """ "+0.59% [-0.41, +1.59]": a figure and its 95% interval; the figure alone without one."""
+    """ "+0.59% [-0.41, +1.59]": a figure and its 95% interval; the figure alone without one.
+
+    >>> fmt_interval(0.0059, -0.0041, 0.0159, signed=True)
+    '+0.59% [-0.41, +1.59]'
+    >>> fmt_interval(7.08, -2.16, 11.99, 1, signed=True, pct=False)
+    '+7.1 [-2.2, +12.0]'
+    """
     if pct:
         head = fmt_pct(v, digits, signed=signed)
         if _missing(lo) or _missing(hi):
             return head
         return f"{head} [{fmt_pct(lo, digits, signed=signed)[:-1]}, " \
             f"{fmt_pct(hi, digits, signed=signed)[:-1]}]"  # fmt: skip
-    head = fmt_num(v, f".{digits}f")
+    fmt = f"{'+' if signed else ''}.{digits}f"
+    head = fmt_num(v, fmt)
     if _missing(lo) or _missing(hi):
         return head
-    return f"{head} [{fmt_num(lo, f'.{digits}f')}, {fmt_num(hi, f'.{digits}f')}]"
+    return f"{head} [{fmt_num(lo, fmt)}, {fmt_num(hi, fmt)}]"
 
 
 def fmt_num(v: Any, fmt: str = ".3g") -> str:
