@@ -422,6 +422,11 @@ LEVERS: tuple[Lever, ...] = (
           "`stop`, FreeRide's: no step past the prediction). With a task on the leftovers "
           "(second A/B) both hosts follow the rule, the leftovers task's on the bubbles' own "
           "lengths, and the stage's task hands a bubble on rather than sleep in it", ""),
+    Lever("outlived_hand_on", "1. predictor: past the predicted end, the leftovers task's alone",
+          "`--outlived hand-on`: as `survivors`, except that a stage's main task whose hand-ons "
+          "a leftovers task reads never plans past the rank's prediction: it hands the bubble on "
+          "there, and the leftovers task (the image task's graphed band steps) plans to the "
+          "survivors; off: `stop`, the same package in the same call", ""),
     Lever("leftovers", "2. fit the tails: a second task on the leftovers",
           "`--leftovers image` (gating \"leftovers\"): the image task beside each stage's "
           "task takes the bubble time it leaves, the bubbles too short for its steps and the "

@@ -499,6 +499,18 @@ H100_M_M8_OFF = ("h100-2026-12-07f-m8-off-s1.json", "M = 8, stage 1, band step a
 H100_12_07F = (H100_M_ZB_ON, H100_M_ZB_OFF, H100_M_M8_ON, H100_M_M8_OFF)
 H100_12_07F_LEDGERS = _files_of(H100_12_07F, ("zb-on", "zb-off", "m8-on-s1", "m8-off-s1"),
                                 "h100-2026-12-07f-ledger")  # fmt: skip
+#: 2026-12-07, evening, one H100 machine: past the predicted end, the leftovers task's alone
+#: (``--outlived hand-on``, the tree at f477cde, source digest 8567538c230ebe50) against stop,
+#: the same package back to back, the image task's band steps graphed; zero-bubble on every
+#: stage, then stage 3 at M = 8; the peers replaying 12-07c's and 12-07b's costs
+H100_N_ZB_ON = ("h100-2026-12-07g-zb-hand-on.json", "zero-bubble, past the end: hand-on")
+H100_N_ZB_OFF = ("h100-2026-12-07g-zb-stop.json", "zero-bubble, past the end: stop")
+H100_N_M8_ON = ("h100-2026-12-07g-m8-hand-on-s3.json", "M = 8, stage 3, past the end: hand-on")
+H100_N_M8_OFF = ("h100-2026-12-07g-m8-stop-s3.json", "M = 8, stage 3, past the end: stop")
+H100_12_07G = (H100_N_ZB_ON, H100_N_ZB_OFF, H100_N_M8_ON, H100_N_M8_OFF)
+H100_12_07G_NAMES = ("zb-hand-on", "zb-stop", "m8-hand-on-s3", "m8-stop-s3")
+H100_12_07G_LEDGERS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-ledger")
+H100_12_07G_ACTIONS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-actions")
 #: the band step alone on that machine, four ways (``bench_image_bands.py``)
 IMAGE_BANDS_12_07F = "image-bands-h100-2026-12-07f.json"
 #: the host's path alone on that machine, before, between and after its calls, in call order
@@ -1320,6 +1332,39 @@ def bubble_floats_table(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[st
     )  # fmt: skip
 
 
+def action_times_table(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
+    """Per arm, real stage and gated mode: the real rank's actions, summed over a step, against
+    the stage's vanilla blocks (``action_times.py``: ms a step and share, 95% intervals), each
+    kind's difference, and the action whose median moved most."""
+    rows = []
+    for (_, label), name in pairs:
+        for key, stage in raw(name)["stages"].items():
+            if "/instrumentation/" in key:
+                continue
+            for mode, e in stage["modes"].items():
+                if "vs_vanilla_ms" not in e:
+                    continue
+                d = e["vs_vanilla_ms"]
+                top = e["actions"][0] if e["actions"] else None
+                rows.append([
+                    label, key.rsplit("/", 1)[1], mode,
+                    f"{stage['blocks'][mode]} / {stage['blocks']['vanilla']}",
+                    _record_interval(e["step_ms"]["all"], 1),
+                    _record_interval(d["all"], 2, signed=True),
+                    _record_interval(e["vs_vanilla_frac"], 2, pct=True, signed=True),
+                    " · ".join(f"{k} {d[k]['value']:+.2f}" for k in sorted(d) if k != "all"),
+                    (f"stage {top['stage']} {top['action']}{top['microbatch']}: "
+                     f"{top['vanilla_ms']:.2f} → {top['gated_ms']:.2f}") if top else "—",
+                ])  # fmt: skip
+                label = ""
+    return md_table(
+        ["", "stage", "mode", "blocks (gated / vanilla)", "actions a step ms",
+         "− vanilla ms [95%]", "of vanilla [95%]", "by kind, − vanilla ms",
+         "moved most (median ms, vanilla → gated)"],
+        rows,
+    )  # fmt: skip
+
+
 #: the roles a run-queue table shows, in this order (``run_queue.py``'s labels)
 _RUN_QUEUE_ROLES = ("task host", "pipeline rank", "side-task worker", "bench")
 
@@ -1734,7 +1779,8 @@ def h100_goal_sources() -> list[Source]:
                                  *H100_EDGE_FIRST, *H100_12_06B, *H100_12_06C,
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
                                  *H100_12_07B, *H100_12_07C, H100_K_ZB_PROFILE,
-                                 H100_K_M8_PROFILE, *H100_12_07E, H100_M_ZB_ON, H100_M_M8_ON)),
+                                 H100_K_M8_PROFILE, *H100_12_07E, H100_M_ZB_ON, H100_M_M8_ON,
+                                 *H100_12_07G)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -1845,6 +1891,8 @@ def lever_comparisons() -> dict[str, list[Comparison]]:
         "predictor": _predictor(),
         "outlived": [*_on_off(H100_D_SURVIVORS, H100_D_STOP, "table `h100-12-06d-stages`"),
                      *_on_off(H100_H_SURVIVORS, H100_H_STOP, "table `h100-12-07-stages`")],
+        "outlived_hand_on": [*_on_off(H100_N_ZB_ON, H100_N_ZB_OFF, "table `h100-12-07g-stages`"),
+                             *_on_off(H100_N_M8_ON, H100_N_M8_OFF, "table `h100-12-07g-stages`")],
         "leftovers": [*_on_off(H100_E_M8_ON, H100_E_M8_OFF, "table `h100-12-06e-stages`"),
                       *_on_off(H100_E_M4_ON, H100_E_M4_OFF, "table `h100-12-06e-stages`"),
                       *_on_off(H100_F_ON, H100_F_OFF, "table `h100-12-06g-stages`"),
@@ -2220,6 +2268,19 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07f-guards": lambda: guard_costs(H100_12_07F_LEDGERS),
     "h100-12-07f-step-speed": lambda: step_speed(H100_12_07F_LEDGERS),
     "h100-12-07f-latency": lambda: signal_latency(_labelled_rows(H100_12_07F)),
+    "h100-12-07g-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_12_07G[:2])),
+    "h100-12-07g-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_12_07G[:2])),
+    "h100-12-07g-stages": lambda: _side_by_side(H100_12_07G, ("governed",)),
+    "h100-12-07g-idle-split": lambda: _idle_split(H100_12_07G),
+    "h100-12-07g-guards": lambda: guard_costs(H100_12_07G_LEDGERS),
+    "h100-12-07g-step-speed": lambda: step_speed(H100_12_07G_LEDGERS),
+    "h100-12-07g-latency": lambda: signal_latency(_labelled_rows(H100_12_07G)),
+    "h100-12-07g-actions": lambda: action_times_table(
+        (
+            *H100_12_07G_ACTIONS,
+            *_files_of(H100_12_07F[:2], ("zb-on", "zb-off"), "h100-2026-12-07f-actions"),
+        )
+    ),
     "host-path-cold-cpu": host_path_cold,
     "first-steps-h100": first_steps,
     "h100-12-07d-call-guard-replay": lambda: call_guard_replay(H100_CALL_GUARD),
