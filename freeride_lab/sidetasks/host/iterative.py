@@ -66,7 +66,9 @@ the main task's overruns past the prediction cost more than the time they find. 
 "hand-on" a main task whose hand-ons a leftovers task reads never plans past the rank's
 prediction: it hands the bubble on there, and the leftovers task, whose overruns are short,
 plans to the survivors. A task alone on its stage, and the leftovers task, go on as under
-"survivors".
+"survivors". On an H100 with the image task on the leftovers, "hand-on" took most of the time
+past the prediction without a clear gain in harvest, and training's own actions on one
+stage ran longer (BENCHMARKS, "2026-12-07, evening"): it is opt-in.
 
 [Note: leftovers]
 FreeRide runs at most one side task per GPU, and the bubble time its steps cannot use stays
