@@ -1157,15 +1157,15 @@ def step_sizes_cpu() -> list[str]:
 
 
 def outlived_replay(
-    name: str = OUTLIVED_REPLAY,
+    replay: str = OUTLIVED_REPLAY,
     run_names: Sequence[str] = OUTLIVED_RUNS,
     tasks: Mapping[int, str] = OUTLIVED_TASKS,
 ) -> list[str]:
     """Stop against the survivors (each share of early ones) past a bubble's predicted end,
-    replayed over recorded bubbles (``name``, bench_outlived.py's result): per run and rank,
+    replayed over recorded bubbles (``replay``, bench_outlived.py's result): per run and rank,
     stop's figures, then each share's differences from them; ``run_names`` names the runs in
     their order there, ``tasks`` the ranks' tasks."""
-    data = raw(name)
+    data = raw(replay)
     runs = list(dict.fromkeys(res["run"] for res in data["results"]))
     shares = [name for name in data["results"][0]["arms"] if name != "stop"]
     rows = []
