@@ -499,6 +499,8 @@ H100_M_M8_OFF = ("h100-2026-12-07f-m8-off-s1.json", "M = 8, stage 1, band step a
 H100_12_07F = (H100_M_ZB_ON, H100_M_ZB_OFF, H100_M_M8_ON, H100_M_M8_OFF)
 H100_12_07F_LEDGERS = _files_of(H100_12_07F, ("zb-on", "zb-off", "m8-on-s1", "m8-off-s1"),
                                 "h100-2026-12-07f-ledger")  # fmt: skip
+#: the band step alone on that machine, four ways (``bench_image_bands.py``)
+IMAGE_BANDS_12_07F = "image-bands-h100-2026-12-07f.json"
 #: 2026-12-07, evening, one H100 machine: past the predicted end, the leftovers task's alone
 #: (``--outlived hand-on``, the tree at f477cde, source digest 8567538c230ebe50) against stop,
 #: the same package back to back, the image task's band steps graphed; zero-bubble on every
@@ -511,8 +513,6 @@ H100_12_07G = (H100_N_ZB_ON, H100_N_ZB_OFF, H100_N_M8_ON, H100_N_M8_OFF)
 H100_12_07G_NAMES = ("zb-hand-on", "zb-stop", "m8-hand-on-s3", "m8-stop-s3")
 H100_12_07G_LEDGERS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-ledger")
 H100_12_07G_ACTIONS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-actions")
-#: the band step alone on that machine, four ways (``bench_image_bands.py``)
-IMAGE_BANDS_12_07F = "image-bands-h100-2026-12-07f.json"
 #: the host's path alone on that machine, before, between and after its calls, in call order
 HOST_PATH_H100_12_07E = tuple(
     (f"host-path-h100-2026-12-07e-{k}.json", label)
