@@ -4,7 +4,9 @@ A side-task step that runs past its bubble's end delays the action after it, and
 ledger counts that (``bubble_ledger.py``). An action can also take longer than it does without
 side tasks when no step ran into it: this reads a bench result and its run directories and
 compares, per run, case and real stage, the real rank's actions of each kind (F, B, I, W) in
-the stage's gated blocks against its vanilla blocks:
+the stage's gated blocks against its vanilla blocks. Under ``--emulate-peers`` a block's real
+rank is its stage and the other ranks sleep their replayed costs, so only that rank's actions
+are read, and only within its own stage's blocks:
 
 - per block, the median over its steps of a step's summed time in that kind, start to end as
   the rank timed it ("all": every kind together);
