@@ -12,8 +12,8 @@ are read, and only within its own stage's blocks:
   the rank timed it ("all": every kind together);
 - per mode, the mean over the blocks with its 95% t-interval
   (``core.intervals.mean_interval``);
-- each gated mode − vanilla, in ms a step (variances add, df by Welch-Satterthwaite) and as a
-  share of the vanilla blocks' summed action time.
+- each gated mode − vanilla, in ms a step (``lever_status.difference``: variances add, df by
+  Welch-Satterthwaite) and as a share of the vanilla blocks' summed action time.
 
 Per action (stage, kind, micro-batch) the same figures, median over the mode's steps, say
 which actions the difference sits in (``actions``, largest first).
@@ -31,9 +31,10 @@ from typing import Any
 
 import pandas as pd
 from bench_output import add_run_arguments, bench_runs, command_line, write_results
+from lever_status import difference
 
 from freeride_lab.bench.stats import GATED_MODES
-from freeride_lab.core.intervals import Interval, mean_interval, sum_interval
+from freeride_lab.core.intervals import mean_interval
 from freeride_lab.lab.frames import actions_frame
 
 ALL = "all"
@@ -79,11 +80,6 @@ def action_medians(
     return {(int(s), str(a), int(m)): float(v) for (s, a, m), v in grouped.items()}
 
 
-def _difference(on: Interval, off: Interval) -> Interval:
-    """on − off for two figures from separate blocks: variances add."""
-    return sum_interval([on, off.scaled(-1.0)])
-
-
 def stage_times(
     actions: pd.DataFrame, blocks: Sequence[Mapping[str, Any]], rank: int
 ) -> dict[str, Any]:
@@ -105,7 +101,7 @@ def stage_times(
     for mode, figures in means.items():
         entry: dict[str, Any] = {"step_ms": {k: figures[k].record(4) for k in kinds}}
         if vanilla is not None and mode in GATED_MODES:
-            diff = {k: _difference(figures[k], vanilla[k]) for k in kinds}
+            diff = {k: difference(figures[k], vanilla[k]) for k in kinds}
             entry["vs_vanilla_ms"] = {k: d.record(4) for k, d in diff.items()}
             entry["vs_vanilla_frac"] = diff[ALL].scaled(1 / vanilla[ALL].value).record(5)
             base = medians["vanilla"]
