@@ -76,9 +76,7 @@ def test_cuda_graphs_must_be_a_bool() -> None:
 
 
 def _images(device: str, n: int, **options: object) -> list[torch.Tensor]:
-    task = ImageTask(**{**SMALL, **options})
-    task.setup()
-    task.to_device(device)
+    task = _ready(device, **options)
     out = []
     while task.images_done < n:
         sizes = task.step_sizes
@@ -89,15 +87,16 @@ def _images(device: str, n: int, **options: object) -> list[torch.Tensor]:
 
 
 def test_cuda_graphs_with_one_band_an_image_makes_it_eagerly() -> None:
-    graphed, eager = _ready_one_band(cuda_graphs=True), _ready_one_band()
+    graphed, eager = _ready("cpu", cuda_graphs=True), _ready("cpu")
     assert graphed.step() == eager.step() == 1.0
     assert torch.equal(graphed.last_output, eager.last_output) and graphed._graphs is None
 
 
-def _ready_one_band(**options: object) -> ImageTask:
-    task = ImageTask(**SMALL, **options)
+def _ready(device: str, **options: object) -> ImageTask:
+    """An image task of ``SMALL`` and ``options``, set up on ``device``."""
+    task = ImageTask(**{**SMALL, **options})
     task.setup()
-    task.to_device("cpu")
+    task.to_device(device)
     return task
 
 
