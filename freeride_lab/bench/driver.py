@@ -4,21 +4,22 @@ side, on one GPU with emulated pipeline peers (``pipeline/emulate.py``).
     result = run_bench(bench_profile("quick", "cuda"), out=Path("results/h200.json"))
     result["pipeline"]     # one row per (run, case, mode): overhead, harvest, cost, latency
 
-One *run* is one pipeline process tree (a ``Session``) with a fixed M and MPS setting. Inside
-it the benchmark steps through *segments*, one per (real stage, side task): it holds training
-and lets the task run alone on the device for at least ``solo_min_s`` and ``solo_steps`` steps
-(its dedicated speed, FreeRide's step budget from the median of one ``step()`` call, and the
-tight budget of ``core.budget.tight_step_budget_s`` from its 95th percentile: the governed
-mode's starting point; ``bench.blocks.solo_figures``), then interleaves blocks of training
-steps in each mode (A B C D A B C D A: ``bench.stats.interleave``, closed by one more vanilla
-block), and then measures the task alone once more: the segment's harvest uses the mean of its
-two speeds, and a segment whose two speeds differ by more than 10% is flagged. Blocks switch
-modes through the emulation's control file: which rank computes for real and what its side-task
-worker sees of its bubbles (``Gate``). The first ``drop_steps`` steps after every switch are
-left out. A segment's task is attached when the segment begins and detached when it ends
-(``Session.attach``), so it is the only side task attached while the segment measures, and no
-mode pays a process start. A run may begin with an ``instrumentation`` segment: timed vs plain
-``PipelineStage``, no side tasks.
+One *run* is one pipeline process tree (a ``Session``) with a fixed M and MPS setting. Inside it
+the benchmark steps through *segments*, one per (real stage, side task): it holds training and
+lets the task run alone on the device for at least ``solo_min_s`` and ``solo_steps`` steps (its
+dedicated speed, FreeRide's step budget from the median of one ``step()`` call, and the tight
+budget of ``core.budget.tight_step_budget_s`` from its 95th percentile: the governed mode's
+starting point; ``bench.blocks.solo_figures``), has it checkpoint once (a task's first
+checkpoint pins host memory its later ones reuse: a one-time hold kept out of the blocks; the
+segment's ``first_checkpoint_s``), then interleaves blocks of training steps in each mode (A B C
+D A B C D A: ``bench.stats.interleave``, closed by one more vanilla block), and then measures
+the task alone once more: the segment's harvest uses the mean of its two speeds, and a segment
+whose two speeds differ by more than 10% is flagged. Blocks switch modes through the emulation's
+control file: which rank computes for real and what its side-task worker sees of its bubbles
+(``Gate``). The first ``drop_steps`` steps after every switch are left out. A segment's task is
+attached when the segment begins and detached when it ends (``Session.attach``), so it is the
+only side task attached while the segment measures, and no mode pays a process start. A run may
+begin with an ``instrumentation`` segment: timed vs plain ``PipelineStage``, no side tasks.
 
 The benchmark owns the MPS daemon of a run with ``mps=True`` (private pipe and log directories
 in the environment of everything the run starts; stopped after the run). Every number comes

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "list": "freeride_lab.cli.runs",
     "attach": "freeride_lab.cli.runs",
     "tune": "freeride_lab.cli.runs",
+    "checkpoint": "freeride_lab.cli.runs",
     "detach": "freeride_lab.cli.runs",
     "stop": "freeride_lab.cli.runs",
     "report": "freeride_lab.cli.runs",

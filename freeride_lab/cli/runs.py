@@ -5,6 +5,7 @@
     freeride-lab attach RUN_DIR pagerank --option n_nodes=2000 --budget-ms 20   # prints the id
     freeride-lab status RUN_DIR                               # state, steps, side tasks
     freeride-lab tune RUN_DIR TASK_ID --sm 50
+    freeride-lab checkpoint RUN_DIR TASK_ID                   # save its state now
     freeride-lab detach RUN_DIR TASK_ID
     freeride-lab stop RUN_DIR
     freeride-lab report RUN_DIR report.html
@@ -12,10 +13,10 @@
 
 ``launch`` detaches the run: a keeper process (``freeride_lab.lab.keeper``) owns it and outlives
 the command. The other commands open the run directory (``Session.open``); ``attach``, ``tune``,
-``detach`` and ``stop`` ask the keeper, the one process that commands the run, so they work on
-runs started with ``launch`` (a run a notebook or script launched refuses them, naming its
-owner). ``status``, ``list`` and ``report`` read any run, damaged ones for what is left. Errors
-print one line and exit 2.
+``checkpoint``, ``detach`` and ``stop`` ask the keeper, the one process that commands the run,
+so they work on runs started with ``launch`` (a run a notebook or script launched refuses them,
+naming its owner). ``status``, ``list`` and ``report`` read any run, damaged ones for what is
+left. Errors print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from freeride_lab.io.rundir import RunDir
 
 __all__ = [
     "add_attach",
+    "add_checkpoint",
     "add_detach",
     "add_launch",
     "add_list",
@@ -45,6 +47,7 @@ __all__ = [
     "add_stop",
     "add_tune",
     "cmd_attach",
+    "cmd_checkpoint",
     "cmd_detach",
     "cmd_launch",
     "cmd_list",
@@ -372,6 +375,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
             priority=args.priority,
             budget_ms=args.budget_ms,
         )
+    print(_task_line(task))
+    return EXIT_OK
+
+
+def add_checkpoint(subparsers: Any) -> argparse.ArgumentParser:
+    """``checkpoint``: save a side task's state now."""
+    return _task_parser(
+        subparsers, "checkpoint", "save a side task's state now (it goes on from there)"
+    )
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from freeride_lab.lab.session import Session
+
+    with _usage_errors():
+        task = Session.open(args.run_dir).checkpoint(args.task_id)
     print(_task_line(task))
     return EXIT_OK
 

@@ -1,15 +1,14 @@
 """The keeper of a detached run: ``python -m freeride_lab.lab.keeper --config JSON``.
 
-``freeride-lab launch`` returns at once, but a run needs an owner: something that holds its
-bus, starts and always stops its MPS daemon, and notices when it ends. The CLI starts this
-small process in a new session (so the shell's Ctrl-C and hang-up do not reach it); it calls
-``Session.launch(..., detached=True)``, serves the run's request channel
-(``lab.owner_channel``: the attach, tune, move and detach that other processes ask for, carried
-out by its owning Session; the address goes into run.json as ``"keeper"``), writes one JSON
-line to stdout (``{"run_dir", "run_id"}`` or ``{"error"}``) for the CLI to print, then waits
-for the run to end and stops it (MPS included) like any owner. SIGTERM makes it stop the run
-(that is what ``Session.stop`` on an observer of a detached run sends); SIGINT and SIGHUP are
-ignored.
+``freeride-lab launch`` returns at once, but a run needs an owner: something that holds its bus,
+starts and always stops its MPS daemon, and notices when it ends. The CLI starts this small
+process in a new session (so the shell's Ctrl-C and hang-up do not reach it); it calls
+``Session.launch(..., detached=True)``, serves the run's request channel (``lab.owner_channel``:
+the attach, tune, move, checkpoint and detach that other processes ask for, carried out by its
+owning Session; the address goes into run.json as ``"keeper"``), writes one JSON line to stdout
+(``{"run_dir", "run_id"}`` or ``{"error"}``) for the CLI to print, then waits for the run to end
+and stops it (MPS included) like any owner. SIGTERM makes it stop the run (that is what
+``Session.stop`` on an observer of a detached run sends); SIGINT and SIGHUP are ignored.
 """
 
 from __future__ import annotations

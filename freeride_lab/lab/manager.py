@@ -1,4 +1,5 @@
-"""``SideTaskManager``: side tasks of one run — attach, tune, move, detach, and what they did.
+"""``SideTaskManager``: side tasks of one run — attach, tune, move, checkpoint, detach, and what
+they did.
 
 The Session that owns the run holds one (``session.attach(...)`` and friends delegate here);
 an observer's Session holds one only to read ``tasks`` (everything it needs is in the run
@@ -8,6 +9,7 @@ directory) and sends no requests (``lab.session`` [Note: owner and observers]).
     mgr.attach("my_tasks.py:Count", stage=2, memory="1GiB", budget_ms=20)
     mgr.tune("pagerank-3fa1", sm_pct=50)                    # restarts it; it is profiled again
     mgr.move("pagerank-3fa1", 3)                            # checkpoint, then resume on stage 3
+    mgr.checkpoint("pagerank-3fa1")                         # save its state now
     mgr.detach("pagerank-3fa1")                             # checkpoint and stop
     mgr.attach("pagerank-3fa1")                             # re-attach: continues from it
     mgr.tasks()                                             # one dict per task
@@ -78,6 +80,7 @@ class WorkerLike(Protocol):
     def attach(self, spec: TaskSpec) -> ControlAck: ...
     def tune(self, task_id: str, **limits: Any) -> ControlAck: ...
     def detach(self, task_id: str) -> ControlAck: ...
+    def checkpoint(self, task_id: str) -> ControlAck: ...
 
 
 class SideTaskManager:
@@ -279,6 +282,24 @@ class SideTaskManager:
             self.book.save(record)
             self.book.set_state(record.id, SideTaskState.SUBMITTED, ack.t_ns)
             log.info("moved %s from stage %d to %d", record.id, self.placer.lowest(old_rank), stage)
+            return self.book.view(record)
+
+    def checkpoint(self, task_id: str) -> dict[str, Any]:
+        """Save a live task's state now (the task's own ``checkpoint.pt``; see [Note: what the
+        run directory holds per task]); its dict. The task goes on from where it was.
+
+        Raises:
+            ValueError: unknown task, or a task that is not live; nothing sent.
+            RuntimeError: its worker or its process saved nothing (the reason is given).
+        """
+        with self._lock:
+            self._check_live()
+            record = self.book.record(task_id)
+            self._check_attached(record, "checkpoint")
+            ack = self._call(record.rank, lambda w: w.checkpoint(record.id))
+            if not ack.ok:
+                raise RuntimeError(f"could not checkpoint {record.id}: {ack.message}")
+            log.info("checkpointed %s: %s", record.id, ack.message)
             return self.book.view(record)
 
     def detach(self, task_id: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The owner's request channel: how another process asks the owner of a detached run to attach,
-tune, move or detach side tasks.
+tune, move, checkpoint or detach side tasks.
 
     server = OwnerServer(session, secret).start()   # in the keeper (the run's owner)
     client = OwnerClient(address, secret, run_id=..., owner_pid=...)   # in any other process
@@ -25,9 +25,9 @@ charge of a run; it does not defend a run against its own user.
 Wire: ``multiprocessing.connection`` on 127.0.0.1 (a free port, in run.json as
 ``"keeper": {"address": [host, port], "pid": ...}``), an HMAC challenge both ways with the
 run's secret (in the connection's own thread, cut off after ``HANDSHAKE_TIMEOUT_S``), then one
-JSON request ``{"cmd": "attach"|"tune"|"move"|"detach", "args": {...}}`` and one JSON reply
-``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "ValueError", "message": ...}``
-per connection. Nothing is unpickled (``send_bytes``/``recv_bytes`` only).
+JSON request ``{"cmd": "attach"|"tune"|"move"|"checkpoint"|"detach", "args": {...}}`` and one
+JSON reply ``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "ValueError",
+"message": ...}`` per connection. Nothing is unpickled (``send_bytes``/``recv_bytes`` only).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["COMMANDS", "OwnerClient", "OwnerServer"]
 
-COMMANDS = ("attach", "tune", "move", "detach")
+COMMANDS = ("attach", "tune", "move", "checkpoint", "detach")
 HANDSHAKE_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 300.0  # an attach may wait up to two minutes for a starting rank's worker
 MAX_REQUEST_BYTES = 1 << 20
@@ -76,8 +76,8 @@ class OwnerServer:
     """Serves requests for ``target`` (the owning ``Session``) on a loopback port.
 
     Args:
-        target: has ``attach``, ``tune``, ``move`` and ``detach`` returning a task dict; their
-            keyword parameters are the arguments a request may carry.
+        target: has ``attach``, ``tune``, ``move``, ``checkpoint`` and ``detach`` returning a
+            task dict; their keyword parameters are the arguments a request may carry.
         secret: the run's secret (``RunDir.secret()``).
     """
 
@@ -219,6 +219,9 @@ class OwnerClient:
 
     def move(self, task_id: str, stage: int) -> dict[str, Any]:
         return self._request("move", {"task_id": task_id, "stage": stage})
+
+    def checkpoint(self, task_id: str) -> dict[str, Any]:
+        return self._request("checkpoint", {"task_id": task_id})
 
     def detach(self, task_id: str) -> dict[str, Any]:
         return self._request("detach", {"task_id": task_id})

@@ -1,5 +1,5 @@
-"""``SideTaskControls``: the side-task half of ``Session`` — attach, tune, move, detach, tasks,
-ledger, cost saving and the overhead governor, and who carries out a command.
+"""``SideTaskControls``: the side-task half of ``Session`` — attach, tune, move, checkpoint,
+detach, tasks, ledger, cost saving and the overhead governor, and who carries out a command.
 
 ``Session`` inherits it; every method here delegates to the run's ``lab.manager``
 ``SideTaskManager`` (requests; made on first use, so a launch loads none of it),
@@ -226,6 +226,17 @@ class SideTaskControls:
             PermissionError: this Session is a read-only observer.
         """
         return self._commands("move side tasks").move(task_id, stage)
+
+    def checkpoint(self, task_id: str) -> dict[str, Any]:
+        """Save a live side task's state now (it goes on from there); its task dict. A task
+        saves on its own every ``checkpoint_interval_s``, at a detach, a move and a stop.
+
+        Raises:
+            ValueError: unknown or ended task; nothing sent.
+            RuntimeError: the task saved nothing (not started yet, or its process is gone).
+            PermissionError: this Session is a read-only observer.
+        """
+        return self._commands("checkpoint side tasks").checkpoint(task_id)
 
     def detach(self, task_id: str) -> dict[str, Any]:
         """Checkpoint and stop a side task; its task dict (``attach(task_id)`` resumes it).

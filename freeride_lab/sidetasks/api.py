@@ -22,6 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Any, ClassVar, Protocol
 
+from freeride_lab.sidetasks.host_copy import host_copies
+
 __all__ = [
     "ImperativeSideTask",
     "IterativeSideTask",
@@ -40,57 +42,6 @@ def doubling_sizes(most: int) -> tuple[int, ...]:
         ((1, 2, 4), (1, 2), (1,))
     """
     return tuple(2**j for j in range(max(most, 1).bit_length()))
-
-
-def host_copies(state: Any) -> Any:
-    """``state`` with every tensor a detached copy in host memory (numpy arrays copied too)
-    and its dicts, lists and tuples rebuilt; other values as they are. A ``state_dict()`` that
-    returns this may declare ``state_dict_is_copy``: no later step changes what it holds.
-
-    [Note: host copies in pinned memory]
-    A GPU tensor is copied into page-locked host memory, all of them queued before one wait:
-    a copy into pageable memory is staged by the driver and waited for tensor by tensor, and
-    the host memory is faulted in page by page. VGG-19's weights and Adam state (1.7 GB) took
-    1.24 s that way on an H100 host, and the task's host reads no edge while it copies. Pinned
-    blocks come from torch's caching host allocator, so a task's next checkpoint reuses the
-    ones its last one freed, and the task process keeps about its state's size pinned (where
-    pinning fails, the copy is made as before).
-
-        >>> live = {"step": 3, "seen": [1, 2]}
-        >>> copy = host_copies(live)
-        >>> copy == live and copy["seen"] is not live["seen"]
-        True
-    """
-    torch = sys.modules.get("torch")
-    queued: set[Any] = set()  # the CUDA devices whose copies are in flight
-    copy = _host_copies(state, torch, sys.modules.get("numpy"), queued)
-    for device in queued:
-        torch.cuda.current_stream(device).synchronize()  # type: ignore[union-attr]
-    return copy
-
-
-def _host_copies(state: Any, torch: Any, numpy: Any, queued: set[Any]) -> Any:
-    """``host_copies`` of ``state``; a CUDA tensor's copy is queued on its device's current
-    stream, noted in ``queued`` (the caller waits for them)."""
-    if torch is not None and isinstance(state, torch.Tensor):
-        tensor = state.detach()
-        if tensor.is_cuda:
-            try:
-                pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            except RuntimeError:  # no page-locked memory to be had: a plain copy
-                return tensor.to("cpu", copy=True)
-            queued.add(tensor.device)
-            return pinned.copy_(tensor, non_blocking=True)
-        return tensor.to("cpu", copy=True)
-    if numpy is not None and isinstance(state, numpy.ndarray):
-        return state.copy()
-    if isinstance(state, dict):
-        return type(state)((k, _host_copies(v, torch, numpy, queued)) for k, v in state.items())
-    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a named tuple
-        return type(state)(*(_host_copies(v, torch, numpy, queued) for v in state))
-    if isinstance(state, list | tuple):
-        return type(state)(_host_copies(v, torch, numpy, queued) for v in state)
-    return state
 
 
 class TaskStopped(Exception):

@@ -130,6 +130,10 @@ class WorkerClient:
         """Let a task paused by its overrun policy take bubbles again."""
         return self._call({"cmd": "resume", "task_id": task_id})
 
+    def checkpoint(self, task_id: str) -> ev.ControlAck:
+        """Save a task's state now; the ack's message names the file."""
+        return self._call({"cmd": "checkpoint", "task_id": task_id})
+
     def status(self) -> ev.ControlAck:
         """The worker's tasks and their states (in ``payload``)."""
         return self._call({"cmd": "status"})

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_FRAME_BYTES",
     "Attach",
+    "Checkpoint",
     "Command",
     "Detach",
     "MessageError",
@@ -109,6 +110,15 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    task_id: str
+    cmd: ClassVar[str] = "checkpoint"
+
+    def __post_init__(self) -> None:
+        _task_id(self.task_id)
+
+
+@dataclass(frozen=True)
 class Status:
     cmd: ClassVar[str] = "status"
 
@@ -118,9 +128,9 @@ class Stop:
     cmd: ClassVar[str] = "stop"
 
 
-Command = Attach | Tune | Detach | Resume | Status | Stop
+Command = Attach | Tune | Detach | Resume | Checkpoint | Status | Stop
 _BY_NAME: dict[str, type[Command]] = {
-    c.cmd: c for c in (Attach, Tune, Detach, Resume, Status, Stop)
+    c.cmd: c for c in (Attach, Tune, Detach, Resume, Checkpoint, Status, Stop)
 }
 COMMANDS = tuple(_BY_NAME)
 

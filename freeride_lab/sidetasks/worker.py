@@ -73,7 +73,7 @@ __all__ = ["Worker", "main"]
 _TICK_S = 0.2  # main-loop wake-up without any message (reaping, parent check)
 _REPLY_FLUSH_S = 2.0  # at exit, how long the acks already given may take to be sent
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLimits))
-_COMMANDS = "attach, tune, detach, resume, status, stop"
+_COMMANDS = "attach, tune, detach, resume, checkpoint, status, stop"
 _ENDED_KEPT = 100  # tasks that left the worker, the latest, that status replies list
 
 
@@ -266,7 +266,7 @@ class Worker:
         if cmd == "stop":
             self.request_stop("stop command")
             return self._ack(cmd, True, "stopping every task, then the worker")
-        if cmd not in ("attach", "tune", "detach", "resume"):
+        if cmd not in ("attach", "tune", "detach", "resume", "checkpoint"):
             return self._ack(cmd, False, f"unknown command {cmd!r}; valid: {_COMMANDS}")
         if self._stopping:
             return self._ack(cmd, False, f"the worker is stopping ({self._stop_reason})")
@@ -284,6 +284,15 @@ class Worker:
             where = checkpoint_path(self.run_dir.path, task_id)
             payload = {"task_id": task_id, "state": state}
             return self._ack(cmd, True, f"{task_id} {state}; checkpoint {where}", payload)
+        if cmd == "checkpoint":
+            where = checkpoint_path(self.run_dir.path, task_id)
+            payload = {"task_id": task_id, "path": str(where)}
+            if not task.alive:
+                text = f"{task_id} has no process running (not started yet, or ended)"
+                return self._ack(cmd, False, text, payload)
+            ok = task.request({"cmd": "checkpoint"}, on_message=self._on_message)
+            text = f"{task_id}: checkpoint {where}" if ok else f"{task_id} saved no checkpoint"
+            return self._ack(cmd, ok, text, payload)
         ok = task.request({"cmd": "resume"}, on_message=self._on_message)
         return self._ack(cmd, ok, f"{task_id} resumed" if ok else f"{task_id} did not answer")
 

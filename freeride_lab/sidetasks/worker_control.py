@@ -18,7 +18,8 @@ Each request ``{"cmd": ...}`` gets exactly one reply, a ``ControlAck`` as JSON:
   the running process; a memory, SM-share or priority change (read only when CUDA starts)
   checkpoints the task and restarts its process transparently (payload: restarted, fields);
 - ``detach {"task_id"}``: checkpoint, STOPPED, removed; ``resume {"task_id"}``: after an overrun
-  PAUSE; ``status``: tasks and their states; ``stop``: detach every task, then exit.
+  PAUSE; ``checkpoint {"task_id"}``: save its state now (payload: path); ``status``: tasks and
+  their states; ``stop``: detach every task, then exit.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def cli(*args: str, cwd: Path, new_session: bool = False, **popen: object) -> su
 # Positional arguments of the subcommands that require some (placeholders: only parsed).
 REQUIRED_ARGS = {
     "status": ["RUN"], "attach": ["RUN", "TASK"], "tune": ["RUN", "ID"],
-    "detach": ["RUN", "ID"], "stop": ["RUN"], "report": ["RUN", "PATH"],
+    "checkpoint": ["RUN", "ID"], "detach": ["RUN", "ID"], "stop": ["RUN"],
+    "report": ["RUN", "PATH"],
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """Claims about the command line for live runs: ``launch`` returns at once and the run outlives
-it; ``attach``, ``status``, ``detach``, ``list``, ``stop`` and ``report`` work from separate
-invocations on a run none of them launched; errors are one line with exit code 2.
+it; ``attach``, ``status``, ``checkpoint``, ``detach``, ``list``, ``stop`` and ``report`` work
+from separate invocations on a run none of them launched; errors are one line with exit code 2.
 
 One detached run (two sleep-timed ranks) serves the module; its tests run in file order.
 """
@@ -72,7 +72,7 @@ def test_launch_returns_and_the_run_trains_after_the_command_exited(
     wait_until(lambda: session.steps_done >= 2, timeout_s=STARTUP_S, what="two training steps")
 
 
-def test_attach_status_and_detach_work_from_separate_invocations(
+def test_attach_status_checkpoint_and_detach_work_from_separate_invocations(
     run_dir: Path, workdir: Path
 ) -> None:
     attached = cli(
@@ -92,6 +92,10 @@ def test_attach_status_and_detach_work_from_separate_invocations(
     assert status.returncode == 0, status.stderr
     line = next(x for x in status.stdout.splitlines() if task_id in x)
     assert " 1 " in line and ("PAUSED" in line or "RUNNING" in line)
+    saved = cli("checkpoint", str(run_dir), task_id, cwd=workdir)
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.startswith(f"{task_id} (Counting) stage 1: ")
+    assert (run_dir / "tasks" / task_id / "checkpoint.pt").exists()
     detached = cli("detach", str(run_dir), task_id, cwd=workdir)
     assert detached.returncode == 0, detached.stderr
     assert f"{task_id} (Counting) stage 1: STOPPED" in detached.stdout

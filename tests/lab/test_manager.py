@@ -59,6 +59,10 @@ class FakeWorker:
         self.log.append((self.rank, "detach", task_id))
         return self._ack("detach", {"task_id": task_id, "state": "STOPPED"})
 
+    def checkpoint(self, task_id: str) -> ControlAck:
+        self.log.append((self.rank, "checkpoint", task_id))
+        return self._ack("checkpoint", {"task_id": task_id})
+
 
 class Run:
     """What a Session gives its manager: tables, events and liveness, set by each test."""
@@ -419,6 +423,22 @@ def test_detach_then_attach_by_id_resumes_the_same_task(run: Run) -> None:
         5.0,
         False,
     )
+
+
+def test_a_checkpoint_goes_to_the_tasks_worker_and_a_refusal_says_why(run: Run) -> None:
+    tid = run.manager.attach(COUNTING, stage=2)["id"]
+    task = run.manager.checkpoint(tid)
+    assert run.sent[-1] == (2, "checkpoint", tid)
+    assert (task["id"], task["detached"]) == (tid, False)
+    run.workers[2].refuse = f"{tid} has no process running (not started yet, or ended)"
+    with pytest.raises(RuntimeError, match=f"could not checkpoint {tid}: {tid} has no process"):
+        run.manager.checkpoint(tid)
+    run.workers[2].refuse = ""
+    run.manager.detach(tid)
+    sent = len(run.sent)
+    with pytest.raises(ValueError, match=r"cannot checkpoint task .*attach it again"):
+        run.manager.checkpoint(tid)
+    assert len(run.sent) == sent  # nothing sent for a detached task
 
 
 def test_tune_of_a_detached_task_is_refused_with_the_fix(run: Run) -> None:

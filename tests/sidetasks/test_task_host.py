@@ -515,6 +515,73 @@ def test_a_task_whose_state_is_live_is_copied_before_the_writer_saves_it(
     assert held.states[1]["weights"] is host.task.weights
 
 
+def test_the_task_changes_state_only_once_a_checkpoints_copies_have_landed(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    from tasks_for_tests import Counting
+
+    from freeride_lab.core.sidetask_state import SideTaskEvent
+
+    class Copies:  # stands in for copies still in flight on a GPU
+        waits = 0
+
+        def wait(self) -> None:
+            Copies.waits += 1
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host._copies = Copies()
+    assert host._apply(SideTaskEvent.START)  # it may step now: its copies were waited for
+    assert (Copies.waits, host._copies) == (1, None)
+    assert host._apply(SideTaskEvent.PAUSE)
+    sink.close()
+    assert Copies.waits == 1
+
+
+@pytest.mark.gpu
+def test_a_periodic_checkpoints_gpu_copies_are_waited_for_off_the_host_and_before_a_step(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from tasks_for_tests import Counting
+
+    from freeride_lab.core.sidetask_state import SideTaskEvent
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; this machine has none")
+
+    class Large(Counting):  # 256 MB: its copy to the host takes milliseconds
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.zeros(64 << 20, device="cuda")
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"progress": self.progress, "weights": self.weights}
+
+    waited_on: list[str] = []
+    for kind in (torch.cuda.Event, torch.cuda.Stream):
+        wait = kind.synchronize
+
+        def recorded(self: Any, _wait: Any = wait) -> None:
+            waited_on.append(threading.current_thread().name)
+            _wait(self)
+
+        monkeypatch.setattr(kind, "synchronize", recorded)
+    host, sink = in_process_host(run_dir, tmp_path, Large())
+    torch.cuda.synchronize()
+    host.task.progress = 1.0
+    _due(host)
+    host._maybe_checkpoint()
+    assert "MainThread" not in waited_on  # the host queued the copies and went on
+    assert host._apply(SideTaskEvent.START)
+    side = torch.cuda.Stream()  # a step on a stream of the task's own: nothing orders it
+    with torch.cuda.stream(side):
+        host.task.weights.fill_(1.0)
+    host._finish_writing()
+    sink.close()
+    assert "task-checkpoint" in waited_on
+    assert int(_saved(run_dir)["weights"].count_nonzero()) == 0
+
+
 def test_a_periodic_write_that_fails_fails_the_task_at_the_hosts_next_look(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, held: _HeldWrites
 ) -> None:

@@ -138,6 +138,23 @@ def test_attach_is_acknowledged_and_the_task_steps_in_bubbles(
     )
 
 
+def test_a_checkpoint_on_request_saves_the_state_and_the_task_steps_on(
+    run_dir: RunDir, trainer: Trainer, client: WorkerClient
+) -> None:
+    from freeride_lab.sidetasks.host.checkpoints import load_checkpoint
+
+    attach_counting(client, "c1")
+    trainer.until_steps("c1", 3)
+    ack = client.checkpoint("c1")
+    assert ack.ok, ack.message
+    saved = load_checkpoint(Path(ack.payload["path"]))
+    assert saved is not None and saved["progress"] >= 3
+    done = len(steps(run_dir, "c1"))
+    trainer.until_steps("c1", done + 2)  # not paused, not stopped: it goes on
+    unknown = client.checkpoint("zz")
+    assert not unknown.ok and "no task 'zz' here; attached: c1" in unknown.message
+
+
 def test_only_the_first_task_of_the_queue_takes_bubbles(
     run_dir: RunDir, trainer: Trainer, client: WorkerClient
 ) -> None:

@@ -35,6 +35,7 @@ from freeride_lab.sidetasks.api import SideTaskBase
 from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter
 from freeride_lab.sidetasks.heartbeat import TaskBeacon
 from freeride_lab.sidetasks.host.imperative import ImperativeDriver
+from freeride_lab.sidetasks.host_copy import CopiesInFlight
 from freeride_lab.sidetasks.spec import HostSpec
 
 log = logging.getLogger("freeride_lab.sidetasks.host")
@@ -133,6 +134,9 @@ class HostBase:
         # host.checkpoints [Note: periodic checkpoints in the background])
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
+        # the GPU copies of the state the last periodic checkpoint took, while in flight
+        # (sidetasks.host_copy [Note: copies left in flight])
+        self._copies: CopiesInFlight | None = None
         self._saved_progress: float | None = None
         self._driver: ImperativeDriver | None = None  # imperative tasks only
         self._last_report_ns = 0
@@ -242,7 +246,11 @@ class HostBase:
     ) -> bool:
         """Apply ``event`` (running its hooks) and announce it: an event and a message to the
         worker; with ``hold``, the announcement waits for ``_announce_held`` (the next one, at
-        the latest). False if the state machine refused it (announced at once)."""
+        the latest). False if the state machine refused it (announced at once). Waits first
+        for a checkpoint's copies still in flight: the change may let the task step."""
+        copies, self._copies = self._copies, None
+        if copies is not None:
+            copies.wait()
         self._announce_held()
         outcome = transition(self.machine.state, event)
         if isinstance(outcome, Rejected):

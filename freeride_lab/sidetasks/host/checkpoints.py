@@ -11,12 +11,13 @@ leftovers task. Serialising a large model and writing it out takes most of a sec
 weights and Adam state are 1.7 GB), so a periodic checkpoint is split: the host takes the state
 (``state_dict()``, the task's own copies to host memory; for a task that does not declare
 ``state_dict_is_copy``, its tensors are copied here, since the next step would change them in
-place under the writer), then a writer thread saves it (``torch.save`` lets go of the GIL
-while it writes a tensor's bytes). One write at a time: a periodic checkpoint due while one is
-still being written waits for the next turn. Every other checkpoint (a stop, a preemption, on
-demand) is written on the host's thread, after any write in flight, so the newest state is
-the one on disk. A write that failed fails the task at the host's next look, as a checkpoint
-written on its own thread would.
+place under the writer), its GPU copies left in flight (``sidetasks.host_copy`` [Note: copies
+left in flight]), then a writer thread waits for them and saves it (``torch.save`` lets go of
+the GIL while it writes a tensor's bytes). One write at a time: a periodic checkpoint due while
+one is still being written waits for the next turn. Every other checkpoint (a stop, a
+preemption, on demand) is written on the host's thread, after any write in flight, so the newest
+state is the one on disk. A write that failed fails the task at the host's next look, as a
+checkpoint written on its own thread would.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any
 
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import create_file
-from freeride_lab.sidetasks.api import host_copies
 from freeride_lab.sidetasks.host.base import HostBase, log
+from freeride_lab.sidetasks.host_copy import CopiesInFlight, copies_in_flight, host_copies
 from freeride_lab.sidetasks.spec import checkpoint_path
 
 __all__ = ["Checkpointing", "load_checkpoint", "save_checkpoint"]
@@ -111,21 +112,25 @@ class Checkpointing(HostBase):
         task = self.task
         assert task is not None
         self._where = "state_dict"
-        state = task.state_dict()
-        if not getattr(task, "state_dict_is_copy", False):
-            state = host_copies(state)
+        with copies_in_flight() as copies:
+            state = task.state_dict()
+            if not getattr(task, "state_dict_is_copy", False):
+                state = host_copies(state)
+        self._copies = copies if copies else None  # waited for before the task's next change
         self._saved_progress = task.progress
         self._last_checkpoint_s = time.monotonic()
         path = checkpoint_path(self.spec.run_dir, self.spec.task.task_id)
         writer = threading.Thread(
-            target=self._write, args=(path, state), name="task-checkpoint", daemon=True
+            target=self._write, args=(path, state, copies), name="task-checkpoint", daemon=True
         )
         self._writer = writer
         writer.start()
 
-    def _write(self, path: Path, state: dict[str, Any]) -> None:
-        """The writer thread: save ``state``; an error is kept for the host's next look."""
+    def _write(self, path: Path, state: dict[str, Any], copies: CopiesInFlight) -> None:
+        """The writer thread: wait for ``state``'s copies, save it; an error is kept for the
+        host's next look."""
         try:
+            copies.wait()
             save_checkpoint(path, state)
         except BaseException as exc:  # a full disk, an unpicklable state: the host fails it
             self._write_error = exc

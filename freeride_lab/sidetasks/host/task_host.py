@@ -283,6 +283,9 @@ class TaskHost(IterativeSteps):
             self._policy_paused = False
             return True, "taking bubbles again"
         if cmd == "checkpoint":
+            driver = self._driver
+            if driver is not None and driver.started and not driver.parked:
+                return False, "run() is between pause points; its state is saved once it pauses"
             self._checkpoint()
             return True, str(checkpoint_path(self.spec.run_dir, self.spec.task.task_id))
         if cmd == "stop":
