@@ -7,9 +7,13 @@ preset, stepped a few batches so Adam's state exists) the two ways alternate, ``
 times each: "pageable" copies tensor by tensor into fresh pageable memory and waits for each
 (``tensor.to("cpu", copy=True)``, the way before 2026-12-07), "pinned" is
 ``sidetasks.api.host_copies`` as tasks run it (pinned blocks from torch's caching host
-allocator, every copy queued before one wait). Reported per task and way: the state's size,
-the first take and the median and highest of the others (ms), wall time of the whole
-``state_dict()``-sized copy on the host's thread.
+allocator, every copy queued before one wait), and "in flight" is that inside
+``copies_in_flight()``, as a periodic checkpoint takes it since 2026-12-07 (the copies queued,
+the wait left to the writer thread; ``sidetasks.host_copy`` [Note: copies left in flight]).
+Reported per task and way: the state's size, the first take and the median and highest of the
+others (ms), wall time of the whole ``state_dict()``-sized copy on the host's thread; for "in
+flight" that is what holds the host, and ``landed`` the same figures until the copies had
+landed (the writer's wait returned).
 
 With ``--pin-ahead`` the blocks are first pinned from a thread (``pin_ahead``: blocks of the
 state's tensors' sizes from torch's caching host allocator, held until the last is pinned, then
@@ -33,7 +37,7 @@ from typing import Any
 import torch
 from bench_output import command_line, write_results
 
-from freeride_lab.sidetasks.api import host_copies
+from freeride_lab.sidetasks.host_copy import copies_in_flight, host_copies
 from freeride_lab.tasks.vision import ResNet18Task, VGG19Task
 
 TASKS = {"resnet18": ResNet18Task, "vgg19": VGG19Task}
@@ -125,13 +129,20 @@ def measure(name: str, repeats: int, *, ahead: str = "") -> dict[str, Any]:
     row: dict[str, Any] = {"task": name, "state_bytes": _nbytes(state)}
     if ahead:
         row["pin_ahead"] = pin_ahead_beside(task, ahead)
-    times: dict[str, list[float]] = {"pageable": [], "pinned": []}
+    times: dict[str, list[float]] = {"pageable": [], "pinned": [], "in_flight": [], "landed": []}
     for _ in range(repeats):
         for way, copy in (("pageable", pageable_copies), ("pinned", host_copies)):
             t0 = time.perf_counter()
             held = copy(state)
             times[way].append((time.perf_counter() - t0) * 1e3)
             del held  # freed, as a written checkpoint's copies are
+        t0 = time.perf_counter()
+        with copies_in_flight() as copies:
+            held = host_copies(state)
+        times["in_flight"].append((time.perf_counter() - t0) * 1e3)
+        copies.wait()  # the writer's wait
+        times["landed"].append((time.perf_counter() - t0) * 1e3)
+        del held
     for way, ms in times.items():
         rest = sorted(ms[1:])
         row[way] = {"first_ms": ms[0], "median_ms": rest[len(rest) // 2], "max_ms": rest[-1]}
