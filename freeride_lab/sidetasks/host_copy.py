@@ -43,17 +43,17 @@ class CopiesInFlight:
         self._events: list[Any] = []
 
     def __bool__(self) -> bool:
-        """Whether any copy was queued (and not yet waited for)."""
+        """Whether any copy was queued."""
         return bool(self._events)
 
     def _add(self, event: Any) -> None:
         self._events.append(event)
 
     def wait(self) -> None:
-        """Block until every queued copy has finished; any thread may call it."""
+        """Block until every queued copy has finished; any thread may call it, and again (a
+        finished copy's event returns at once)."""
         for event in self._events:
             event.synchronize()
-        self._events.clear()
 
 
 @contextlib.contextmanager
