@@ -403,6 +403,7 @@ UNUSED_WHY: tuple[tuple[str, str], ...] = (
     ("idle_unused_silent_frac", "of those never announced"),
     ("idle_unused_short_frac", "announced, predicted too short for it"),
     ("idle_unused_guard_frac", "announced, predicted within the guard"),
+    ("idle_unused_held_frac", "announced, room, the host checkpointing"),
 )
 
 #: The time after the last step that lay past the bubble's predicted end: column, header.

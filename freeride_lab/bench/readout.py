@@ -34,6 +34,7 @@ from freeride_lab.sidetasks.spec import profile_path, profiled_top_size
 __all__ = [
     "AnnouncedBubble",
     "announced_bubbles",
+    "checkpoint_holds",
     "collect_blocks",
     "predicted_bubbles_ms",
     "read_calibration",
@@ -75,6 +76,7 @@ def collect_blocks(
         if e.get("kind") == "step"
     }
     edges = [e for e in events if e.get("kind") == "bubble_edge"]
+    holds = checkpoint_holds(events, t0)
     record["stage_memory"] = stage_memory(events)
     for rec in record["segments"]:
         for one in segment_tasks(rec):
@@ -90,10 +92,28 @@ def collect_blocks(
             rec["top_step_size"] = _top_step_size(run_dir, str(rec["task_id"]))
     rows = []
     for b in blocks:
-        row = block_row(dict(b), run_name, starts, bubbles, side, edges, list(samples), t0)
+        row = block_row(dict(b), run_name, starts, bubbles, side, edges, list(samples), t0, holds)
         if row is not None:
             rows.append(row)
     return rows
+
+
+def checkpoint_holds(
+    events: Sequence[Mapping[str, Any]], t0: int
+) -> list[tuple[str, float, float]]:
+    """Every side-task checkpoint's hold of its host (``side_task_checkpoint`` events) as
+    (task_id, start, end), ms after ``t0``.
+
+        >>> held = {"kind": "side_task_checkpoint", "task_id": "vgg19-1", "start_ns": 3_000_000,
+        ...         "end_ns": 4_500_000, "why": "periodic"}
+        >>> checkpoint_holds([held, {"kind": "step"}], t0=1_000_000)
+        [('vgg19-1', 2.0, 3.5)]
+    """
+    return [
+        (str(e["task_id"]), (int(e["start_ns"]) - t0) / 1e6, (int(e["end_ns"]) - t0) / 1e6)
+        for e in events
+        if e.get("kind") == "side_task_checkpoint"
+    ]
 
 
 def predicted_bubbles_ms(

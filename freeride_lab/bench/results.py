@@ -338,8 +338,11 @@ def block_row(
     edges: Sequence[Mapping[str, Any]],
     samples: Sequence[Any],
     t0: int,
+    holds: Sequence[tuple[str, float, float]] = (),
 ) -> dict[str, Any] | None:
-    """One ``BLOCK_COLUMNS`` row (plus the raw ``step_ms``), or None if steps are missing."""
+    """One ``BLOCK_COLUMNS`` row (plus the raw ``step_ms``), or None if steps are missing.
+    ``holds``: the run's side-task checkpoints as (task_id, start, end), ms after ``t0``: a
+    host busy with one takes no bubble (``idle_unused_held_ms``)."""
     r, first, k = int(b["stage"]), int(b["first_step"]), int(b["steps"])
     ns = [starts.get((r, s)) for s in range(first, first + k + 1)]
     if any(x is None for x in ns):
@@ -354,6 +357,8 @@ def block_row(
     if b.get("task_id"):  # the stage's side work: its task's steps and its leftovers task's
         s = s[s["task_id"].isin([b["task_id"], rest_id])].sort_values("start_ms", kind="stable")
     rest = s[s["task_id"] == rest_id] if rest_id else s.iloc[0:0]
+    mine_ids = {str(b["task_id"]), rest_id} if b.get("task_id") else set(s["task_id"])
+    held = [(a, e) for task_id, a, e in holds if task_id in mine_ids and e > lo_ms and a < hi_ms]
     main = s[s["task_id"] != rest_id] if rest_id else s
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
@@ -396,7 +401,9 @@ def block_row(
     window = [x for x in samples if lo_ns <= x.t_ns < hi_ns]
     overruns = OverrunStats.of(s["overrun_ms"] * 1e6)
     durations = [e - a for a, e in busy if e > a]
-    use = idle_use(gaps, busy, fit_ms=min(durations) if durations else None, announced=told)
+    use = idle_use(
+        gaps, busy, fit_ms=min(durations) if durations else None, announced=told, held=held
+    )
     return {
         "run": run,
         "case": b["case"],
@@ -425,6 +432,7 @@ def block_row(
         "idle_unused_guard_ms": (
             use.unused_guard_ms if any(len(t) > 3 for t in told) else math.nan
         ),
+        "idle_unused_held_ms": use.unused_held_ms,
         "idle_tail_unpromised_ms": (
             use.tail_unpromised_ms if any(len(t) > 2 for t in told) else math.nan
         ),

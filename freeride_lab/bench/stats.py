@@ -87,9 +87,10 @@ SegmentKey = tuple[str, str, int, str]
 #: a bubble's first step, between its steps, after its last step, in bubbles where no step ran;
 #: then the real rank's bubbles in the block (gaps > 1 ms) and the ones no step ran in; the
 #: unused ones a step as short as the block's shortest would have fitted, of those the ones
-#: the rank never announced, the announced ones predicted too short for that step, and of
-#: the rest those predicted within the guard the host held them to (NaN where no step of the
-#: block recorded its guard); last, the part of the time after the last step that lay past
+#: the rank never announced, the announced ones predicted too short for that step, of the
+#: rest those predicted within the guard the host held them to (NaN where no step of the
+#: block recorded its guard), and of the rest again those a checkpoint of the stage's tasks
+#: held their host across; last, the part of the time after the last step that lay past
 #: the bubbles' predicted end (NaN where no announcement carried one). Results recorded before
 #: each split lack its columns.
 IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
@@ -101,6 +102,7 @@ IDLE_SPLIT_COLUMNS: tuple[str, ...] = (
     "idle_unused_silent_ms",
     "idle_unused_short_ms",
     "idle_unused_guard_ms",
+    "idle_unused_held_ms",
     "idle_tail_unpromised_ms",
     "bubbles",
     "unused_bubbles",

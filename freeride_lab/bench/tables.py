@@ -93,11 +93,13 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "idle_unused_frac",
     # of the unused: bubbles a step as short as the task's shortest would have fitted, of
     # those the ones the rank never announced, the announced ones predicted too short for
-    # that step, and of the rest those predicted within the guard (core.idle_use)
+    # that step, of the rest those predicted within the guard, and of the rest again those a
+    # checkpoint held the host across (core.idle_use)
     "idle_unused_fit_frac",
     "idle_unused_silent_frac",
     "idle_unused_short_frac",
     "idle_unused_guard_frac",
+    "idle_unused_held_frac",
     # of the time after the last step, the part past the bubble's predicted end (core.idle_use)
     "idle_tail_unpromised_frac",
     "unused_bubbles_frac",  # bubbles no step ran in ÷ bubbles

@@ -29,6 +29,7 @@ __all__ = [
     "RankFailed",
     "RankFinished",
     "RankStarted",
+    "SideTaskCheckpoint",
     "SideTaskStateChanged",
     "SideTaskStep",
     "StepTimed",
@@ -196,6 +197,24 @@ class SideTaskStep(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SideTaskCheckpoint(Event):
+    """A side task's host took the task's state for a checkpoint: from ``start_ns`` to
+    ``end_ns`` (run clock) its thread did nothing else, so it took no bubble and handed none
+    on. ``why`` is what asked for it: "periodic", "request", "preempt", "stop", "restart" or
+    "overrun" (the KILL policy); a periodic one is written afterwards by a thread
+    (``sidetasks.host.checkpoints`` [Note: periodic checkpoints in the background])."""
+
+    kind: ClassVar[str] = "side_task_checkpoint"
+    task_id: str
+    name: str
+    stage: int
+    rank: int
+    start_ns: int
+    end_ns: int
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ControlAck(Event):
     """A control command (attach, tune, detach, stop) was carried out or refused."""
 
@@ -219,6 +238,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RankFailed,
         SideTaskStateChanged,
         SideTaskStep,
+        SideTaskCheckpoint,
         ControlAck,
     )
 }

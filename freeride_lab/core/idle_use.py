@@ -26,7 +26,9 @@ predictor stands in the way). Where they also carry the guard the host held them
 smallest step's, which a bubble's predicted length must exceed for any step),
 ``unused_guard`` is the part of the rest whose every prediction left no more than that guard:
 the guard, not the predictor, stands in the way. The announced rest was predicted long enough
-for a step and its guard, and left by the host (a paused task, a command, an edge seen late).
+for a step and its guard, and left by the host; where the caller knows when a host was busy
+with something else (``held``: its checkpoints), ``unused_held`` is the part of that rest such
+a hold overlapped (a paused task, a command, an edge seen late are what remains).
 
     >>> use = idle_use([(0.0, 10.0), (20.0, 22.0)], [(1.0, 4.0), (4.5, 8.0)])
     >>> use.covered_ms, use.lead_ms, use.between_ms, use.tail_ms, use.unused_ms
@@ -45,6 +47,10 @@ for a step and its guard, and left by the host (a paused task, a command, an edg
     >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told)
     >>> use.unused_short_ms, use.unused_guard_ms
     (10.0, 10.0)
+    >>> told = [(29.5, 39.0, 31.5, 4.0), (50.5, 60.0, 58.0, 4.0)]  # (50, 60): room past 4.0
+    >>> use = idle_use(gaps, [(1.0, 4.0)], fit_ms=3.0, announced=told, held=[(49.0, 52.0)])
+    >>> use.unused_short_ms, use.unused_guard_ms, use.unused_held_ms  # its host was busy
+    (10.0, 0.0, 10.0)
     >>> told = [(0.5, 9.5, 7.0)]  # the used bubble (0, 10) was promised until 7.0
     >>> use = idle_use(gaps[:1], [(1.0, 4.0)], announced=told)
     >>> use.tail_ms, use.tail_unpromised_ms
@@ -81,6 +87,7 @@ class IdleUse:
     unused_silent_ms: float = 0.0  # ... of which no announced bubble overlapped
     unused_short_ms: float = 0.0  # ... announced, every prediction under ``fit_ms``
     unused_guard_ms: float = 0.0  # ... not those, every prediction within its guard
+    unused_held_ms: float = 0.0  # ... not those either, a host's hold (``held``) overlapped
     tail_unpromised_ms: float = 0.0  # of ``tail_ms``, after the latest predicted end
 
     @property
@@ -137,6 +144,7 @@ def idle_use(
     *,
     fit_ms: float | None = None,
     announced: Iterable[tuple[float, ...]] = (),
+    held: Iterable[tuple[float, float]] = (),
 ) -> IdleUse:
     """Split the bubbles' time by what the side-task ``steps`` made of it (all in ms).
 
@@ -154,6 +162,9 @@ def idle_use(
             all carry a guard and predicted no more than it in ``unused_guard_ms``. In a
             bubble with steps, the tail after the latest predicted end of the announcements
             overlapping it counts in ``tail_unpromised_ms`` (none where none predicted).
+        held: when a side task's host did nothing but something else (its checkpoints), as
+            (start, end); of the announced unused bubbles none of the above took, those one
+            overlaps count in ``unused_held_ms``.
     """
     work = merge_intervals(steps)
     starts = [s for s, _ in work]
@@ -168,8 +179,10 @@ def idle_use(
     past_guard = [len(a) < 4 or a[2] - a[0] > a[3] for a in with_end]
     predicted_starts = [s for s, _ in predicted]
     reach = list(itertools.accumulate((e for _, e in predicted), max))  # the latest end so far
+    holds = merge_intervals(held)
+    hold_starts = [s for s, _ in holds]
     parts = dict.fromkeys(PARTS, 0.0)
-    fit = silent = short = guard = unpromised = 0.0
+    fit = silent = short = guard = busy = unpromised = 0.0
     count = unused = 0
     for lo, hi in merge_intervals(bubbles):
         count += 1
@@ -185,6 +198,8 @@ def idle_use(
                     short += hi - lo
                 elif _no_room_predicted(predicted, predicted_starts, reach, past_guard, lo, hi):
                     guard += hi - lo
+                elif _clipped(holds, hold_starts, lo, hi):
+                    busy += hi - lo
             continue
         covered = sum(e - s for s, e in inside)
         parts["covered"] += covered
@@ -202,6 +217,7 @@ def idle_use(
         unused_silent_ms=silent,
         unused_short_ms=short,
         unused_guard_ms=guard,
+        unused_held_ms=busy,
         tail_unpromised_ms=unpromised,
     )
 

@@ -338,11 +338,13 @@ def _managed_block_row(
     steps: list[list[object]],
     bubbles_ms: list[tuple[float, float]],
     announced: list[tuple[float, float, float]],
+    holds: list[tuple[str, float, float]] | None = None,
     **block_fields: object,
 ) -> dict[str, Any] | None:
     """``block_row`` of a managed block of task t1 on stage 0 (training step 0, 0-30 ms): its
     side-task ``steps`` (rows of ``SIDE_TASK_STEP_COLUMNS``), the rank's measured bubbles and
-    the bubbles it announced as (start, end, predicted end), all in ms."""
+    the bubbles it announced as (start, end, predicted end), all in ms; ``holds``: the
+    checkpoints of tasks as (task_id, start, end)."""
     import pandas as pd
 
     from freeride_lab.lab.tables import SIDE_TASK_STEP_COLUMNS
@@ -363,7 +365,7 @@ def _managed_block_row(
              "task": "counting", "task_id": "t1", "repeat": 0, "order": 1,
              **block_fields}  # fmt: skip
     return bench_results.block_row(block, "m4", {(0, 0): 0, (0, 1): 30 * 10**6}, bubbles, side,
-                                   edges, [], 0)  # fmt: skip
+                                   edges, [], 0, holds or [])  # fmt: skip
 
 
 @pytest.mark.parametrize("guard_ms", [4.0, 2.0, None])
@@ -387,6 +389,26 @@ def test_an_announced_bubble_predicted_within_the_guard_is_the_guards(
         assert math.isnan(row["idle_unused_guard_ms"])
     else:
         assert row["idle_unused_guard_ms"] == (4.0 if guard_ms >= 3.5 else 0.0)
+
+
+def test_an_announced_bubble_with_room_left_while_a_task_checkpointed_is_the_holds() -> None:
+    """Bubble 15-19 (announced with room for the 3 ms step, no guard in its way) unused: a
+    checkpoint of the block's task or of the task on its leftovers that held its host across
+    it puts it in ``idle_unused_held_ms``; one of another task, or one over, does not."""
+    nan = float("nan")
+    step = ["t1", "counting", 0, 0, 1, 1.0, 4.0, 3.0, 1.0, "it", 0.0, *[nan] * 4, 2.0]
+
+    def held(holds: list[tuple[str, float, float]]) -> float:
+        row = _managed_block_row([step], [(0.0, 10.0), (15.0, 19.0)],
+                                 [(0.0, 10.0, 9.0), (15.0, 19.0, 18.5)], holds,
+                                 leftovers_task_id="t2")  # fmt: skip
+        assert row is not None and row["idle_unused_guard_ms"] == 0.0
+        return float(row["idle_unused_held_ms"])
+
+    assert held([("t1", 14.0, 16.0)]) == 4.0
+    assert held([("t2", 18.0, 25.0)]) == 4.0
+    assert held([("t9", 14.0, 20.0), ("t1", 10.5, 14.5)]) == 0.0
+    assert held([]) == 0.0
 
 
 def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_shares() -> None:
@@ -425,7 +447,7 @@ def test_a_block_splits_its_uncovered_bubble_time_and_the_summary_reports_the_sh
     assert sum(managed[f"{p}_frac"] for p in parts) == pytest.approx(1.0)
     text = bench_markdown.markdown({"summary": summary.to_dict("records")})
     assert "## Where the idle time went" in text
-    shares = "32.5% | 5.0% | 2.5% | 10.0% | 5.0% | 50.0% | 40.0% | 20.0% | 20.0% | 75.0% | -"
+    shares = "32.5% | 5.0% | 2.5% | 10.0% | 5.0% | 50.0% | 40.0% | 20.0% | 20.0% | 0.0% | 75.0% | -"
     assert f"| m4 | x | 0 | counting | managed | {shares} |" in text
 
 

@@ -90,6 +90,20 @@ def test_announced_bubbles_predicted_within_their_guard_were_left_for_the_guard(
     assert (use + use).unused_guard_ms == 20.0
 
 
+def test_announced_bubbles_with_room_that_a_hosts_hold_overlapped_were_left_for_the_hold() -> None:
+    # shortest step 3 ms; 10 ms bubbles announced with room past their 5 ms guard, unused: the
+    # host checkpointed across the first and the third's start; the second it simply left.
+    # A hold over a bubble the guard or the predictor already explains changes nothing.
+    gaps = [(0.0, 10.0), (20.0, 30.0), (40.0, 50.0), (60.0, 70.0)]
+    told = [(0.2, 9.0, 8.2, 5.0), (20.2, 29.0, 28.2, 5.0), (40.2, 49.0, 48.2, 5.0),
+            (60.2, 69.0, 64.2, 5.0)]  # fmt: skip
+    holds = [(-3.0, 12.0), (38.0, 40.5), (59.0, 70.0)]
+    use = idle_use(gaps, [], fit_ms=3.0, announced=told, held=holds)
+    assert (use.unused_guard_ms, use.unused_held_ms) == (10.0, 20.0)
+    assert idle_use(gaps, [], fit_ms=3.0, announced=told).unused_held_ms == 0.0
+    assert (use + use).unused_held_ms == 40.0
+
+
 def test_the_tail_past_a_bubbles_predicted_end_is_the_predictors() -> None:
     """After its last step a bubble's rest splits at its prediction: a bubble that outlasted
     it leaves the part past it to the predictor; one predicted longer than it was, or ending
@@ -112,12 +126,13 @@ _span = st.tuples(st.floats(0, 1000), st.floats(0.01, 50)).map(lambda t: (t[0], 
 def test_the_parts_sum_to_the_bubble_time_and_none_is_negative(bubbles, steps) -> None:
     told = [(s, e, s + (e - s) * (i % 3) / 2, *((e - s) / 2,) * (i % 2))
             for i, (s, e) in enumerate(steps[::2])]  # fmt: skip
-    use = idle_use(bubbles, steps, fit_ms=5.0, announced=told)
+    use = idle_use(bubbles, steps, fit_ms=5.0, announced=told, held=bubbles[1::3])
     assert 0.0 <= use.unused_silent_ms <= use.unused_fit_ms <= use.unused_ms + 1e-9
     assert 0.0 <= use.unused_short_ms <= use.unused_fit_ms - use.unused_silent_ms + 1e-9
     assert use.unused_guard_ms >= 0.0
     assert 0.0 <= use.tail_unpromised_ms <= use.tail_ms + 1e-9
-    assert use.unused_short_ms + use.unused_guard_ms <= (
+    assert use.unused_held_ms >= 0.0
+    assert use.unused_short_ms + use.unused_guard_ms + use.unused_held_ms <= (
         use.unused_fit_ms - use.unused_silent_ms + 1e-9
     )
     merged: list[tuple[float, float]] = []

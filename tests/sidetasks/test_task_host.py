@@ -468,7 +468,7 @@ def test_a_stop_checkpoint_waits_for_a_periodic_write_and_leaves_the_newest_stat
     host, sink = _due_at_progress_3(run_dir, tmp_path)
     host._maybe_checkpoint()
     host.task.progress = 9.0
-    stopping = threading.Thread(target=host._checkpoint, daemon=True)
+    stopping = threading.Thread(target=host._checkpoint, args=("stop",), daemon=True)
     stopping.start()
     stopping.join(0.2)
     assert stopping.is_alive()  # behind the periodic write
@@ -477,6 +477,12 @@ def test_a_stop_checkpoint_waits_for_a_periodic_write_and_leaves_the_newest_stat
     sink.close()
     assert [s["progress"] for s in held.states] == [3.0, 9.0]
     assert _saved(run_dir)["progress"] == 9.0
+    # each hold is an event: the periodic one's ends before its write; the stop's after
+    periodic, stop = (
+        e for e in task_events_at(tmp_path / "task.jsonl") if isinstance(e, ev.SideTaskCheckpoint)
+    )
+    assert (periodic.why, stop.why, periodic.task_id) == ("periodic", "stop", "t1")
+    assert periodic.start_ns <= periodic.end_ns <= stop.start_ns <= stop.end_ns
 
 
 def test_a_task_whose_state_is_live_is_copied_before_the_writer_saves_it(

@@ -149,6 +149,13 @@ def test_a_checkpoint_on_request_saves_the_state_and_the_task_steps_on(
     assert ack.ok, ack.message
     saved = load_checkpoint(Path(ack.payload["path"]))
     assert saved is not None and saved["progress"] >= 3
+
+    def holds() -> list[ev.SideTaskCheckpoint]:
+        return [e for e in events(run_dir) if isinstance(e, ev.SideTaskCheckpoint)]
+
+    wait_until(lambda: bool(holds()), what="the checkpoint's event")  # the sink writes later
+    (held,) = holds()
+    assert (held.task_id, held.why) == ("c1", "request") and held.start_ns <= held.end_ns
     done = len(steps(run_dir, "c1"))
     trainer.until_steps("c1", done + 2)  # not paused, not stopped: it goes on
     unknown = client.checkpoint("zz")

@@ -253,7 +253,7 @@ class StepAccounting(Checkpointing):
                 "OVERRUN", True, f"overrun policy PAUSE (resume() to continue): {action.reason}"
             )
         elif action.kind is OverrunActionKind.STOP:
-            self._checkpoint()
+            self._checkpoint("overrun")
             self._apply(SideTaskEvent.STOP, f"overrun policy KILL: {action.reason}")
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from freeride_lab.core import events as ev
 from freeride_lab.core.sidetask_state import SideTaskState
 from freeride_lab.io.rundir import create_file
 from freeride_lab.sidetasks.host.base import HostBase, log
@@ -93,11 +94,13 @@ class Checkpointing(HostBase):
         self._saved_progress = task.progress
         return f"restored progress {task.progress:g} {task.unit} from checkpoint"
 
-    def _checkpoint(self) -> None:
-        """Save the task's state now, on this thread (after a periodic write in flight)."""
+    def _checkpoint(self, why: str) -> None:
+        """Save the task's state now, on this thread (after a periodic write in flight);
+        ``why`` goes into its ``SideTaskCheckpoint`` event."""
         task = self.task
         if task is None:
             return
+        start_ns = self._now_ns()
         self._drain_writer()  # the state saved now is newer than a periodic one in flight
         self._where = "state_dict"
         save_checkpoint(
@@ -105,12 +108,29 @@ class Checkpointing(HostBase):
         )
         self._saved_progress = task.progress
         self._last_checkpoint_s = time.monotonic()
+        self._emit_checkpoint(start_ns, why)
+
+    def _emit_checkpoint(self, start_ns: int, why: str) -> None:
+        """The ``SideTaskCheckpoint`` event of a checkpoint whose hold began at ``start_ns``
+        and ends now."""
+        self.sink.emit(
+            ev.SideTaskCheckpoint(
+                task_id=self.spec.task.task_id,
+                name=self.spec.task.display_name,
+                stage=self.spec.stage,
+                rank=self.spec.rank,
+                start_ns=start_ns,
+                end_ns=self._now_ns(),
+                why=why,
+            )
+        )
 
     def _checkpoint_in_background(self) -> None:
         """Take the task's state here and write it from a writer thread ([Note: periodic
         checkpoints in the background])."""
         task = self.task
         assert task is not None
+        start_ns = self._now_ns()
         self._where = "state_dict"
         with copies_in_flight() as copies:
             state = task.state_dict()
@@ -125,6 +145,7 @@ class Checkpointing(HostBase):
         )
         self._writer = writer
         writer.start()
+        self._emit_checkpoint(start_ns, "periodic")
 
     def _write(self, path: Path, state: dict[str, Any], copies: CopiesInFlight) -> None:
         """The writer thread: wait for ``state``'s copies, save it; an error is kept for the

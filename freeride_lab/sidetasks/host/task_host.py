@@ -260,7 +260,7 @@ class TaskHost(IterativeSteps):
                 self._apply(SideTaskEvent.PAUSE)
             ok = self._apply(SideTaskEvent.PREEMPT, "preempted")
             if ok:
-                self._checkpoint()
+                self._checkpoint("preempt")
             return ok, str(self.machine.state)
         if cmd == "tune":
             if "budget_s" in message:
@@ -286,7 +286,7 @@ class TaskHost(IterativeSteps):
             driver = self._driver
             if driver is not None and driver.started and not driver.parked:
                 return False, "run() is between pause points; its state is saved once it pauses"
-            self._checkpoint()
+            self._checkpoint("request")
             return True, str(checkpoint_path(self.spec.run_dir, self.spec.task.task_id))
         if cmd == "stop":
             self._stop(str(message.get("reason", "stopped")), restart=bool(message.get("restart")))
@@ -301,7 +301,7 @@ class TaskHost(IterativeSteps):
             self._driver.quiesce(timeout_s=5.0)
         state = self.machine.state
         if state is not SideTaskState.SUBMITTED and self.task is not None:
-            self._checkpoint()
+            self._checkpoint("restart" if restart else "stop")
         if restart:
             if state is SideTaskState.RUNNING:
                 self._apply(SideTaskEvent.PAUSE)
