@@ -513,6 +513,9 @@ H100_12_07G = (H100_N_ZB_ON, H100_N_ZB_OFF, H100_N_M8_ON, H100_N_M8_OFF)
 H100_12_07G_NAMES = ("zb-hand-on", "zb-stop", "m8-hand-on-s3", "m8-stop-s3")
 H100_12_07G_LEDGERS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-ledger")
 H100_12_07G_ACTIONS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07g-actions")
+#: runs of announced bubbles with room that no task took, in every committed H100 ledger
+#: (``host_stalls.py``; arithmetic over the ledgers)
+HOST_STALLS = "host-stalls-h100-2026-12-07.json"
 #: the host's path alone on that machine, before, between and after its calls, in call order
 HOST_PATH_H100_12_07E = tuple(
     (f"host-path-h100-2026-12-07e-{k}.json", label)
@@ -2069,6 +2072,36 @@ def state_copy() -> list[str]:
     ]  # fmt: skip
 
 
+def host_stalls(name: str) -> list[str]:
+    """The stages of committed ledgers with a stall (``benchmarks/host_stalls.py``): a run of
+    announced bubbles with room that no task took, back to back; then how many stages had
+    none."""
+    data = raw(name)
+    rows, clear = [], 0
+    for ledger, stages in data["ledgers"].items():
+        call = ledger.removeprefix("h100-").removesuffix(".json").replace("-ledger-", " ")
+        for key, stage in stages.items():
+            if not stage["stalls"]:
+                clear += 1
+                continue
+            for s in stage["stalls"]:
+                rows.append([
+                    call, key, f"{stage['room_ms']:.2f}", f"{stage['bubble_ms']:,.0f}",
+                    f"{s['mode']} block {s['repeat'] + 1}, step {s['step']} slot {s['slot']}",
+                    str(s["bubbles"]), f"{s['ms']:.0f}", fmt_pct(s["ms"] / stage["bubble_ms"], 1),
+                    fmt_pct(s["block_frac"], 0),
+                ])  # fmt: skip
+    return [
+        *md_table(
+            ["call (H100)", "run/stage", "room ms", "gated bubble ms", "the stall",
+             f"bubbles (≥ {data['min_bubbles']})", "ms", "of the stage's bubble time",
+             "of its block's"],
+            rows,
+        ),
+        f"\nNo stall on the other {clear} stages of {len(data['ledgers'])} ledgers.",
+    ]  # fmt: skip
+
+
 def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
     """Each real stage's tasks' steps in the bubbles by size (their progress), from each
     result's bubble ledger (``benchmarks/bubble_ledger.py``): the median step time, the speed
@@ -2293,6 +2326,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-07c-step-gaps": lambda: step_gaps((*H100_12_07B_LEDGERS, *H100_12_07C_LEDGERS)),
     "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
+    "host-stalls-h100": lambda: host_stalls(HOST_STALLS),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
