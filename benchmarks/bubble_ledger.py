@@ -4,9 +4,10 @@ The idle split (``core.idle_use``) says how much of a stage's bubble time went w
 tasks on a stage (gating "leftovers", ``freeride-lab bench --leftovers``) it cannot say which
 task left a bubble, nor what held it back. This reads a bench result and its run directories
 and lists, for every bubble a real stage announced inside a gated block: its slot, length and
-predicted length, and each side-task step in it (task, start and end after the bubble's start,
-the guard it cleared at entry, ms, its progress in the task's unit and the calls it covers);
-then sums up per
+predicted length, each side-task step in it (task, start and end after the bubble's start,
+the guard it cleared at entry, ms, its progress in the task's unit and the calls it covers),
+and whether a checkpoint of one of the stage's tasks held its host during it (``held``; runs
+recorded before the hold was an event have none); then sums up per
 stage: bubbles and their time by who stepped (each task alone, both, neither), the lengths and
 predictions of the bubbles no task used, the time after the last step, the gap from the
 stage's task's last step to the leftovers task's first step in bubbles both used, each task's
@@ -49,6 +50,8 @@ def stage_ledger(
     steps = sorted((e for e in events
                     if e.get("kind") == "side_task_step" and e.get("stage") == stage),
                    key=lambda e: int(e["start_ns"]))  # fmt: skip
+    holds = [(int(e["start_ns"]), int(e["end_ns"])) for e in events
+             if e.get("kind") == "side_task_checkpoint" and e.get("stage") == stage]  # fmt: skip
     rows = []
     for b in blocks:
         if int(b["stage"]) != stage or b["mode"] not in GATED_MODES:
@@ -66,6 +69,7 @@ def stage_ledger(
                 "predicted_ms": None if p is None else round((p - a) / 1e6, 3),
                 "steps": [_step(s, a) for s in steps
                           if int(s["end_ns"]) > a and int(s["start_ns"]) < z],
+                "held": any(h_end > a and h_start < z for h_start, h_end in holds),
             })  # fmt: skip
     return rows
 

@@ -10,8 +10,9 @@ runs of at least ``--min-bubbles`` consecutive bubbles that were announced with 
 length of at least the stage's *room*, the shortest of its tasks' smallest steps plus that
 task's guard at entry (medians, from the ledger's summary), and in which no task stepped. Per
 stage: its gated bubble time, and each stall's block, first bubble, bubbles and time, as a
-share of the stage's bubble time and of its block's. Arithmetic over committed files; no task
-runs.
+share of the stage's bubble time and of its block's, and how many of its bubbles a checkpoint
+held the host across (ledgers written since record ``held``). Arithmetic over committed files;
+no task runs.
 
     python benchmarks/host_stalls.py benchmarks/results/h100-*-ledger-*.json --out stalls.json
 """
@@ -56,7 +57,8 @@ def stalls(
 ) -> list[dict[str, Any]]:
     """The runs of at least ``min_bubbles`` consecutive bubbles of one block (ledger rows, in
     order) announced with room (``predicted_ms >= room``) and no step; each with its block's
-    mode and repeat, first step and slot, bubbles, ms, and the share of its block's time.
+    mode and repeat, first step and slot, bubbles, ms, the share of its block's time, and how
+    many of its bubbles a checkpoint's hold overlapped (None for ledgers without ``held``).
 
         >>> row = lambda slot, used, predicted=5.0: {"mode": "governed", "repeat": 0, "step": 1,
         ...     "slot": slot, "length_ms": 5.0, "predicted_ms": predicted,
@@ -78,9 +80,11 @@ def stalls(
                 continue
             if len(run) >= min_bubbles:
                 ms = sum(float(x["length_ms"]) for x in run)
+                held = [x["held"] for x in run if "held" in x]  # ledgers since holds are events
                 out.append({"mode": mode, "repeat": repeat, "step": run[0]["step"],
                             "slot": run[0]["slot"], "bubbles": len(run), "ms": round(ms, 3),
-                            "block_frac": ms / block_ms})  # fmt: skip
+                            "block_frac": ms / block_ms,
+                            "held_bubbles": sum(held) if held else None})  # fmt: skip
             run = []
     return out
 

@@ -15,7 +15,7 @@ MS = 1_000_000
 def _run(tmp_path: Path) -> tuple[dict[str, object], Path]:
     """A bench result with one governed and one vanilla block on stage 1, and its run
     directory: three bubbles in the governed block (both tasks, the leftovers task alone,
-    neither), one in the vanilla block."""
+    neither, while the stage's task checkpointed), one in the vanilla block."""
     events = tmp_path / "runs" / "r1" / "events"
     events.mkdir(parents=True)
     rank: list[ev.Event] = [
@@ -39,6 +39,17 @@ def _run(tmp_path: Path) -> tuple[dict[str, object], Path]:
                         guard_ns=int(g * MS), calls=n)
         for t, a, z, g, n in steps
     ]  # fmt: skip
+    side.append(
+        ev.SideTaskCheckpoint(
+            task_id="resnet18-0a1b",
+            name="resnet18",
+            stage=1,
+            rank=1,
+            start_ns=129 * MS,
+            end_ns=131 * MS,
+            why="periodic",
+        )
+    )
     for name, lines in (("rank-1", rank), ("task-a", side)):
         (events / f"{name}.jsonl").write_text("".join(ev.to_json(e) + "\n" for e in lines))
     block = {"run": "m8", "stage": 1, "task": "resnet18", "leftovers_task": "image", "steps": 1}
@@ -67,6 +78,7 @@ def test_each_bubble_of_a_gated_block_lists_the_steps_in_it_and_who_used_it(
         ["image", 5.3, 7.0, 0.8, 3.0, 3],
     ]
     assert rows[2]["steps"] == []
+    assert [r["held"] for r in rows] == [False, False, True]  # a checkpoint over the third
     found = stage["summary"]
     assert found["by_who"] == {
         "image": {"bubbles": 1, "time_frac": round(4 / 18, 4)},

@@ -51,8 +51,14 @@ def test_a_stall_is_a_run_of_announced_bubbles_with_room_unused_inside_one_block
     ]
     assert stage["stalls"][0]["block_frac"] == 25.0 / 30.0
     assert stage["stalled_frac"] == 25.0 / 85.0
+    assert stage["stalls"][0]["held_bubbles"] is None  # a ledger from before holds were events
     with_three = host_stalls.ledger_stalls(_ledger(), min_bubbles=3)["m8/3"]["stalls"]
     assert [(s["repeat"], s["bubbles"]) for s in with_three] == [(0, 5), (1, 3)]
+    held = _ledger()
+    for i, row in enumerate(held["stages"]["m8/3"]["bubbles"]):
+        row["held"] = i < 3  # a checkpoint held the host across the stall's first three
+    (stall,) = host_stalls.ledger_stalls(held, min_bubbles=4)["m8/3"]["stalls"]
+    assert stall["held_bubbles"] == 3
 
 
 def test_the_scripts_examples_hold() -> None:
