@@ -291,7 +291,8 @@ class RunDriver:
                 beside["budget_ms"],
                 beside.get("tight_budget_ms", beside["budget_ms"]),
             )
-        rec["first_checkpoint_s"] = self._first_checkpoints(budgets)
+        rec["first_checkpoint_s"] = took = self._first_checkpoints(budgets)
+        self.say(f"  first checkpoints: {', '.join(f'{t} {s:g} s' for t, s in took.items())}")
         for task_id, (managed_ms, _) in budgets.items():
             self.session.tune(task_id, budget_ms=managed_ms)
         governor, trickler = (
