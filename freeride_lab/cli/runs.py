@@ -29,12 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from freeride_lab.cli.app import PROG, UsageError, add_run_options, run_config_fields
 from freeride_lab.io.rundir import RunDir
+
+if TYPE_CHECKING:
+    from freeride_lab.lab.session import Session
 
 __all__ = [
     "add_attach",
@@ -387,12 +390,7 @@ def add_checkpoint(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from freeride_lab.lab.session import Session
-
-    with _usage_errors():
-        task = Session.open(args.run_dir).checkpoint(args.task_id)
-    print(_task_line(task))
-    return EXIT_OK
+    return _on_task(args, lambda session: session.checkpoint(args.task_id))
 
 
 def add_detach(subparsers: Any) -> argparse.ArgumentParser:
@@ -403,10 +401,15 @@ def add_detach(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_detach(args: argparse.Namespace) -> int:
+    return _on_task(args, lambda session: session.detach(args.task_id))
+
+
+def _on_task(args: argparse.Namespace, command: Callable[[Session], dict[str, Any]]) -> int:
+    """Open ``args.run_dir``, run ``command`` on its Session and print the task it returns."""
     from freeride_lab.lab.session import Session
 
     with _usage_errors():
-        task = Session.open(args.run_dir).detach(args.task_id)
+        task = command(Session.open(args.run_dir))
     print(_task_line(task))
     return EXIT_OK
 
