@@ -151,6 +151,7 @@ class TaskProcess:
         # acks not yet taken by a request; those of plain sends (activate, preempt) pile up
         # until the next request clears them, so only the latest are kept
         self._acks: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
+        self.last_reply = ""  # the message of the ack the last request got ("" for none)
 
     @property
     def task_id(self) -> str:
@@ -223,11 +224,12 @@ class TaskProcess:
         """Send a command and wait for its ack, handing other messages to ``on_message``.
 
         A stopped process is continued first. Returns the ack's ``ok`` (False on timeout or
-        when the process went away).
+        when the process went away); its message is kept in ``last_reply``.
         """
         if self.sigstopped:
             self.signal(signal.SIGCONT)
         self._acks.clear()
+        self.last_reply = ""
         if not self.send(message):
             return False
         deadline = time.monotonic() + timeout_s
@@ -241,7 +243,9 @@ class TaskProcess:
                     on_message(self, got)
             elif not self.alive:
                 return False
-        return bool(self._acks.popleft().get("ok"))
+        ack = self._acks.popleft()
+        self.last_reply = str(ack.get("message", ""))
+        return bool(ack.get("ok"))
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the process (no-op once it exited); tracks SIGSTOP/SIGCONT."""

@@ -291,7 +291,8 @@ class Worker:
                 text = f"{task_id} has no process running (not started yet, or ended)"
                 return self._ack(cmd, False, text, payload)
             ok = task.request({"cmd": "checkpoint"}, on_message=self._on_message)
-            text = f"{task_id}: checkpoint {where}" if ok else f"{task_id} saved no checkpoint"
+            why = task.last_reply or "no answer"
+            text = f"{task_id}: checkpoint {where}" if ok else f"{task_id} saved none: {why}"
             return self._ack(cmd, ok, text, payload)
         ok = task.request({"cmd": "resume"}, on_message=self._on_message)
         return self._ack(cmd, ok, f"{task_id} resumed" if ok else f"{task_id} did not answer")

@@ -521,6 +521,24 @@ def test_a_task_whose_state_is_live_is_copied_before_the_writer_saves_it(
     assert held.states[1]["weights"] is host.task.weights
 
 
+def test_a_checkpoint_on_request_waits_for_an_imperative_task_to_pause(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from tasks_for_tests import Counting
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting())
+    host._driver = SimpleNamespace(started=True, parked=False)  # run() between pause points
+    ok, why = host._command("checkpoint", {"cmd": "checkpoint"})
+    assert (ok, why) == (False, "run() is between pause points; its state is saved once it pauses")
+    assert not checkpoint_path(run_dir.path, "t1").exists()
+    host._driver = SimpleNamespace(started=True, parked=True)
+    ok, where = host._command("checkpoint", {"cmd": "checkpoint"})
+    sink.close()
+    assert ok and Path(where).exists()
+
+
 def test_the_task_changes_state_only_once_a_checkpoints_copies_have_landed(
     run_dir: RunDir, edges: EdgeWriter, tmp_path: Path
 ) -> None:
