@@ -357,8 +357,8 @@ def block_row(
     if b.get("task_id"):  # the stage's side work: its task's steps and its leftovers task's
         s = s[s["task_id"].isin([b["task_id"], rest_id])].sort_values("start_ms", kind="stable")
     rest = s[s["task_id"] == rest_id] if rest_id else s.iloc[0:0]
-    mine_ids = {str(b["task_id"]), rest_id} if b.get("task_id") else set(s["task_id"])
-    held = [(a, e) for task_id, a, e in holds if task_id in mine_ids and e > lo_ms and a < hi_ms]
+    tasks_here = {str(b["task_id"]), rest_id} if b.get("task_id") else set(s["task_id"])
+    held = [(a, e) for task_id, a, e in holds if task_id in tasks_here and e > lo_ms and a < hi_ms]
     main = s[s["task_id"] != rest_id] if rest_id else s
     busy = [(a, min(e, hi_ms)) for a, e in zip(s["start_ms"], s["end_ms"], strict=True)]
     latency: list[float] = []
