@@ -34,7 +34,7 @@ MIN_BUBBLES = 4
 def room_ms(summary: Mapping[str, Any]) -> float | None:
     """The shortest predicted length any of a stage's tasks would step in: its smallest
     step's median time plus its median guard at entry, the least over the tasks (None where
-    the ledger lacks either).
+    the ledger lacks either; a task with too few steps for a guard's quantiles is left out).
 
         >>> room_ms({"step_ms_by_progress": {"image": {"1": {"p50": 0.3}, "2": {"p50": 0.5}},
         ...                                  "vgg19": {"8": {"p50": 10.7}}},
@@ -47,7 +47,7 @@ def room_ms(summary: Mapping[str, Any]) -> float | None:
     rooms = [
         min(float(v["p50"]) for v in by_size.values()) + float(guards[task]["p50"])
         for task, by_size in sizes.items()
-        if by_size and task in guards
+        if by_size and guards.get(task)
     ]
     return round(min(rooms), 3) if rooms else None
 

@@ -29,8 +29,10 @@ def _ledger() -> dict[str, Any]:
         _bubble(3, 0, False), _bubble(3, 1, False, None), _bubble(3, 2, False, 0.5),
         _bubble(3, 3, False),
     ]  # fmt: skip
-    summary = {"step_ms_by_progress": {"image": {"1": {"p50": 0.3}}},
-               "guard_at_entry_ms": {"image": {"p50": 0.5}}}  # fmt: skip
+    summary = {
+        "step_ms_by_progress": {"image": {"1": {"p50": 0.3}}, "vgg19": {"8": {"p50": 0.1}}},
+        "guard_at_entry_ms": {"image": {"p50": 0.5}, "vgg19": None},
+    }  # too few steps
     return {"stages": {"m8/3": {"summary": summary, "bubbles": bubbles},
                        "m8/0": {"summary": {}, "bubbles": bubbles}}}  # fmt: skip
 
