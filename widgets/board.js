@@ -1,6 +1,6 @@
 // Side-task board (anywidget ESM, no framework, no CDN).
 // Reads the synced traits palette, stages, tasks and notice; writes one `request` per user
-// action ({op: attach|move|detach|tune, ...}) and lets Python validate and echo the state.
+// action ({op: attach|move|detach|tune|checkpoint, ...}) and lets Python validate and echo the state.
 // Keyboard: Tab reaches chips, cards, buttons and sliders; Enter on a chip attaches it to the
 // first stage; on a card ←/→ move it between stages, Enter opens its limits, Delete detaches.
 const GIB = 1024 ** 3;
@@ -81,6 +81,8 @@ function card(model, task, ctx) {
   const toggle = h("button", { class: "fr-tune", "aria-expanded": isOpen, "aria-label": `limits of ${caption}`,
     "data-testid": `tune-${task.id}`, onclick: () => { isOpen ? open.delete(task.id) : open.add(task.id); redraw(); } },
     isOpen ? "▾" : "⚙");
+  const save = !task.final && h("button", { class: "fr-save", "data-testid": `save-${task.id}`, title: "save its state now; it goes on",
+    "aria-label": `save the state of ${caption} now`, onclick: () => send(model, { op: "checkpoint", id: task.id }) }, "save");
   const fix = task.fix && !task.final && h("button", { class: "fr-fix", "data-testid": `fix-${task.id}`,
     onclick: () => send(model, { op: "tune", id: task.id, limits: task.fix.limits }) }, task.fix.label);
   const node = h("div", { class: `fr-card fr-state-${state}${task.final ? " fr-final" : ""}`, tabindex: 0,
@@ -92,7 +94,8 @@ function card(model, task, ctx) {
       h("span", { class: "fr-state", "data-testid": `state-${task.id}` }, `${ICONS[state] ?? ""} ${state}${task.final ? " (final)" : ""}`),
       toggle),
     h("div", { class: "fr-progress" }, `${num(task.progress)} ${task.unit ?? ""}`,
-      task.overruns ? ` · ${task.overruns} overrun${task.overruns === 1 ? "" : "s"}` : ""),
+      task.overruns ? ` · ${task.overruns} overrun${task.overruns === 1 ? "" : "s"}` : "",
+      task.saved ? h("span", { "data-testid": `saved-${task.id}` }, ` · ${task.saved}`) : "", save),
     task.why && h("div", { class: "fr-why", "data-testid": `why-${task.id}` }, task.why), fix,
     task.error && !task.why?.includes(task.error) && h("div", { class: "fr-error", role: "alert", "data-testid": `error-${task.id}` }, task.error),
     ...(isOpen ? sliders(model, task, hold) : []));

@@ -1,4 +1,5 @@
-"""The side-task board: drag side tasks onto pipeline stages, tune their limits, detach them.
+"""The side-task board: drag side tasks onto pipeline stages, tune their limits, save their state,
+detach them.
 
     palette = [{"name": "resnet18", "title": "ResNet-18", "unit": "samples"}]
     board = SideTaskBoard(session_controller, palette=palette)
@@ -7,9 +8,11 @@
 
 State is plain JSON in synced traits, always replaced, never mutated (STYLE.md rule 24):
 ``palette``, ``stages``, ``tasks`` and ``notice`` go to the browser; the browser writes one
-``request`` (``{"op": "attach"|"move"|"detach"|"tune", ...}``). Python validates it through the
-``controller``; an accepted change is echoed by replacing ``tasks``, a rejected one sets
-``error`` on that task's card (or ``notice`` when there is no card), and ``request`` is cleared.
+``request`` (``{"op": "attach"|"move"|"detach"|"tune"|"checkpoint", ...}``). Python validates it
+through the ``controller``; an accepted change is echoed by replacing ``tasks``, a rejected one
+sets ``error`` on that task's card (or ``notice`` when there is no card), and ``request`` is
+cleared. An accepted ``checkpoint`` (the task's state saved now; it goes on) puts ``saved``, the
+board's clock time of the save, on its card until the card goes.
 :func:`plain_controls` drives the same path with ordinary ipywidgets.
 """
 
@@ -19,6 +22,7 @@ import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anywidget
@@ -33,7 +37,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LIMIT_KEYS", "OPS", "SideTaskBoard", "TaskController", "plain_controls"]
 
-OPS = ("attach", "move", "detach", "tune")
+OPS = ("attach", "move", "detach", "tune", "checkpoint")
 LIMIT_KEYS = {"memory_bytes": int, "sm_pct": float, "priority": int, "budget_ms": float}
 _CARD_DEFAULTS: dict[str, Any] = {
     "state": "SUBMITTED",
@@ -61,6 +65,7 @@ class TaskController(Protocol):
     def move(self, task_id: str, stage: int) -> Mapping[str, Any] | None: ...
     def detach(self, task_id: str) -> Mapping[str, Any] | None: ...
     def tune(self, task_id: str, **limits: Any) -> Mapping[str, Any] | None: ...
+    def checkpoint(self, task_id: str) -> Mapping[str, Any] | None: ...
 
 
 def _json(value: Any) -> Any:
@@ -139,7 +144,8 @@ class SideTaskBoard(anywidget.AnyWidget):
     # [{stage, free_bytes, bubbles_ms, label}]
     stages = traitlets.List(traitlets.Dict()).tag(sync=True)
     # [{id, name, stage, state, progress, unit, overruns, <limits>, error}], see _CARD_DEFAULTS;
-    # the dashboard adds label, caption, why, fix ({label, limits} of a tune) and final
+    # the dashboard adds label, caption, why, fix ({label, limits} of a tune) and final; the
+    # board adds saved ("saved 14:02:31") after a checkpoint it asked for
     tasks = traitlets.List(traitlets.Dict()).tag(sync=True)
     request = traitlets.Dict().tag(sync=True)  # written by the browser, cleared by Python
     notice = traitlets.Unicode("").tag(sync=True)  # a rejection that has no card to show it on
@@ -160,6 +166,7 @@ class SideTaskBoard(anywidget.AnyWidget):
         self.controller = controller
         self.requests_handled = 0
         self._lock = threading.RLock()
+        self._saved: dict[str, str] = {}  # task id -> its card's "saved" line
 
     def __repr__(self) -> str:
         return f"<SideTaskBoard stages={len(self.stages)} tasks={len(self.tasks)}>"
@@ -167,7 +174,8 @@ class SideTaskBoard(anywidget.AnyWidget):
     # -- state from the session (any thread) ---------------------------------------------------
 
     def set_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the cards with the session's view; a card keeps its error unless given one."""
+        """Replace the cards with the session's view; a card keeps its error unless given one,
+        and its ``saved`` line."""
         with self._lock:
             errors = {t["id"]: t["error"] for t in self.tasks if t.get("error")}
             cards = []
@@ -175,7 +183,10 @@ class SideTaskBoard(anywidget.AnyWidget):
                 card = _card(task)
                 if "error" not in task and card["id"] in errors:
                     card["error"] = errors[card["id"]]
+                if card["id"] in self._saved:
+                    card["saved"] = self._saved[card["id"]]
                 cards.append(card)
+            self._saved = {c["id"]: self._saved[c["id"]] for c in cards if c["id"] in self._saved}
             self.tasks = cards
 
     def set_stages(self, stages: Iterable[Mapping[str, Any]]) -> None:
@@ -235,7 +246,12 @@ class SideTaskBoard(anywidget.AnyWidget):
             self._replace(self._updated(task_id, result, {"stage": stage}))
         elif op == "detach":
             self.controller.detach(task_id)
+            self._saved.pop(task_id, None)
             self.tasks = [t for t in self.tasks if t["id"] != task_id]
+        elif op == "checkpoint":
+            result = self.controller.checkpoint(task_id)
+            self._saved[task_id] = f"saved {datetime.now().strftime('%H:%M:%S')}"
+            self._replace(self._updated(task_id, result, {"saved": self._saved[task_id]}))
         else:
             limits = _limits(request)
             result = self.controller.tune(task_id, **limits)
@@ -267,8 +283,13 @@ class SideTaskBoard(anywidget.AnyWidget):
         return _card(
             {**current, **change, "error": ""}
             if result is None
-            else {**current, **result, "error": ""}
+            else {**current, **result, **self._kept(task_id), "error": ""}
         )
+
+    def _kept(self, task_id: str) -> dict[str, str]:
+        """What the board itself keeps on a card across the session's answers."""
+        saved = self._saved.get(task_id)
+        return {} if saved is None else {"saved": saved}
 
     def _replace(self, card: dict[str, Any]) -> None:
         """Put ``card`` in place of the card with its id (or append it); replaces the list."""
@@ -310,7 +331,10 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
     priority = w.IntSlider(description="priority", min=0, max=1, value=1)
     budget = w.FloatSlider(description="budget ms", min=0.0, max=500.0, step=1.0, value=0.0)
     status = w.HTML()
-    buttons = {op: w.Button(description=op, layout=w.Layout(width="80px")) for op in OPS}
+    buttons = {
+        op: w.Button(description=op, layout=w.Layout(width="96px" if len(op) > 7 else "80px"))
+        for op in OPS
+    }
 
     def limits() -> dict[str, Any]:
         return {
@@ -334,6 +358,7 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
     )
     buttons["detach"].on_click(lambda _: send({"op": "detach", "id": task.value}))
     buttons["tune"].on_click(lambda _: send({"op": "tune", "id": task.value, "limits": limits()}))
+    buttons["checkpoint"].on_click(lambda _: send({"op": "checkpoint", "id": task.value}))
 
     def offer(dropdown: w.Dropdown, options: list[tuple[str, Any]]) -> None:
         """Set options only when they change; keep the choice, else pick the first."""
@@ -346,7 +371,7 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
     def show_status(*_: Any) -> None:
         card = next((t for t in board.tasks if t["id"] == task.value), None)
         message = (card or {}).get("error") or board.notice
-        why = (card or {}).get("why") or ""
+        why = " · ".join(x for x in ((card or {}).get("why"), (card or {}).get("saved")) if x)
         status.value = (
             f"<span style='color:var(--jp-error-color1, #b00)'>{escape(message)}</span>"
             if message
@@ -376,7 +401,7 @@ def plain_controls(board: SideTaskBoard) -> ipywidgets.VBox:
     return w.VBox(
         [
             w.HBox([name, stage, buttons["attach"]]),
-            w.HBox([task, target, buttons["move"], buttons["detach"]]),
+            w.HBox([task, target, buttons["move"], buttons["checkpoint"], buttons["detach"]]),
             w.HBox([memory, sm]),
             w.HBox([priority, budget, buttons["tune"]]),
             status,

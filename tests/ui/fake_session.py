@@ -244,6 +244,13 @@ class FakeSession:
         task["stage"] = stage
         return dict(task)
 
+    def checkpoint(self, task_id: str) -> dict[str, Any]:
+        self.calls.append(("checkpoint", task_id))
+        task = self._task(task_id)
+        if task["state"] not in ("RUNNING", "PAUSED"):
+            raise RuntimeError(f"could not checkpoint {task_id}: its process is not started yet")
+        return dict(task)
+
     def detach(self, task_id: str) -> dict[str, Any]:
         self.calls.append(("detach", task_id))
         task = self._task(task_id)

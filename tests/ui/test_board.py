@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,6 +49,12 @@ class FakeController:
 
     def detach(self, task_id):
         self.calls.append(("detach", task_id))
+
+    def checkpoint(self, task_id):
+        self.calls.append(("checkpoint", task_id))
+        if task_id == "t2":
+            raise ValueError("could not checkpoint t2: its process saved nothing (not started yet)")
+        return {"id": task_id, "name": "resnet18", "stage": 0, "state": "RUNNING", "progress": 64}
 
     def tune(self, task_id, **limits):
         self.calls.append(("tune", task_id, limits))
@@ -114,6 +121,40 @@ def test_detach_request_removes_the_card(board):
     assert [t["id"] for t in board.tasks] == ["t2"]
 
 
+def test_checkpoint_request_saves_through_the_controller_and_says_when_on_the_card(board):
+    board.request = {"op": "checkpoint", "id": "t1", "seq": 3}
+    assert board.controller.calls[-1] == ("checkpoint", "t1")
+    card = by_id(board, "t1")
+    assert re.fullmatch(r"saved \d\d:\d\d:\d\d", card["saved"])
+    assert card["progress"] == 64  # the session's answer reaches the card
+    assert "saved" not in by_id(board, "t2")
+
+
+def test_the_saved_line_outlives_the_sessions_ticks_and_goes_with_its_card(board):
+    board.request = {"op": "checkpoint", "id": "t1", "seq": 3}
+    saved = by_id(board, "t1")["saved"]
+    tick = [
+        {"id": "t1", "name": "resnet18", "stage": 0},
+        {"id": "t2", "name": "pagerank", "stage": 1},
+    ]
+    board.set_tasks(tick)
+    assert by_id(board, "t1")["saved"] == saved
+    board.request = {"op": "tune", "id": "t1", "limits": {"sm_pct": 50}, "seq": 4}
+    assert by_id(board, "t1")["saved"] == saved
+    board.request = {"op": "detach", "id": "t1", "seq": 5}
+    board.set_tasks(tick)  # the same id back (attach resumes a detached task): no old line
+    assert "saved" not in by_id(board, "t1")
+
+
+def test_a_refused_checkpoint_shows_on_that_card(board):
+    board.request = {"op": "checkpoint", "id": "t2", "seq": 3}
+    assert "its process saved nothing" in by_id(board, "t2")["error"]
+    assert "saved" not in by_id(board, "t2")
+    board.request = {"op": "checkpoint", "id": "t9", "seq": 4}
+    assert board.controller.calls[-1] == ("checkpoint", "t2")  # t9: refused by the board
+    assert "unknown task id 't9'" in board.notice
+
+
 def test_tune_request_updates_limits_on_the_card(board):
     board.request = {"op": "tune", "id": "t2", "limits": {"sm_pct": 25, "budget_ms": 30}}
     assert board.controller.calls[-1] == ("tune", "t2", {"sm_pct": 25.0, "budget_ms": 30.0})
@@ -151,7 +192,8 @@ def test_rejected_attach_sets_notice_and_adds_no_card(board):
 def test_unknown_op_is_rejected_with_valid_ops():
     b = SideTaskBoard(FakeController())
     b.request = {"op": "explode"}
-    assert b.notice == "explode: unknown op 'explode'; valid: attach, move, detach, tune"
+    valid = "attach, move, detach, tune, checkpoint"
+    assert b.notice == f"explode: unknown op 'explode'; valid: {valid}"
 
 
 def test_unknown_palette_name_is_rejected_before_the_controller(board):
@@ -225,7 +267,7 @@ def test_plain_controls_drive_the_same_controller(board):
     box = plain_controls(board)
     (
         (name, stage, attach),
-        (task, target, move, detach),
+        (task, target, move, checkpoint, detach),
         (_memory, sm),
         (_priority, _budget, tune),
         status,
@@ -243,6 +285,9 @@ def test_plain_controls_drive_the_same_controller(board):
         "t1",
         {"memory_bytes": None, "sm_pct": 40.0, "priority": 1, "budget_ms": None},
     )
+    checkpoint.click()
+    assert board.controller.calls[-1] == ("checkpoint", "t1")
+    assert "saved" in status.value
     detach.click()
     assert "t1" not in [t["id"] for t in board.tasks]
 
@@ -264,7 +309,7 @@ def test_a_task_on_the_leftovers_carries_a_word_for_its_card(board):
 
 def test_board_js_stays_small_and_framework_free():
     source = (REPO / "widgets" / "board.js").read_text()
-    assert len(source.splitlines()) <= 160
+    assert len(source.splitlines()) <= 170
     assert "http://" not in source and "https://" not in source
     assert "innerHTML" not in source
     for testid in ("stage-${s.stage}", "palette-${p.name}", "card-${task.id}"):
@@ -334,6 +379,8 @@ const out = { testids: [] };
 dnd("palette-resnet18", "stage-1");
 dnd("card-t1", "stage-2");
 dnd("card-t1", "palette");
+out.saved = el.find("saved-t1")?.textContent ?? null;
+el.find("save-t1").fire("click");
 el.find("tune-t1").fire("click");
 const slider = el.find("slider-t1-sm_pct");
 slider.value = "40";
@@ -371,6 +418,7 @@ def test_board_js_sends_requests_for_drags_and_sliders(tmp_path):
                 "overruns": 1,
                 "sm_pct": None,
                 "error": "stage 2 is full",
+                "saved": "saved 14:02:31",
             }
         ],
     }
@@ -389,8 +437,10 @@ def test_board_js_sends_requests_for_drags_and_sliders(tmp_path):
         {"op": "attach", "name": "resnet18", "stage": 1},
         {"op": "move", "id": "t1", "stage": 2},
         {"op": "detach", "id": "t1"},
+        {"op": "checkpoint", "id": "t1"},
         {"op": "tune", "id": "t1", "limits": {"sm_pct": 40}},
     ]
+    assert out["saved"] == " · saved 14:02:31"
     assert out["error"] == "stage 2 is full"
     assert out["notice"] == "attach x: rejected"
     assert (out["handlersAfterCleanup"], out["childrenAfterCleanup"]) == (0, 0)
@@ -408,6 +458,8 @@ const echo = (r) => {
   if (r.op === "move") state.tasks = state.tasks.map((t) => t.id !== r.id ? t
     : r.stage === 2 ? {...t, error: "stage 2 is full"} : {...t, stage: r.stage, error: ""});
   if (r.op === "detach") state.tasks = state.tasks.filter((t) => t.id !== r.id);
+  if (r.op === "checkpoint") state.tasks = state.tasks.map((t) => t.id !== r.id ? t
+    : {...t, saved: "saved 14:02:31"});
 };
 const model = {
   get: (k) => state[k], set: (k, v) => { state[k] = v; },
@@ -451,6 +503,9 @@ def test_board_drag_and_drop_in_chromium():
             t("stage-1").get_by_test_id("card-t1").wait_for(timeout=10_000)
             t("card-t1").drag_to(t("stage-2"))
             t("error-t1").wait_for(timeout=10_000)
+            t("save-t1").click()
+            t("saved-t1").wait_for(timeout=10_000)
+            saved = t("saved-t1").inner_text()
             t("tune-t1").click()
             t("slider-t1-sm_pct").fill("40")
             t("card-t1").drag_to(t("palette"))
@@ -462,6 +517,8 @@ def test_board_drag_and_drop_in_chromium():
     assert sent == [
         {"op": "attach", "name": "resnet18", "stage": 1},
         {"op": "move", "id": "t1", "stage": 2},
+        {"op": "checkpoint", "id": "t1"},
         {"op": "tune", "id": "t1", "limits": {"sm_pct": 40}},
         {"op": "detach", "id": "t1"},
     ]
+    assert saved.strip() == "· saved 14:02:31"

@@ -22,6 +22,7 @@ from runs import synthetic_config  # noqa: E402
 from waits import wait_until  # noqa: E402
 
 from freeride_lab.pipeline.launcher import RunState  # noqa: E402
+from freeride_lab.sidetasks.spec import checkpoint_path  # noqa: E402
 from freeride_lab.ui.dashboard import (  # noqa: E402
     WIDGET_MIME,
     Dashboard,
@@ -279,6 +280,22 @@ def test_board_tune_move_and_detach_reach_the_session(dash, session):
     assert session.tasks == [] and dash.board.tasks == []
 
 
+def test_board_checkpoint_reaches_the_session_and_its_refusal_shows(dash, session):
+    task = session.attach("pagerank", stage=0)
+    dash.tick()
+    dash.board.request = {"op": "checkpoint", "id": task["id"], "seq": 1}
+    assert session.calls[-1] == ("checkpoint", task["id"])
+    assert "not started yet" in dash.board.tasks[0]["error"]
+    assert "saved" not in dash.board.tasks[0]
+    session.advance()
+    dash.tick()
+    dash.board.request = {"op": "checkpoint", "id": task["id"], "seq": 2}
+    assert dash.board.tasks[0]["error"] == ""
+    assert dash.board.tasks[0]["saved"].startswith("saved ")
+    dash.tick()  # the session's next view keeps the line
+    assert dash.board.tasks[0]["saved"].startswith("saved ")
+
+
 def test_rejected_tune_shows_on_the_card_and_keeps_the_limits(dash, session):
     task = session.attach("pagerank", stage=0, sm_pct=30)
     dash.tick()
@@ -305,6 +322,7 @@ def test_controller_of_a_collected_session_refuses_politely():
 # -- a real run ----------------------------------------------------------------------------------
 
 STARTUP_S = 240.0  # first steps of a fresh run on a loaded two-core box
+LIVE = ("PAUSED", "RUNNING")  # a side task's states with a process that can save its state
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +352,16 @@ def test_board_attach_tune_and_detach_drive_real_side_tasks(real):
     ]
     board.request = {"op": "tune", "id": task_id, "limits": {"budget_ms": 40}, "seq": 2}
     assert next(t for t in session.tasks if t["id"] == task_id)["budget_ms"] == 40
-    board.request = {"op": "detach", "id": task_id, "seq": 3}
+    wait_until(
+        lambda: next(t for t in session.tasks if t["id"] == task_id)["state"] in LIVE,
+        timeout_s=STARTUP_S,
+        what="the side task's process",
+    )
+    board.request = {"op": "checkpoint", "id": task_id, "seq": 3}
+    card = next(t for t in board.tasks if t["id"] == task_id)
+    assert card["error"] == "" and card["saved"].startswith("saved ")
+    assert checkpoint_path(session.run_dir.path, task_id).is_file()
+    board.request = {"op": "detach", "id": task_id, "seq": 4}
     assert all(t["id"] != task_id for t in board.tasks)
     state = next(t for t in session.tasks if t["id"] == task_id)["state"]
     assert state in ("STOPPED", "DETACHED", "FINISHED")

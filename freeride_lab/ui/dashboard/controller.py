@@ -76,6 +76,10 @@ class SessionController:
         task: Mapping[str, Any] | None = _refused(self.session.detach, task_id)
         return task
 
+    def checkpoint(self, task_id: str) -> Mapping[str, Any] | None:
+        task: Mapping[str, Any] | None = _refused(self.session.checkpoint, task_id)
+        return task
+
     def tune(self, task_id: str, **limits: Any) -> Mapping[str, Any] | None:
         given = {
             "memory": limits.get("memory_bytes"),
