@@ -176,6 +176,7 @@ class FreerideMagics(Magics):
             "status": self._status,
             "attach": self._attach,
             "tune": self._tune,
+            "checkpoint": self._checkpoint,
             "detach": self._detach,
             "stop": self._stop,
             "report": self._report,
@@ -329,6 +330,14 @@ class FreerideMagics(Magics):
         shown = ", ".join(f"{k}={task.get(k)}" for k in keys)
         print(f"tuned {task['id']} ({task['name']}): {shown}")
 
+    def _checkpoint(self, args: argparse.Namespace) -> None:
+        session = self._current(args)
+        task = session.checkpoint(args.task_id)
+        print(
+            f"saved the state of {task['id']} ({task['name']}) at "
+            f"{number(task.get('progress'))} {task.get('unit') or ''}; it goes on"
+        )
+
     def _detach(self, args: argparse.Namespace) -> None:
         session = self._current(args)
         task = session.detach(args.task_id)
@@ -391,7 +400,7 @@ class FreerideMagics(Magics):
         }
 
     def _task_ids(self) -> list[str]:
-        """The current run's side-task ids (for ``tune``/``detach``); none while there is no
+        """The current run's side-task ids (for ``tune``/``checkpoint``/``detach``); none while there is no
         run, or its tasks cannot be read just now."""
         if self._session is None:
             return []

@@ -187,6 +187,7 @@ def test_tab_completes_the_current_runs_task_ids(ip, fake):
     first, second = fake.attach("pagerank", stage=0), fake.attach("resnet18", stage=1)
     assert completions(ip, "%freeride tune ") == sorted([first["id"], second["id"]])
     assert completions(ip, "%freeride detach ") == sorted([first["id"], second["id"]])
+    assert completions(ip, "%freeride checkpoint ") == sorted([first["id"], second["id"]])
     after_the_id = completions(ip, f"%freeride tune {first['id']} ")
     assert not {first["id"], second["id"]} & set(after_the_id)  # only one TASK_ID
 
@@ -338,6 +339,17 @@ def test_tune_and_detach_reach_the_session(ip, fake, capsys):
     assert run(ip, f"%freeride detach {task['id']}").success
     assert fake.tasks == []
     assert f"detached {task['id']}" in capsys.readouterr().out
+
+
+def test_checkpoint_reaches_the_current_session(ip, fake, capsys):
+    task = fake.attach("pagerank", stage=0)
+    result = run(ip, f"%freeride checkpoint {task['id']}")
+    assert isinstance(result.error_in_exec, UsageError)  # its process is not started yet
+    assert "checkpoint: could not checkpoint" in str(result.error_in_exec)
+    fake.advance()
+    assert run(ip, f"%freeride checkpoint {task['id']}").success
+    assert fake.calls[-1] == ("checkpoint", task["id"])
+    assert f"saved the state of {task['id']} (pagerank) at 10 iterations" in capsys.readouterr().out
 
 
 def test_status_lists_the_side_tasks(ip, fake, capsys):
