@@ -400,8 +400,8 @@ class FreerideMagics(Magics):
         }
 
     def _task_ids(self) -> list[str]:
-        """The current run's side-task ids (for ``tune``/``checkpoint``/``detach``); none while there is no
-        run, or its tasks cannot be read just now."""
+        """The current run's side-task ids (for ``tune``, ``checkpoint``, ``detach``); none while
+        there is no run, or its tasks cannot be read just now."""
         if self._session is None:
             return []
         try:

@@ -7,9 +7,9 @@ run's directory is put in where it was left out (:func:`with_run_dir`), and a ``
 is completed (:func:`complete_line`).
 
 [Note: the current run]
-For a subcommand whose first positional is ``RUN_DIR`` (status, attach, tune, detach, stop,
-report), the magic inserts the current session's run directory unless the first word after the
-subcommand already is a run directory (a directory holding ``run.json``). So
+For a subcommand whose first positional is ``RUN_DIR`` (status, attach, tune, checkpoint,
+detach, stop, report), the magic inserts the current session's run directory unless the first
+word after the subcommand already is a run directory (a directory holding ``run.json``). So
 ``%freeride attach pagerank --stage 1`` is ``freeride-lab attach <current run> pagerank --stage 1``
 and ``%freeride attach runs/other pagerank`` still addresses another run.
 
