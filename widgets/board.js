@@ -13,6 +13,7 @@ const LIMITS = [
   ["budget_ms", "step budget ms", 0, 500, 1, (v) => (v > 0 ? v : null), (v) => v ?? 0],
 ];
 // a symbol beside each state's word, so a state never rests on colour alone
+const LIVE = ["created", "paused", "running"]; // states with a task process that can save its state
 const ICONS = { submitted: "…", created: "…", paused: "‖", running: "▶", finished: "✓", stopped: "■", failed: "✕" };
 
 function h(tag, attrs = {}, ...children) {
@@ -81,7 +82,7 @@ function card(model, task, ctx) {
   const toggle = h("button", { class: "fr-tune", "aria-expanded": isOpen, "aria-label": `limits of ${caption}`,
     "data-testid": `tune-${task.id}`, onclick: () => { isOpen ? open.delete(task.id) : open.add(task.id); redraw(); } },
     isOpen ? "▾" : "⚙");
-  const save = !task.final && h("button", { class: "fr-save", "data-testid": `save-${task.id}`, title: "save its state now; it goes on",
+  const save = LIVE.includes(state) && !task.final && h("button", { class: "fr-save", "data-testid": `save-${task.id}`, title: "save its state now; it goes on",
     "aria-label": `save the state of ${caption} now`, onclick: () => send(model, { op: "checkpoint", id: task.id }) }, "save");
   const fix = task.fix && !task.final && h("button", { class: "fr-fix", "data-testid": `fix-${task.id}`,
     onclick: () => send(model, { op: "tune", id: task.id, limits: task.fix.limits }) }, task.fix.label);

@@ -380,6 +380,7 @@ dnd("palette-resnet18", "stage-1");
 dnd("card-t1", "stage-2");
 dnd("card-t1", "palette");
 out.saved = el.find("saved-t1")?.textContent ?? null;
+out.saveButtons = out.testids.filter((id) => id.startsWith("save-"));
 el.find("save-t1").fire("click");
 el.find("tune-t1").fire("click");
 const slider = el.find("slider-t1-sm_pct");
@@ -419,7 +420,8 @@ def test_board_js_sends_requests_for_drags_and_sliders(tmp_path):
                 "sm_pct": None,
                 "error": "stage 2 is full",
                 "saved": "saved 14:02:31",
-            }
+            },
+            {"id": "t2", "name": "vgg19", "stage": 1, "state": "FAILED", "error": "CUDA OOM"},
         ],
     }
     run = subprocess.run(
@@ -441,6 +443,7 @@ def test_board_js_sends_requests_for_drags_and_sliders(tmp_path):
         {"op": "tune", "id": "t1", "limits": {"sm_pct": 40}},
     ]
     assert out["saved"] == " · saved 14:02:31"
+    assert out["saveButtons"] == ["save-t1"]  # a failed task has no process to save
     assert out["error"] == "stage 2 is full"
     assert out["notice"] == "attach x: rejected"
     assert (out["handlersAfterCleanup"], out["childrenAfterCleanup"]) == (0, 0)
