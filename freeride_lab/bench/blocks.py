@@ -42,7 +42,7 @@ from freeride_lab.pipeline.emulate import Control, ControlFile, Gate
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Progress", "RunDriver", "solo_figures"]
+__all__ = ["Progress", "RunDriver", "first_checkpoints_line", "solo_figures"]
 
 _GATE_OF_MODE = {
     "vanilla": Gate.CLOSED,
@@ -292,7 +292,7 @@ class RunDriver:
                 beside.get("tight_budget_ms", beside["budget_ms"]),
             )
         rec["first_checkpoint_s"] = took = self._first_checkpoints(budgets)
-        self.say(f"  first checkpoints: {', '.join(f'{t} {s:g} s' for t, s in took.items())}")
+        self.say(f"  first checkpoints: {first_checkpoints_line(budgets, took)}")
         for task_id, (managed_ms, _) in budgets.items():
             self.session.tune(task_id, budget_ms=managed_ms)
         governor, trickler = (
@@ -637,3 +637,18 @@ def _limits_of(governor: OverheadGovernor, task_id: str, base_ms: float) -> tupl
 
 def _g(v: float | None) -> str:
     return "-" if v is None or not math.isfinite(v) else f"{v:.4g}"
+
+
+def first_checkpoints_line(task_ids: Iterable[str], took: Mapping[str, float]) -> str:
+    """The log's word on each task's checkpoint before the blocks: its seconds, or that it
+    failed (the reason is in the result's errors).
+
+        >>> first_checkpoints_line(["t1", "t2"], {"t1": 0.714})
+        't1 0.714 s, t2 failed (see the errors)'
+    """
+    return (
+        ", ".join(
+            f"{t} {took[t]:g} s" if t in took else f"{t} failed (see the errors)" for t in task_ids
+        )
+        or "no task"
+    )
