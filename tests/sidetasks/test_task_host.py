@@ -595,6 +595,8 @@ def test_a_periodic_checkpoints_gpu_copies_are_waited_for_off_the_host_and_befor
     host.task.progress = 1.0
     _due(host)
     host._maybe_checkpoint()
+    assert host._writer is not None, "no periodic checkpoint was started"
+    assert host._copies, "the checkpoint queued no GPU copy"
     assert "MainThread" not in waited_on  # the host queued the copies and went on
     assert host._apply(SideTaskEvent.START)
     side = torch.cuda.Stream()  # a step on a stream of the task's own: nothing orders it
