@@ -307,7 +307,8 @@ _WHERE_IDLE = (
     "collapsed and what it cost, a group's guard; early afternoon: a step group's guard per "
     "call on the GPU, and which bubbles' ends training waits on; late afternoon: the image "
     "task's band step, in blocks and graphed; night: the first checkpoint's hold, in the "
-    "ledgers and out of the blocks"
+    "ledgers and out of the blocks; 2026-12-08: every stage at M = 8 with the first "
+    "checkpoints out of the blocks"
 )
 _OVERHEAD = '2026-12-03, "Overhead with every stage harvesting" and "Worst stage"'
 _TAILS = "2026-12-04, last: the restructured tree, tails and energy, quiet slots side by side"

@@ -516,6 +516,20 @@ H100_12_07G_ACTIONS = _files_of(H100_12_07G, H100_12_07G_NAMES, "h100-2026-12-07
 #: runs of announced bubbles with room that no task took, in every committed H100 ledger
 #: (``host_stalls.py``; arithmetic over the ledgers)
 HOST_STALLS = "host-stalls-h100-2026-12-07.json"
+#: 2026-12-08, one H100 machine (the tree at 882a8f0, source digest
+#: 6ecdb42c38208429): every stage at M = 8, "stop", the image task's band step graphed on the
+#: leftovers, each segment's tasks checkpointed once before its blocks, the peers replaying
+#: 12-07b's costs; its bubble ledger, action times and stalls; then the state copy's "in flight"
+H100_O_M8 = (
+    "h100-2026-12-08-m8-stop-all.json",
+    "M = 8, every stage, checkpointed before the blocks",
+)
+H100_12_08 = (H100_O_M8,)
+H100_12_08_LEDGERS = ((H100_O_M8, "h100-2026-12-08-ledger-m8-stop-all.json"),)
+#: the every-stage M = 8 calls before it (other machines, other trees): history, not an A/B
+H100_M8_EVERY_STAGE = (H100_I_M8, H100_L_M8, H100_O_M8)
+HOST_STALLS_12_08 = "host-stalls-h100-2026-12-08.json"
+STATE_COPY_INFLIGHT = "state-copy-inflight-h100-2026-12-08.json"
 #: the host's path alone on that machine, before, between and after its calls, in call order
 HOST_PATH_H100_12_07E = tuple(
     (f"host-path-h100-2026-12-07e-{k}.json", label)
@@ -1783,7 +1797,7 @@ def h100_goal_sources() -> list[Source]:
                                  *H100_12_06D, *H100_12_06E, *H100_12_06G, *H100_12_07,
                                  *H100_12_07B, *H100_12_07C, H100_K_ZB_PROFILE,
                                  H100_K_M8_PROFILE, *H100_12_07E, H100_M_ZB_ON, H100_M_M8_ON,
-                                 *H100_12_07G)),
+                                 *H100_12_07G, *H100_12_08)),
         source(*(n for n, _ in H100_ZB_SIZED)),
     ]  # fmt: skip
 
@@ -2072,6 +2086,28 @@ def state_copy() -> list[str]:
     ]  # fmt: skip
 
 
+def state_copy_in_flight() -> list[str]:
+    """The state's copy three ways (``benchmarks/bench_state_copy.py``): what each holds the
+    host's thread, and when the copies left in flight had landed."""
+    data = raw(STATE_COPY_INFLIGHT)
+
+    def way(r: Mapping[str, Any], key: str) -> str:
+        w = r[key]
+        return f"{w['first_ms']:.1f} / {w['median_ms']:.1f} ({w['max_ms']:.1f})"
+
+    return [
+        *md_table(
+            ["task", "state", "pageable, tensor by tensor", "pinned, one wait",
+             "in flight: the host held", "in flight: landed"],
+            [[r["task"], f"{r['state_bytes'] / 1e9:.2f} GB",
+              *(way(r, k) for k in ("pageable", "pinned", "in_flight", "landed"))]
+             for r in data["rows"]],
+        ),
+        f"\nEach: first take / median of the others (highest), ms; {data['device']}, torch "
+        f"{data['torch']}.",
+    ]  # fmt: skip
+
+
 def host_stalls(name: str) -> list[str]:
     """The stages of committed ledgers with a stall (``benchmarks/host_stalls.py``): a run of
     announced bubbles with room that no task took, back to back; then how many stages had
@@ -2091,6 +2127,9 @@ def host_stalls(name: str) -> list[str]:
                     str(s["bubbles"]), f"{s['ms']:.0f}", fmt_pct(s["ms"] / stage["bubble_ms"], 1),
                     fmt_pct(s["block_frac"], 0),
                 ])  # fmt: skip
+    ledgers = len(data["ledgers"])
+    if not rows:
+        return [f"No stall on any of the {clear} stages of {_count(ledgers, 'ledger')}."]
     return [
         *md_table(
             ["call (H100)", "run/stage", "room ms", "gated bubble ms", "the stall",
@@ -2098,8 +2137,13 @@ def host_stalls(name: str) -> list[str]:
              "of its block's"],
             rows,
         ),
-        f"\nNo stall on the other {clear} stages of {len(data['ledgers'])} ledgers.",
+        f"\nNo stall on the other {clear} stages of {_count(ledgers, 'ledger')}.",
     ]  # fmt: skip
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural past one: "1 ledger", "26 ledgers"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def step_speed(pairs: Sequence[tuple[tuple[str, str], str]]) -> list[str]:
@@ -2327,6 +2371,14 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "state-copy-ahead-h100": lambda: pin_ahead_table(STATE_COPY_AHEAD),
     "state-copy-h100": state_copy,
     "host-stalls-h100": lambda: host_stalls(HOST_STALLS),
+    "host-stalls-h100-12-08": lambda: host_stalls(HOST_STALLS_12_08),
+    "h100-12-08-pipeline-overhead": lambda: h200_overhead(_labelled_rows(H100_M8_EVERY_STAGE)),
+    "h100-12-08-pipeline-harvest": lambda: h200_harvest(_labelled_rows(H100_M8_EVERY_STAGE)),
+    "h100-12-08-stages": lambda: _side_by_side(H100_M8_EVERY_STAGE, ("governed",)),
+    "h100-12-08-idle-split": lambda: _idle_split(H100_12_08),
+    "h100-12-08-guards": lambda: guard_costs(H100_12_08_LEDGERS),
+    "h100-12-08-step-speed": lambda: step_speed(H100_12_08_LEDGERS),
+    "state-copy-inflight-h100": state_copy_in_flight,
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
