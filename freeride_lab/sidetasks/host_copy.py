@@ -8,7 +8,8 @@ memory is faulted in page by page. VGG-19's weights and Adam state (1.7 GB) took
 way on an H100 host, and the task's host reads no edge while it copies. Pinned blocks come from
 torch's caching host allocator, so a task's next checkpoint reuses the ones its last one freed,
 and the task process keeps about its state's size pinned (where pinning fails, the copy is made
-as before).
+as before, and the process's log says so once, with the reason: such a copy holds the host
+tensor by tensor again).
 
 # [Note: copies left in flight]
 Queued and waited for on the host's thread, VGG-19's state still held its host 32 ms at every
@@ -25,10 +26,13 @@ returns its copies, it does not read them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CopiesInFlight", "copies_in_flight", "host_copies"]
 
@@ -110,7 +114,8 @@ def _host_copies(state: Any, torch: Any, numpy: Any, queued: set[Any]) -> Any:
         if tensor.is_cuda:
             try:
                 pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            except RuntimeError:  # no page-locked memory to be had: a plain copy
+            except RuntimeError as exc:  # no page-locked memory to be had: a plain copy
+                _unpinned(exc, tensor.nbytes)
                 return tensor.to("cpu", copy=True)
             queued.add(tensor.device)
             return pinned.copy_(tensor, non_blocking=True)
@@ -124,3 +129,19 @@ def _host_copies(state: Any, torch: Any, numpy: Any, queued: set[Any]) -> Any:
     if isinstance(state, list | tuple):
         return type(state)(_host_copies(v, torch, numpy, queued) for v in state)
     return state
+
+
+_said_unpinned = False  # the process's log has said why a copy could not be pinned
+
+
+def _unpinned(exc: BaseException, nbytes: int) -> None:
+    """Log, once per process, that a GPU tensor's copy could not be pinned, and why."""
+    global _said_unpinned
+    if not _said_unpinned:
+        _said_unpinned = True
+        log.warning(
+            "host_copies: no page-locked memory for a %d-byte copy (%s); copying through "
+            "pageable memory, waited for tensor by tensor",
+            nbytes,
+            exc,
+        )

@@ -67,9 +67,24 @@ def test_a_gpu_state_is_copied_into_pinned_memory_and_complete_on_return() -> No
     _assert_copied(copy, live)
 
 
+def test_a_copy_that_could_not_be_pinned_is_logged_once_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from freeride_lab.sidetasks import host_copy
+
+    monkeypatch.setattr(host_copy, "_said_unpinned", False)
+    with caplog.at_level("WARNING", logger=host_copy.__name__):
+        host_copy._unpinned(RuntimeError("CUDA error: out of memory (cudaHostAlloc)"), 4096)
+        host_copy._unpinned(RuntimeError("again"), 8192)
+    assert [r.getMessage() for r in caplog.records] == [
+        "host_copies: no page-locked memory for a 4096-byte copy (CUDA error: out of memory "
+        "(cudaHostAlloc)); copying through pageable memory, waited for tensor by tensor"
+    ]
+
+
 @pytest.mark.gpu
 def test_a_gpu_tensor_is_still_copied_where_memory_cannot_be_pinned(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU; this machine has none")
@@ -80,9 +95,14 @@ def test_a_gpu_tensor_is_still_copied_where_memory_cannot_be_pinned(
             raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
         return empty(*args, **kwargs)
 
+    from freeride_lab.sidetasks import host_copy
+
     live = _state("cuda")
+    monkeypatch.setattr(host_copy, "_said_unpinned", False)
     monkeypatch.setattr(torch, "empty", no_pinning)
-    copy = host_copies(live)
+    with caplog.at_level("WARNING", logger=host_copy.__name__):
+        copy = host_copies(live)
     monkeypatch.undo()
     assert not copy["weights"].is_pinned()
     _assert_copied(copy, live)
+    assert "cudaHostAlloc" in caplog.text
