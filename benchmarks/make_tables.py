@@ -172,6 +172,10 @@ OUTLIVED_REPLAY_ZB = "outlived-h100-2026-12-07f-zb.json"
 OUTLIVED_ZB_RUNS = ("zero-bubble, band step graphed",)
 OUTLIVED_ZB_TASKS = {0: "pagerank + image", 1: "resnet18 + image", 2: "image",
                      3: "vgg19 + image"}  # fmt: skip
+#: the same replay over the bubbles of 2026-12-08's every-stage call at M = 8 (each rank's from
+#: the segment it ran real), each rank on its image task's guard at entry
+OUTLIVED_REPLAY_M8 = "outlived-h100-2026-12-08-m8.json"
+OUTLIVED_M8_RUNS = ("M = 8, every stage",)
 OUTLIVED_SHARES = {"survivors 0": "the survivors' minimum", "survivors 0.1": "1 in 10 set aside",
                    "survivors 0.2": "1 in 5 set aside (the default)",
                    "survivors 0.34": "1 in 3 set aside"}  # fmt: skip
@@ -2379,6 +2383,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-08-guards": lambda: guard_costs(H100_12_08_LEDGERS),
     "h100-12-08-step-speed": lambda: step_speed(H100_12_08_LEDGERS),
     "state-copy-inflight-h100": state_copy_in_flight,
+    "h100-12-08-harvest-ceiling": lambda: harvest_ceiling(
+        ((H100_O_M8, "h100-2026-12-08-ceiling-m8-stop-all.json"),)
+    ),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
@@ -2434,6 +2441,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "outlived-replay": outlived_replay,
     "outlived-replay-zb-12-07f": lambda: outlived_replay(
         OUTLIVED_REPLAY_ZB, OUTLIVED_ZB_RUNS, OUTLIVED_ZB_TASKS
+    ),
+    "outlived-replay-m8-12-08": lambda: outlived_replay(
+        OUTLIVED_REPLAY_M8, OUTLIVED_M8_RUNS, OUTLIVED_ZB_TASKS
     ),
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
