@@ -183,9 +183,7 @@ class SideTaskBoard(anywidget.AnyWidget):
                 card = _card(task)
                 if "error" not in task and card["id"] in errors:
                     card["error"] = errors[card["id"]]
-                if card["id"] in self._saved:
-                    card["saved"] = self._saved[card["id"]]
-                cards.append(card)
+                cards.append({**card, **self._kept(card["id"])})
             self._saved = {c["id"]: self._saved[c["id"]] for c in cards if c["id"] in self._saved}
             self.tasks = cards
 
@@ -251,7 +249,7 @@ class SideTaskBoard(anywidget.AnyWidget):
         elif op == "checkpoint":
             result = self.controller.checkpoint(task_id)
             self._saved[task_id] = f"saved {datetime.now().strftime('%H:%M:%S')}"
-            self._replace(self._updated(task_id, result, {"saved": self._saved[task_id]}))
+            self._replace(self._updated(task_id, result, {}))
         else:
             limits = _limits(request)
             result = self.controller.tune(task_id, **limits)
@@ -280,11 +278,8 @@ class SideTaskBoard(anywidget.AnyWidget):
         current = next(t for t in self.tasks if t["id"] == task_id)
         # the session's answer over the card, so what only the dashboard adds (label, reason)
         # stays until its next tick
-        return _card(
-            {**current, **change, "error": ""}
-            if result is None
-            else {**current, **result, **self._kept(task_id), "error": ""}
-        )
+        answer = change if result is None else result
+        return _card({**current, **answer, **self._kept(task_id), "error": ""})
 
     def _kept(self, task_id: str) -> dict[str, str]:
         """What the board itself keeps on a card across the session's answers."""
