@@ -333,17 +333,14 @@ class FreerideMagics(Magics):
     def _checkpoint(self, args: argparse.Namespace) -> None:
         session = self._current(args)
         task = session.checkpoint(args.task_id)
-        print(
-            f"saved the state of {task['id']} ({task['name']}) at "
-            f"{number(task.get('progress'))} {task.get('unit') or ''}; it goes on"
-        )
+        print(f"saved the state of {task['id']} ({task['name']}) at {_done(task)}; it goes on")
 
     def _detach(self, args: argparse.Namespace) -> None:
         session = self._current(args)
         task = session.detach(args.task_id)
         print(
-            f"detached {task['id']} ({task['name']}) after {number(task.get('progress'))} "
-            f"{task.get('unit') or ''}; `%freeride attach {task['id']}` resumes it"
+            f"detached {task['id']} ({task['name']}) after {_done(task)}; "
+            f"`%freeride attach {task['id']}` resumes it"
         )
 
     # -- %%freeride_task -----------------------------------------------------------------------
@@ -422,6 +419,11 @@ class FreerideMagics(Magics):
         from freeride_lab.ui.dashboard import stop_all
 
         return stop_all()
+
+
+def _done(task: dict[str, Any]) -> str:
+    """How much of its work a task dict says is done: "120 samples"."""
+    return f"{number(task.get('progress'))} {task.get('unit') or ''}"
 
 
 def _tasks(session: Any) -> list[dict[str, Any]]:
