@@ -170,7 +170,7 @@ OUTLIVED_TASKS = {0: "pagerank", 2: "image"}
 #: entry: what planning its steps to the survivors could add on each stage.
 OUTLIVED_REPLAY_ZB = "outlived-h100-2026-12-07f-zb.json"
 OUTLIVED_ZB_RUNS = ("zero-bubble, band step graphed",)
-OUTLIVED_ZB_TASKS = {0: "pagerank + image", 1: "resnet18 + image", 2: "image",
+OUTLIVED_MIX_TASKS = {0: "pagerank + image", 1: "resnet18 + image", 2: "image",
                      3: "vgg19 + image"}  # fmt: skip
 #: the same replay over the bubbles of 2026-12-08's every-stage call at M = 8 (each rank's from
 #: the segment it ran real), each rank on its image task's guard at entry
@@ -530,6 +530,8 @@ H100_O_M8 = (
 )
 H100_12_08 = (H100_O_M8,)
 H100_12_08_LEDGERS = ((H100_O_M8, "h100-2026-12-08-ledger-m8-stop-all.json"),)
+#: its bubbles replayed through the host's step rule, one thing changed at a time
+H100_12_08_CEILINGS = ((H100_O_M8, "h100-2026-12-08-ceiling-m8-stop-all.json"),)
 #: the every-stage M = 8 calls before it (other machines, other trees): history, not an A/B
 H100_M8_EVERY_STAGE = (H100_I_M8, H100_L_M8, H100_O_M8)
 HOST_STALLS_12_08 = "host-stalls-h100-2026-12-08.json"
@@ -2383,9 +2385,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "h100-12-08-guards": lambda: guard_costs(H100_12_08_LEDGERS),
     "h100-12-08-step-speed": lambda: step_speed(H100_12_08_LEDGERS),
     "state-copy-inflight-h100": state_copy_in_flight,
-    "h100-12-08-harvest-ceiling": lambda: harvest_ceiling(
-        ((H100_O_M8, "h100-2026-12-08-ceiling-m8-stop-all.json"),)
-    ),
+    "h100-12-08-harvest-ceiling": lambda: harvest_ceiling(H100_12_08_CEILINGS),
     "h200-12-06-placement": lambda: placement_policies(result(H200_PLACEMENT)),
     "h200-12-06-placement-cells": placement_cells_table,
     # once the placer knows the tasks' slices
@@ -2440,10 +2440,10 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "step-sizes-cpu": step_sizes_cpu,
     "outlived-replay": outlived_replay,
     "outlived-replay-zb-12-07f": lambda: outlived_replay(
-        OUTLIVED_REPLAY_ZB, OUTLIVED_ZB_RUNS, OUTLIVED_ZB_TASKS
+        OUTLIVED_REPLAY_ZB, OUTLIVED_ZB_RUNS, OUTLIVED_MIX_TASKS
     ),
     "outlived-replay-m8-12-08": lambda: outlived_replay(
-        OUTLIVED_REPLAY_M8, OUTLIVED_M8_RUNS, OUTLIVED_ZB_TASKS
+        OUTLIVED_REPLAY_M8, OUTLIVED_M8_RUNS, OUTLIVED_MIX_TASKS
     ),
     "boundary-cpu": boundary_cpu,
     "edge-latency-cpu": edge_latency_cpu,
