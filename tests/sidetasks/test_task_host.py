@@ -159,10 +159,12 @@ def in_process_host(
     leftovers_file: str = "",
     edge_file: str = "",
     sink_name: str = "task.jsonl",
+    device: str = "cpu",
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
     the sink its events go to (``tmp_path / sink_name``; close it before reading). Its
-    spec names ``Counting``, which it never loads: ``task`` is given."""
+    spec names ``Counting``, which it never loads: ``task`` is given. The host moves the
+    task's state onto ``device`` (its INIT), as a task process does onto its GPU."""
     from freeride_lab.core.sidetask_state import SideTaskEvent
     from freeride_lab.io.sink import EventSink
     from freeride_lab.sidetasks.host.task_host import TaskHost
@@ -175,7 +177,7 @@ def in_process_host(
     sink = EventSink(tmp_path / sink_name)
     host_spec = HostSpec(
         task=spec, run_dir=str(run_dir.path), rank=0, stage=0,
-        leftovers_file=leftovers_file, edge_file=edge_file,
+        leftovers_file=leftovers_file, edge_file=edge_file, device=device,
     )  # fmt: skip
     host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived)
     host._send = lambda message: None  # type: ignore[method-assign]
@@ -590,7 +592,8 @@ def test_a_periodic_checkpoints_gpu_copies_are_waited_for_off_the_host_and_befor
             _wait(self)
 
         monkeypatch.setattr(kind, "synchronize", recorded)
-    host, sink = in_process_host(run_dir, tmp_path, Large())
+    host, sink = in_process_host(run_dir, tmp_path, Large(), device="cuda:0")
+    assert host.task.weights.is_cuda  # on a "cpu" host, its INIT would move them off the GPU
     torch.cuda.synchronize()
     host.task.progress = 1.0
     _due(host)
