@@ -73,7 +73,8 @@ def add_bench(subparsers: Any) -> argparse.ArgumentParser:
                    help="group short side-task steps to this length (ms; 0: off)")  # fmt: skip
     p.add_argument("--predictor", default=None, choices=PREDICTORS,
                    help="how the real rank predicts bubble lengths: the minimum of the last "
-                   "five (default, FreeRide's) or a percentile moved by its misses")  # fmt: skip
+                   "five (default, FreeRide's), a percentile moved by its misses (feedback), "
+                   "or the end its awaited peer published (peers)")  # fmt: skip
     p.add_argument("--outlived", default=None, choices=OUTLIVED,
                    help="once a bubble outlives its predicted end, the side task stops "
                    "(default, FreeRide's) or goes on while the slot's longer bubbles say a "

@@ -41,7 +41,7 @@ MAX_ANNOUNCE_MIN_MS = 1e6
 #: A step group longer than this would outlast most bubbles it could start in.
 MAX_STEP_GROUP_MS = 100.0
 #: How a rank predicts bubble lengths (``RuntimeOptions.predictor``).
-PREDICTORS: tuple[str, ...] = ("min", "feedback")
+PREDICTORS: tuple[str, ...] = ("min", "feedback", "peers")
 #: What a side task does once a bubble outlives its predicted end (``RuntimeOptions.outlived``).
 OUTLIVED: tuple[str, ...] = ("stop", "survivors", "hand-on")
 _REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -232,7 +232,10 @@ class RuntimeOptions:
             (``sidetasks.host.iterative`` [Note: step groups]); 0 waits after every step.
         predictor: how a rank predicts each bubble's length for its live edges: "min", the
             minimum of the slot's last five (FreeRide's); "feedback", a percentile of its last
-            16 moved by its own misses (``core.bubble_prediction``).
+            16 moved by its own misses (``core.bubble_prediction``); "peers", the end the
+            rank it waits for published for the action it waits on, plus the slot's usual
+            hand-over, else the minimum of five (``core.peer_prediction``; ranks that time on
+            the host clock: CPU ranks and the emulated pipeline's).
         outlived: what a side task's host does once a bubble outlives the rank's predicted
             end: "stop", launch no further step (FreeRide's); "survivors", take the bubble to
             last as long as its slot's recent bubbles that were longer than it has lasted so

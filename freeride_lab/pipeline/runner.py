@@ -35,6 +35,7 @@ from freeride_lab.io.rundir import RunDir
 from freeride_lab.pipeline import stage_build
 from freeride_lab.pipeline.clock import ClockSync, sync_clock
 from freeride_lab.pipeline.emulate import Emulation
+from freeride_lab.pipeline.peer_board import AwaitedPeers
 from freeride_lab.pipeline.rank_env import RankEnv
 from freeride_lab.pipeline.step_clock import StepClock
 from freeride_lab.pipeline.stop import StopAgreement, StopControl
@@ -153,6 +154,7 @@ class RankRunner:
         )
         self.step_clock = StepClock(self.device, self.clock_offset_ns)
         self.recorder = ActionRecorder(
+            peers=self._awaited_peers(),
             device=self.device,
             clock_offset_ns=self.clock_offset_ns,
             edges=edges,
@@ -403,6 +405,29 @@ class RankRunner:
                     predicted_end_ns=e.predicted_end_ns,
                 )
             )
+
+    def _awaited_peers(self) -> AwaitedPeers | None:
+        """The run's action boards, where the rank predicts bubbles from its awaited peers'
+        ends (``RuntimeOptions.predictor`` "peers"); None otherwise, and on CUDA, whose
+        host sees launches, not starts (the rank then predicts from its slots alone)."""
+        cfg = self.config
+        if cfg.runtime.predictor != "peers":
+            return None
+        if self.device.type == "cuda":
+            log.info("rank %d: predictor 'peers' publishes no starts from a CUDA rank; its "
+                     "bubbles are predicted from their slots alone", self.env.rank)  # fmt: skip
+            return None
+        stage_ranks = {
+            stage: rank
+            for rank in range(cfg.stages)
+            for stage in stage_indices(self.spec, rank, cfg.stages, self.chunks)
+        }
+        try:
+            return AwaitedPeers(self.run_dir.path, self.env.rank, stage_ranks)
+        except OSError:  # a prediction aid: training goes on without it
+            log.warning("rank %d: no action board; its bubbles are predicted from their "
+                        "slots alone", self.env.rank, exc_info=True)  # fmt: skip
+            return None
 
     def _memory(self, step: int) -> MemoryReport:
         emulated = self.emulation.memory() if self.emulation is not None else None

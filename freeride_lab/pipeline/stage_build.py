@@ -213,12 +213,17 @@ def make_edges(
 
 def make_predictor(kind: str = "min") -> Predictor:
     """The bubble-end predictor the live edges carry (``RuntimeOptions.predictor``): "min",
-    FreeRide's minimum of a slot's last five; "feedback", ``core.bubble_prediction``'s."""
+    FreeRide's minimum of a slot's last five; "feedback", ``core.bubble_prediction``'s;
+    "peers", the awaited peer's published end, else the minimum of five
+    (``core.peer_prediction``)."""
     from freeride_lab.core.bubble_prediction import FeedbackSlotPredictor
     from freeride_lab.core.bubbles import SlotPredictor
+    from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
 
     if kind == "feedback":
         return FeedbackSlotPredictor()
+    if kind == "peers":
+        return AwaitedPeerPredictor(SlotPredictor(k=5, method="min"))
     if kind == "min":
         return SlotPredictor(k=5, method="min")
     raise ValueError(f"predictor={kind!r}; valid: {', '.join(PREDICTORS)}")

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,7 @@ from freeride_lab.pipeline.bubble_edges import (
     _CudaEdgeWatcher,
     _EdgeTracker,
 )
+from freeride_lab.pipeline.peer_board import AwaitedPeers
 from freeride_lab.pipeline.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,11 @@ class ActionRecorder:
         clock: the rank's ``StepClock`` (shared with its untimed steps); made here if None.
         announce_min_ns: announce only the slots predicted to last at least this long (see
             [Note: quiet slots]); 0 announces every slot, predicted or not.
+        peers: the run's action boards ([Note: awaited peer] in ``core.peer_prediction``):
+            the recorder publishes each action's start and expected end (the median of its
+            last 16 of that stage and kind), and opens each bubble with the end its awaited
+            peer published, for a predictor that takes it (``predict_from_peer``). Host
+            clocks only: a CUDA rank's host sees its launches, not their starts.
     """
 
     def __init__(
@@ -153,9 +160,18 @@ class ActionRecorder:
         predictor: Predictor | None = None,
         clock: StepClock | None = None,
         announce_min_ns: int = 0,
+        peers: AwaitedPeers | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
+        if peers is not None and self.is_cuda:
+            raise ValueError(
+                "peers need host-clock stamps, and a CUDA rank's host sees its launches, not "
+                "their starts; pass peers=None on CUDA"
+            )
+        self._peers = peers
+        self._order: list[tuple[ActionKind, int, int]] = []  # the last step's actions, in order
+        self._durations: dict[tuple[int, ActionKind], deque[int]] = {}  # (stage, kind) -> ns
         self.clock_offset_ns = clock_offset_ns
         self.announce_min_ns = announce_min_ns
         self.step = -1
@@ -171,8 +187,9 @@ class ActionRecorder:
             else None
         )
         self._slot = 0
-        self._gap: tuple[int, Any, bool] | None = None  # the open slot, its start, announced
-        self._gaps: list[tuple[int, Any, Any]] = []  # (slot, start, end) closed this step
+        # the open slot, its start, whether announced, its awaited peer's published end
+        self._gap: tuple[int, Any, bool, int | None] | None = None
+        self._gaps: list[tuple[int, Any, Any, int | None]] = []  # closed this step, and end
         self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
         self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
         self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
@@ -238,10 +255,14 @@ class ActionRecorder:
         """
         step, spans, marks, gaps = self.step, self._spans, self._marks, self._gaps
         self._spans, self._marks, self._gaps = [], {}, []
+        if self._peers is not None and spans:
+            self._order = [(kind, stage, mb) for kind, stage, mb, _, _ in spans]
 
         def build(resolve: Callable[[Any], int]) -> StepRecord:
             if gaps:
                 self._observe(gaps, resolve)
+            if self._peers is not None:
+                self._learn_durations(spans, resolve)
             return StepRecord(
                 step,
                 [
@@ -269,10 +290,12 @@ class ActionRecorder:
         return out
 
     def close(self) -> None:
-        """Stop the CUDA edge watcher, if any. Idempotent."""
+        """Stop the CUDA edge watcher, if any, and unmap the peers' boards. Idempotent."""
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        if self._peers is not None:
+            self._peers.close()
 
     # -- actions (hot path) ----------------------------------------------------------------
 
@@ -283,6 +306,8 @@ class ActionRecorder:
         self._release()
         stamp = self._stamp()
         self._close_gap(stamp)
+        if self._peers is not None:
+            self._publish(kind, stage, microbatch, stamp)
         return (kind, stage, microbatch, stamp)
 
     def stop(self, token: tuple[ActionKind, int, int, Any], *, loss_follows: bool = False) -> None:
@@ -316,25 +341,64 @@ class ActionRecorder:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _observe(self, gaps: list[tuple[int, Any, Any]], resolve: Callable[[Any], int]) -> None:
-        """Teach the predictor the step's slot lengths, from resolved stamps."""
+    def _observe(
+        self, gaps: list[tuple[int, Any, Any, int | None]], resolve: Callable[[Any], int]
+    ) -> None:
+        """Teach the predictor the step's slot lengths, from resolved stamps, and where a
+        bubble was opened with its awaited peer's end, how far it ended from that."""
         predictor, tracker = self._predictor, self._tracker
         if predictor is None or tracker is None:
             return
+        observe_peer = getattr(predictor, "observe_peer", None)
         try:
-            for slot, start, end in gaps:
+            for slot, start, end, peer_end in gaps:
                 predictor.observe(slot, max(0, resolve(end) - resolve(start)))
+                if peer_end is not None and observe_peer is not None:
+                    observe_peer(slot, resolve(end), peer_end)
         except Exception:
             tracker.error("predictor")
 
-    def _predict(self, slot: int) -> int | None:
+    def _predict(self, slot: int, start: Any, peer_end: int | None) -> int | None:
         if self._predictor is None or self._tracker is None:
             return None
         try:
+            from_peer = getattr(self._predictor, "predict_from_peer", None)
+            if peer_end is not None and from_peer is not None:
+                return from_peer(slot, start, peer_end)  # type: ignore[no-any-return]
             return self._predictor.predict(slot)
         except Exception:
             self._tracker.error("predictor")
             return None
+
+    def _publish(self, kind: ActionKind, stage: int, microbatch: int, start_ns: int) -> None:
+        """Publish an action's start with its expected end, once the rank has timed one
+        like it ([Note: awaited peer])."""
+        assert self._peers is not None
+        past = self._durations.get((stage, kind))
+        if past:
+            expected = sorted(past)[len(past) // 2]
+            self._peers.publish(self.step, stage, kind, microbatch, start_ns, start_ns + expected)
+
+    def _awaited_end(self, step: int, slot: int) -> int | None:
+        """The end the peer that slot ``slot``'s next action waits for published, if any."""
+        if self._peers is None or slot >= len(self._order):
+            return None
+        kind, stage, microbatch = self._order[slot]
+        try:
+            return self._peers.awaited_end(step, stage, kind, microbatch)
+        except Exception:
+            if self._tracker is not None:
+                self._tracker.error("peers")
+            return None
+
+    def _learn_durations(
+        self, spans: list[tuple[ActionKind, int, int, Any, Any]], resolve: Callable[[Any], int]
+    ) -> None:
+        for kind, stage, _, start, end in spans:
+            past = self._durations.get((stage, kind))
+            if past is None:
+                past = self._durations[(stage, kind)] = deque(maxlen=16)
+            past.append(max(0, resolve(end) - resolve(start)))
 
     def _end(self, token: tuple[ActionKind, int, int, Any], stamp: Any) -> None:
         kind, stage, microbatch, start = token
@@ -356,11 +420,12 @@ class ActionRecorder:
             return
         step = self.step if step is None else step
         slot = self._slot if slot is None else slot
-        duration = self._predict(slot)
+        peer_end = self._awaited_end(step, slot)
+        duration = self._predict(slot, stamp, peer_end)
         announce = self.announce_min_ns <= 0 or (
             duration is not None and duration >= self.announce_min_ns
         )
-        self._gap = (slot, stamp, announce)
+        self._gap = (slot, stamp, announce, peer_end)
         if not announce:
             return
         if self._watcher is not None:
@@ -374,9 +439,9 @@ class ActionRecorder:
         if self._tracker is None or gap is None:
             return
         self._slot += 1
-        slot, start, announced = gap
+        slot, start, announced, peer_end = gap
         if learn:
-            self._gaps.append((slot, start, stamp))
+            self._gaps.append((slot, start, stamp, peer_end))
         if not announced:
             return
         if self._watcher is not None:

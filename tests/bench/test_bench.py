@@ -266,7 +266,8 @@ def test_a_schedule_and_its_chunks_reach_every_runs_config(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    ("words", "predictor"), [((), "min"), (("--predictor", "feedback"), "feedback")]
+    ("words", "predictor"),
+    [((), "min"), (("--predictor", "feedback"), "feedback"), (("--predictor", "peers"), "peers")],
 )
 def test_the_bubble_predictor_reaches_every_runs_ranks(
     tmp_path: Path, words: tuple[str, ...], predictor: str

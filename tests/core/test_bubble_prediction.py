@@ -8,6 +8,7 @@ import pytest
 
 from freeride_lab.core.bubble_prediction import FeedbackSlotPredictor, replay
 from freeride_lab.core.bubbles import SlotPredictor
+from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
 from freeride_lab.pipeline.stage_build import make_predictor
 
 MS = 1_000_000
@@ -91,5 +92,8 @@ def test_the_runtime_option_picks_the_ranks_predictor() -> None:
     assert isinstance(make_predictor("feedback"), FeedbackSlotPredictor)
     m = make_predictor("min")
     assert isinstance(m, SlotPredictor) and (m.k, m.method) == (5, "min")
-    with pytest.raises(ValueError, match="valid: min, feedback"):
+    peers = make_predictor("peers")
+    assert isinstance(peers, AwaitedPeerPredictor)
+    assert isinstance(peers.fallback, SlotPredictor) and peers.fallback.k == 5
+    with pytest.raises(ValueError, match="valid: min, feedback, peers"):
         make_predictor("oracle")

@@ -248,6 +248,32 @@ def test_untimed_steps_record_their_window_but_no_action_and_no_bubble_edge(
         assert in_untimed == carried, rank
 
 
+def test_ranks_predicting_from_their_peers_publish_every_action_and_predict_every_gap(
+    tmp_path: Path,
+) -> None:
+    """Predictor "peers": each rank keeps a board of its action starts in the run's edges/
+    (the last step's last backward is on rank 0's at the end), and its bubbles are still
+    announced, each with a prediction, once the first step has taught the slots."""
+    from freeride_lab.core.schedule import ActionKind
+    from freeride_lab.pipeline.peer_board import PeerBoards, peer_board_path
+
+    steps = 6
+    config = synthetic_config(
+        steps=steps,
+        microbatches=4,
+        phase_ms=2,
+        runtime=RuntimeOptions(edges_factory=QUIET_EDGES, announce_min_ms=0, predictor="peers"),
+    )
+    job = run_job(tmp_path / "run", 2, config)
+    assert job.returncode == 0, log_tail(job.run_dir)
+    assert all(peer_board_path(job.run_dir.path, rank).is_file() for rank in (0, 1))
+    last = PeerBoards(job.run_dir.path).end_of(0, steps - 1, 0, ActionKind.BACKWARD, 3)
+    assert last is not None
+    for rank, evs in job.events.items():
+        later = [e for e in of_kind(evs, "bubble_edge") if e["edge"] == "start" and e["step"] > 1]
+        assert later and all(e["predicted_end_ns"] is not None for e in later), rank
+
+
 # -- (b) every schedule class on gloo, (e) synthetic timing -------------------------------
 
 SCHEDULE_STEPS = 3

@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -448,3 +449,69 @@ def test_a_rank_announces_the_boundary_bubble_before_it_writes_the_steps_events(
     step1 = next(c for c in edges.calls if c[:3] == ("start", 1, 0))
     step1_end = next(c for c in edges.calls if c[:3] == ("end", 1, 0))
     assert step1_end[3] - step1[3] >= 2_000_000  # the writing lies inside the bubble
+
+
+class _HostClock:
+    """Stands in for the ``time`` module of ``pipeline.step_clock``: a host clock the test
+    moves."""
+
+    def __init__(self) -> None:
+        self.now = 10**15
+
+    def time_ns(self) -> int:
+        return self.now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's bubble before its forward lasts until rank 0's forward ends, plus 0.3 ms; it
+    opens 0.2 to 1.5 ms after rank 0 began that forward. From the third step on (rank 0 has
+    timed a forward and published one, rank 1 has learnt the hand-over) rank 1 predicts each
+    bubble exactly, where its slot's minimum would predict the shortest."""
+    from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
+    from freeride_lab.pipeline import step_clock
+    from freeride_lab.pipeline.peer_board import AwaitedPeers
+
+    ms = 1_000_000
+    clock = _HostClock()
+    monkeypatch.setattr(step_clock, "time", clock)
+    stage_ranks = {0: 0, 1: 1}
+    feeder = ActionRecorder(peers=AwaitedPeers(tmp_path, 0, stage_ranks))
+    edges = RecordingEdges()
+    rank1 = ActionRecorder(
+        edges=edges,
+        predictor=AwaitedPeerPredictor(min_residuals=1),
+        peers=AwaitedPeers(tmp_path, 1, stage_ranks),
+    )
+    late = [2 * ms // 10, 15 * ms // 10, ms, 2 * ms // 10, 15 * ms // 10, ms // 2]
+    for step, after in enumerate(late):
+        clock.now += 10 * ms
+        feeder.begin_step(step)
+        token = feeder.start(ActionKind.FORWARD, 0, 0)
+        clock.now += after
+        rank1.begin_step(step)  # its slot 0 opens: it waits for rank 0's forward
+        clock.now += 2 * ms - after
+        feeder.stop(token)
+        clock.now += 3 * ms // 10
+        mine = rank1.start(ActionKind.FORWARD, 1, 0)
+        clock.now += ms
+        rank1.stop(mine)
+        for rec in (feeder, rank1):
+            rec.end_window()
+            rec.mark("optimizer_start")
+            rec.mark("optimizer_end")
+            rec.finish_step()
+    starts = [c for c in edges.calls if c[0] == "start" and c[2] == 0 and c[4] is not None]
+    predicted = {c[1]: c[4] - c[3] for c in starts}
+    assert [predicted.get(step) for step in range(2, 6)] == [23 * ms // 10 - a for a in late[2:]]
+
+
+def test_a_cuda_recorder_refuses_peers_whose_starts_it_cannot_see(tmp_path: Path) -> None:
+    from freeride_lab.pipeline.peer_board import AwaitedPeers
+
+    with pytest.raises(ValueError, match="launches, not their starts"):
+        ActionRecorder(device="cuda", peers=AwaitedPeers(tmp_path, 0, {0: 0}))
