@@ -11,6 +11,14 @@ against the length it was made for (``core.bubble_prediction``):
   than the bubbles held (a step planned to the prediction runs that far into compute);
 - *missed*: the share of bubbles shorter than their prediction.
 
+"peers" ([Note: awaited peer] in ``core.peer_prediction``) also reads, for each bubble, the end
+the rank's awaited peer would have published for the action that ends the bubble: the peer's
+start of that action (from the run's timed actions, where it came before the bubble began and
+is still among the peer's last ``ENTRIES`` starts) plus the lower median of its last 16
+actions of that stage and kind in earlier steps, as ``ActionRecorder`` publishes it. Every
+predictor here learns bubble by bubble, a rank step by step. It needs a run whose
+every rank timed its actions (the emulated pipeline's sleeping peers do).
+
 Each figure is computed per block of consecutive steps (``--blocks``, at least 5), and the
 difference of each predictor from FreeRide's minimum of five is the mean of the paired
 per-block differences with its 95% t-interval (``core.intervals.mean_interval``). The same
@@ -26,9 +34,13 @@ per schedule; or the runs in ``--run-dirs`` (a GPU run's directory, say).
 from __future__ import annotations
 
 import argparse
+import bisect
+import math
 import platform
+import statistics
 import tempfile
 import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,13 +53,21 @@ from freeride_lab.core.bubble_prediction import score as score_of
 from freeride_lab.core.bubbles import SlotPredictor
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.intervals import mean_interval
+from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
+from freeride_lab.core.schedule import Action, ActionKind
 from freeride_lab.lab.session import Session
+from freeride_lab.pipeline.peer_board import ENTRIES
 
 #: The predictors compared; "min-of-5" is the reference (FreeRide's, the runtime's default).
 PREDICTORS: dict[str, Callable[[], Predictor]] = {
     "min-of-5": lambda: SlotPredictor(k=5, method="min"),
     "p10-of-16": lambda: SlotPredictor(k=16, method="percentile", q=10.0),
     "feedback": lambda: FeedbackSlotPredictor(),
+}
+#: Predictors that read the end the awaited peer published, where the run has every rank's
+#: actions (``replay_run``'s ``actions``).
+PEER_PREDICTORS: dict[str, Callable[[], AwaitedPeerPredictor]] = {
+    "peers": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min")),
 }
 REFERENCE = "min-of-5"
 #: one shape per schedule: (S, M, V)
@@ -76,27 +96,55 @@ def cpu_run(schedule: str, *, steps: int, root: Path) -> Path:
     return Path(config.run_dir)
 
 
-def replay_run(bubbles: pd.DataFrame, *, skip: int, blocks: int) -> dict[str, Any]:
+def replay_run(
+    bubbles: pd.DataFrame,
+    *,
+    skip: int,
+    blocks: int,
+    actions: pd.DataFrame | None = None,
+    scored_ms: tuple[float, float] = (0.0, math.inf),
+) -> dict[str, Any]:
     """Every predictor over one run's bubbles, rank by rank; figures per block of steps and
-    each predictor's paired difference from the reference."""
+    each predictor's paired difference from the reference. With the run's ``actions``
+    (``Session.actions``) the peer predictors too. Only bubbles whose length lies within
+    ``scored_ms`` are scored; every predictor learns from all of them, as a rank does."""
     steps = sorted(int(s) for s in bubbles["step"].unique() if s >= skip)
     if len(steps) < blocks:
         raise ValueError(f"{len(steps)} measured steps cannot make {blocks} blocks")
     block_of = {s: i * blocks // len(steps) for i, s in enumerate(steps)}
+    low, high = (ms * 1e6 for ms in scored_ms)
     per_block: dict[str, list[dict[str, float]]] = {}
-    for name, make in PREDICTORS.items():
+    ends = published_ends(bubbles, actions) if actions is not None else None
+    makers: dict[str, Callable[[], Any]] = dict(PREDICTORS)
+    if ends is not None:
+        makers.update(PEER_PREDICTORS)
+    told = scored = 0  # scored bubbles, and those whose awaited peer had published an end
+    for name, make in makers.items():
         rows: list[tuple[int, int | None, int]] = []  # (block, prediction, length)
         for _, mine in bubbles.sort_values(["rank", "step", "start_ms"]).groupby("rank"):
             lengths = zip(mine["slot"], mine["duration_ms"], strict=True)
             trace = [(int(slot), round(ms * 1e6)) for slot, ms in lengths]
-            predicted = predictions(make(), trace)  # one predictor per rank, as on a rank
-            for step, p, (_, length) in zip(mine["step"], predicted, trace, strict=True):
-                if int(step) in block_of:
+            if name in PEER_PREDICTORS:
+                assert ends is not None
+                starts = [round(ms * 1e6) for ms in mine["start_ms"]]
+                peer = [ends.get(i) for i in mine.index]
+                predicted = peer_predictions(make(), trace, starts, peer)
+            else:
+                predicted = predictions(make(), trace)  # one predictor per rank, as on a rank
+            for i, step, p, (_, length) in zip(
+                mine.index, mine["step"], predicted, trace, strict=True
+            ):
+                if int(step) in block_of and low <= length <= high:
                     rows.append((block_of[int(step)], p, length))
+                    if name == REFERENCE and ends is not None:
+                        scored += 1
+                        told += i in ends
         per_block[name] = [
             _figures([(p, n) for b, p, n in rows if b == block]) for block in range(blocks)
         ]
     out: dict[str, Any] = {"steps_measured": len(steps), "blocks": blocks, "predictors": {}}
+    if ends is not None:  # the share of the scored bubbles a peer predictor had a peer's end for
+        out["with_peer_end"] = told / scored if scored else math.nan
     for name, figures in per_block.items():
         entry: dict[str, Any] = {}
         for fig in FIGURES:
@@ -109,6 +157,81 @@ def replay_run(bubbles: pd.DataFrame, *, skip: int, blocks: int) -> dict[str, An
                 ).record()
         entry["bubbles"] = sum(f["bubbles"] for f in figures)
         out["predictors"][name] = entry
+    return out
+
+
+def peer_predictions(
+    predictor: AwaitedPeerPredictor,
+    trace: Sequence[tuple[int, int]],
+    starts: Sequence[int],
+    peer_ends: Sequence[int | None],
+) -> list[int | None]:
+    """``predictions`` for a peer predictor: each bubble (slot, length) that began at
+    ``starts[i]`` is predicted from ``peer_ends[i]`` before its length is learnt."""
+    out = []
+    for (slot, length), start, peer_end in zip(trace, starts, peer_ends, strict=True):
+        out.append(predictor.predict_from_peer(slot, start, peer_end))
+        predictor.observe(slot, length)
+        if peer_end is not None:
+            predictor.observe_peer(slot, start + length, peer_end)
+    return out
+
+
+def published_ends(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, int]:
+    """Per bubble (``bubbles``' index), the end its awaited peer would have published for the
+    action that ends the bubble, run-clock ms x 1e6 as the bubbles' starts; bubbles without
+    one (no awaited peer, the peer not yet started or its start no longer kept, no earlier
+    action of its stage and kind to take a median from) are left out."""
+    rank_of = actions.groupby("stage")["rank"].first().to_dict()
+    kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}  # a backward is found as B or I
+    feeder: dict[tuple[int, int, str, int], tuple[int, int]] = {}  # -> (start, expected end)
+    past: dict[tuple[int, str], deque[int]] = defaultdict(lambda: deque(maxlen=16))
+    ordered = actions.sort_values(["step", "start_ms"])
+    for step, rows in ordered.groupby("step", sort=True):
+        for r in rows.itertuples():
+            start = round(r.start_ms * 1e6)
+            durations = past[(r.stage, r.action)]
+            if durations:
+                expected = start + round(statistics.median_low(durations))
+                feeder[(int(step), r.stage, kinds[r.action], r.microbatch)] = (start, expected)
+        for r in rows.itertuples():  # learnt once the step is over, as a rank does
+            past[(r.stage, r.action)].append(round(r.duration_ms * 1e6))
+    starts_of = {
+        rank: sorted(round(ms * 1e6) for ms in rows["start_ms"])
+        for rank, rows in actions.groupby("rank")
+    }
+    mine: dict[tuple[int, str], list[tuple[float, int]]] = defaultdict(list)
+    for r in actions.itertuples():
+        mine[(r.rank, f"{r.stage}{r.action}{r.microbatch}")].append((r.start_ms, int(r.step)))
+    for entries in mine.values():
+        entries.sort()
+    out: dict[Any, int] = {}
+    for i, b in zip(bubbles.index, bubbles.itertuples(), strict=True):
+        try:
+            action = Action.parse(str(b.before))
+        except ValueError:
+            continue  # the window's end, the optimizer: no action of a peer ends it
+        if action.kind is ActionKind.FORWARD:
+            source = action.stage - 1
+        elif action.kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
+            source = action.stage + 1
+        else:
+            continue
+        if rank_of.get(source, b.rank) == b.rank:
+            continue
+        entries = mine.get((b.rank, str(b.before)), [])
+        at = bisect.bisect_left(entries, (b.end_ms - 1e-6, -1))  # the action the bubble ends at
+        if at == len(entries):
+            continue
+        key = (entries[at][1], source, kinds[action.kind.value], action.microbatch)
+        if key not in feeder:
+            continue
+        start, expected = feeder[key]
+        t0 = round(b.start_ms * 1e6)
+        feeder_starts = starts_of[rank_of[source]]
+        kept = bisect.bisect_right(feeder_starts, t0) - bisect.bisect_left(feeder_starts, start)
+        if start <= t0 and kept <= ENTRIES:
+            out[i] = expected
     return out
 
 
@@ -127,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--skip", type=int, default=5, help="leading steps left out (warm-up)")
     ap.add_argument("--blocks", type=int, default=8, help="blocks of steps (at least 5)")
+    ap.add_argument("--shortest-ms", type=float, default=0.0,
+                    help="score only bubbles at least this long (ranks announce 1 ms)")  # fmt: skip
+    ap.add_argument("--longest-ms", type=float, default=math.inf,
+                    help="score only bubbles at most this long (the bench's pauses are longer "
+                    "than 1000 ms)")  # fmt: skip
+    ap.add_argument("--by-rank", action="store_true", help="also score each rank alone")
     ap.add_argument("--run-root", type=Path, default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -141,14 +270,28 @@ def main(argv: list[str] | None = None) -> int:
         root = args.run_root or Path(tempfile.mkdtemp(prefix="predictor-"))
         runs = [(s, cpu_run(s, steps=args.steps, root=root)) for s in args.schedules.split(",")]
     results = []
+    scored = (args.shortest_ms, args.longest_ms)
     for label, path in runs:
-        bubbles = Session.open(path).bubbles
-        r = {"run": label, **replay_run(bubbles, skip=args.skip, blocks=args.blocks)}
+        session = Session.open(path)
+        bubbles, actions = session.bubbles, session.actions
+        r = {"run": label, **replay_run(bubbles, skip=args.skip, blocks=args.blocks,
+                                        actions=actions, scored_ms=scored)}  # fmt: skip
+        if args.by_rank:
+            r["ranks"] = {
+                str(rank): replay_run(
+                    mine, skip=args.skip, blocks=args.blocks, actions=actions, scored_ms=scored
+                )
+                for rank, mine in bubbles.groupby("rank")
+            }
         results.append(r)
-        for name, e in r["predictors"].items():
-            print(f"{label} {name}: planned {e['planned_frac']['value']:.1%}, over "
-                  f"{e['over_frac']['value']:.2%}, missed {e['miss_frac']['value']:.1%}",
-                  flush=True)  # fmt: skip
+        for who, out in [
+            ("all ranks", r),
+            *((f"rank {k}", v) for k, v in r.get("ranks", {}).items()),
+        ]:
+            for name, e in out["predictors"].items():
+                print(f"{label} {who} {name}: planned {e['planned_frac']['value']:.1%}, over "
+                      f"{e['over_frac']['value']:.2%}, missed {e['miss_frac']['value']:.1%}",
+                      flush=True)  # fmt: skip
     record = {
         "benchmark": "predictor",
         "command": command_line(),
@@ -159,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             "device": "cpu" if not args.run_dirs else "as recorded",
         },
         "reference": REFERENCE,
+        "scored_ms": [
+            args.shortest_ms,
+            args.longest_ms if math.isfinite(args.longest_ms) else None,
+        ],
         "runs": results,
     }
     write_results(record, args.out)

@@ -112,6 +112,9 @@ TIMING_OVERHEAD_CPU = (
 FIDELITY_CPU = "fidelity-cpu-2026-12-04.json"
 #: Bubble predictors replayed over CPU runs' bubbles (benchmarks/bench_predictor.py).
 PREDICTOR_CPU = "predictor-cpu-2026-12-05.json"
+#: The awaited peer's published end against the slot predictors, replayed over CPU runs whose
+#: every rank timed its actions (benchmarks/bench_predictor.py --by-rank).
+PREDICTOR_PEERS_CPU = "predictor-peers-cpu-2026-12-08.json"
 #: Step sizes against one slice a step, replayed on the CPU over the bubbles of the H100's
 #: stage 1 and 3 (benchmarks/bench_step_sizes.py): (file, task, the host's policy).
 #: The boundary bubble opened before or after the rank writes the step's events: the tree
@@ -1133,26 +1136,48 @@ def _record_interval(
                         signed=signed)  # fmt: skip
 
 
-def predictor_cpu() -> list[str]:
-    data = raw(PREDICTOR_CPU)
-    ref = data["reference"]
+def _predictor_rows(label: str, replayed: Mapping[str, Any], ref: str) -> list[list[str]]:
+    """One row per predictor of a ``bench_predictor`` replay: its figures and, but for the
+    reference, their paired differences from it."""
 
     def iv(e: Mapping[str, Any], name: str, *, signed: bool = False) -> str:
         return _record_interval(e[name], 1, pct=True, signed=signed)
 
     rows = []
+    for name, e in replayed["predictors"].items():
+        vs = [iv(e, f"{f}_vs_{ref}", signed=True) if name != ref else "—"
+              for f in ("planned_frac", "over_frac", "miss_frac")]  # fmt: skip
+        rows.append([label, f"{replayed['steps_measured']} / {replayed['blocks']}", name,
+                     f"{e['bubbles']:,}", iv(e, "planned_frac"), iv(e, "over_frac"),
+                     iv(e, "miss_frac"), *vs])  # fmt: skip
+    return rows
+
+
+def _predictor_header(first: str, ref: str) -> list[str]:
+    versus = [f"{figure} vs {ref} (pts)" for figure in ("planned", "over", "missed")]
+    return [first, "steps / blocks", "predictor", "bubbles", "planned", "over", "missed", *versus]
+
+
+def predictor_cpu() -> list[str]:
+    data = raw(PREDICTOR_CPU)
+    ref = data["reference"]
+    rows = [row for run in data["runs"] for row in _predictor_rows(run["run"], run, ref)]
+    return md_table(_predictor_header("run (CPU)", ref), _first_of_run(rows))
+
+
+def predictor_peers_cpu() -> list[str]:
+    """The slot predictors and the awaited peer's end, all ranks together and rank by rank."""
+    data = raw(PREDICTOR_PEERS_CPU)
+    ref = data["reference"]
+    rows = []
     for run in data["runs"]:
-        for name, e in run["predictors"].items():
-            vs = [iv(e, f"{f}_vs_{ref}", signed=True) if name != ref else "—"
-                  for f in ("planned_frac", "over_frac", "miss_frac")]  # fmt: skip
-            rows.append([run["run"], f"{run['steps_measured']} / {run['blocks']}", name,
-                         f"{e['bubbles']:,}", iv(e, "planned_frac"), iv(e, "over_frac"),
-                         iv(e, "miss_frac"), *vs])  # fmt: skip
-    return md_table(
-        ["run (CPU)", "steps / blocks", "predictor", "bubbles", "planned", "over", "missed",
-         f"planned vs {ref} (pts)", f"over vs {ref} (pts)", f"missed vs {ref} (pts)"],
-        _first_of_run(rows),
-    )  # fmt: skip
+        for who, replayed in [("all ranks", run), *run["ranks"].items()]:
+            label = f"{run['run']}: {who if who == 'all ranks' else f'rank {who}'}"
+            known = fmt_pct(replayed["with_peer_end"], 0)
+            rows += [[*row, known if row[2] == "peers" else "—"]
+                     for row in _predictor_rows(label, replayed, ref)]  # fmt: skip
+    header = [*_predictor_header("run (CPU): ranks", ref), "bubbles with the peer's end"]
+    return md_table(header, _first_of_run(rows))
 
 
 def step_sizes_cpu() -> list[str]:
@@ -2437,6 +2462,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "timing-overhead-cpu": timing_overhead_cpu,
     "fidelity-cpu": fidelity_cpu,
     "predictor-cpu": predictor_cpu,
+    "predictor-peers-cpu": predictor_peers_cpu,
     "step-sizes-cpu": step_sizes_cpu,
     "outlived-replay": outlived_replay,
     "outlived-replay-zb-12-07f": lambda: outlived_replay(

@@ -22,10 +22,10 @@ predictor answers, as it does before a slot has ``min_residuals`` residuals. A p
 never longer than the longest of the slot's last ``k`` bubbles, nor negative, whatever a
 neighbour's file says.
 
-Over a CPU run of the emulated-peer bench (M = 8, the real stage 1, its peers sleeping their
-calibrated costs), replayed offline from every rank's timed actions, the peer's end lifted
-what a prediction let a task plan for from 88% of the bubbles' time (minimum of five) to 94%,
-with fewer milliseconds promised past the bubbles' ends (2.0% of the idle time to 1.4%).
+Replayed over a CPU run of the emulated-peer bench (M = 8, every stage real in turn, the
+peers sleeping their calibrated costs; ``benchmarks/bench_predictor.py``), it let a task plan
+for 84% of the bubbles' time against the minimum of five's 80% (3 to 6 points more on each
+rank), promising no more past the bubbles' ends; BENCHMARKS.md has the table.
 
     >>> p = AwaitedPeerPredictor(min_residuals=2)
     >>> for length, peer_end, end in ((4_000, 3_600, 4_000), (6_000, 5_600, 6_000)):

@@ -145,7 +145,7 @@ class ActionRecorder:
         announce_min_ns: announce only the slots predicted to last at least this long (see
             [Note: quiet slots]); 0 announces every slot, predicted or not.
         peers: the run's action boards ([Note: awaited peer] in ``core.peer_prediction``):
-            the recorder publishes each action's start and expected end (the median of its
+            the recorder publishes each action's start and expected end (the lower median of its
             last 16 of that stage and kind), and opens each bubble with the end its awaited
             peer published, for a predictor that takes it (``predict_from_peer``). Host
             clocks only: a CUDA rank's host sees its launches, not their starts.
@@ -172,6 +172,7 @@ class ActionRecorder:
         self._peers = peers
         self._order: list[tuple[ActionKind, int, int]] = []  # the last step's actions, in order
         self._durations: dict[tuple[int, ActionKind], deque[int]] = {}  # (stage, kind) -> ns
+        self._expected: dict[tuple[int, ActionKind], int] = {}  # their medians
         self.clock_offset_ns = clock_offset_ns
         self.announce_min_ns = announce_min_ns
         self.step = -1
@@ -374,9 +375,8 @@ class ActionRecorder:
         """Publish an action's start with its expected end, once the rank has timed one
         like it ([Note: awaited peer])."""
         assert self._peers is not None
-        past = self._durations.get((stage, kind))
-        if past:
-            expected = sorted(past)[len(past) // 2]
+        expected = self._expected.get((stage, kind))
+        if expected is not None:
             self._peers.publish(self.step, stage, kind, microbatch, start_ns, start_ns + expected)
 
     def _awaited_end(self, step: int, slot: int) -> int | None:
@@ -399,6 +399,8 @@ class ActionRecorder:
             if past is None:
                 past = self._durations[(stage, kind)] = deque(maxlen=16)
             past.append(max(0, resolve(end) - resolve(start)))
+        for key, past in self._durations.items():
+            self._expected[key] = sorted(past)[(len(past) - 1) // 2]  # the lower median
 
     def _end(self, token: tuple[ActionKind, int, int, Any], stamp: Any) -> None:
         kind, stage, microbatch, start = token

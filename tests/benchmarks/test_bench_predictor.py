@@ -44,3 +44,44 @@ def test_short_outliers_cost_the_minimum_of_five_its_next_five_bubbles() -> None
 def test_fewer_steps_than_blocks_is_refused() -> None:
     with pytest.raises(ValueError, match="3 measured steps cannot make 5 blocks"):
         bench_predictor.replay_run(_bubbles({0: [4.0] * 8}), skip=5, blocks=5)
+
+
+def _fed_run(steps: int = 30) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rank 1 idles from 1 ms into each step until rank 0's forward has ended and 0.3 ms
+    more; rank 0 starts that 2 ms forward 0 to 0.9 ms into the step. (bubbles, actions)."""
+    actions, bubbles = [], []
+    for step in range(steps):
+        t, early = 100.0 * step, (0.0, 0.5, 0.9)[step % 3]
+        fed = t + early + 2.3
+        for rank, start, end in ((0, t + early, t + early + 2.0), (1, fed, fed + 1.0)):
+            actions.append({"step": step, "rank": rank, "stage": rank, "action": "F",
+                            "microbatch": 0, "start_ms": start, "end_ms": end,
+                            "duration_ms": end - start})  # fmt: skip
+        bubbles.append({"step": step, "rank": 1, "slot": 0, "start_ms": t + 1.0,
+                        "end_ms": fed, "duration_ms": fed - t - 1.0, "before": "1F0"})  # fmt: skip
+    return pd.DataFrame(bubbles), pd.DataFrame(actions)
+
+
+def test_the_peer_predictor_plans_each_bubble_to_its_awaited_peers_end() -> None:
+    bubbles, actions = _fed_run()
+    out = bench_predictor.replay_run(bubbles, skip=5, blocks=5, actions=actions)
+    peers, m5 = out["predictors"]["peers"], out["predictors"]["min-of-5"]
+    assert peers["planned_frac"]["value"] == pytest.approx(1.0)
+    assert peers["over_frac"]["value"] == 0.0
+    assert m5["planned_frac"]["value"] < 0.8  # 1.3 ms of bubbles lasting 1.3 to 2.2 ms
+    assert peers["planned_frac_vs_min-of-5"]["lo"] > 0
+    assert out["with_peer_end"] == 1.0  # every scored bubble's peer had started before it
+
+
+def test_a_bubble_has_no_published_end_where_its_peer_started_after_it_began() -> None:
+    bubbles, actions = _fed_run(steps=4)
+    late = actions["rank"] == 0
+    actions.loc[late, "start_ms"] += 5.0  # rank 0 starts 5 ms later than rank 1 idles
+    ends = bench_predictor.published_ends(bubbles, actions)
+    assert ends == {}
+    assert bench_predictor.published_ends(*_fed_run(steps=4)).keys() == {1, 2, 3}  # not step 0
+
+
+def test_without_actions_no_peer_predictor_is_replayed() -> None:
+    out = bench_predictor.replay_run(_fed_run()[0], skip=5, blocks=5)
+    assert "peers" not in out["predictors"]
