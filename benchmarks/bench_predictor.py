@@ -68,6 +68,7 @@ PREDICTORS: dict[str, Callable[[], Predictor]] = {
 #: actions (``replay_run``'s ``actions``).
 PEER_PREDICTORS: dict[str, Callable[[], AwaitedPeerPredictor]] = {
     "peers": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min")),
+    "peers-p10": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min"), q=10.0),
 }
 REFERENCE = "min-of-5"
 #: one shape per schedule: (S, M, V)

@@ -1174,7 +1174,7 @@ def predictor_peers_cpu() -> list[str]:
         for who, replayed in [("all ranks", run), *run["ranks"].items()]:
             label = f"{run['run']}: {who if who == 'all ranks' else f'rank {who}'}"
             known = fmt_pct(replayed["with_peer_end"], 0)
-            rows += [[*row, known if row[2] == "peers" else "—"]
+            rows += [[*row, known if row[2].startswith("peers") else "—"]
                      for row in _predictor_rows(label, replayed, ref)]  # fmt: skip
     header = [*_predictor_header("run (CPU): ranks", ref), "bubbles with the peer's end"]
     return md_table(header, _first_of_run(rows))

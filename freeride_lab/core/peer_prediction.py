@@ -16,16 +16,20 @@ bubble's real end - the peer's published end, and predicts
 
     the peer's published end + the ``q``-th percentile of the slot's last ``k`` residuals,
 
-so the residual absorbs both the hand-over and the peer's own bias. A bubble whose peer has
+so the residual absorbs both the hand-over and the peer's own bias. ``q`` is 0 by default:
+the slot's quickest recent hand-over, as FreeRide takes the shortest of a slot's recent
+lengths. A bubble whose peer has
 not started yet (it waits for its own input) has no published end: the slot's fallback
 predictor answers, as it does before a slot has ``min_residuals`` residuals. A prediction is
 never longer than the longest of the slot's last ``k`` bubbles, nor negative, whatever a
 neighbour's file says.
 
 Replayed over a CPU run of the emulated-peer bench (M = 8, every stage real in turn, the
-peers sleeping their calibrated costs; ``benchmarks/bench_predictor.py``), it let a task plan
-for 84% of the bubbles' time against the minimum of five's 80% (3 to 6 points more on each
-rank), promising no more past the bubbles' ends; BENCHMARKS.md has the table.
+peers sleeping their calibrated costs; ``benchmarks/bench_predictor.py``), it beat the minimum
+of five on all three counts: more of the bubbles' time planned for, less promised past their
+ends and fewer bubbles shorter than predicted; the 10th percentile of the hand-overs planned a
+little more still but missed more bubbles than the minimum of five. BENCHMARKS.md has the
+table.
 
     >>> p = AwaitedPeerPredictor(min_residuals=2)
     >>> for length, peer_end, end in ((4_000, 3_600, 4_000), (6_000, 5_600, 6_000)):
@@ -58,8 +62,9 @@ class AwaitedPeerPredictor:
         fallback: predicts a slot's bubble from its past alone (default: the minimum of the
             last five, FreeRide's); it sees every length this predictor sees.
         k: residuals and lengths kept per slot.
-        q: the percentile of the slot's residuals added to the peer's end (low: a bubble
-            rarely ends before its prediction).
+        q: the percentile of the slot's residuals added to the peer's end (0, the default:
+            the quickest; the higher, the more of a bubble planned for and the more bubbles
+            shorter than predicted).
         min_residuals: residuals a slot needs before the peer's end is used.
     """
 
@@ -70,7 +75,7 @@ class AwaitedPeerPredictor:
         fallback: Predictor | None = None,
         *,
         k: int = 16,
-        q: float = 10.0,
+        q: float = 0.0,
         min_residuals: int = 3,
     ) -> None:
         for name, value in (("k", k), ("min_residuals", min_residuals)):
