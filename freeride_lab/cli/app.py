@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from freeride_lab.core.runtime_options import OUTLIVED, PREDICTORS
 from freeride_lab.core.schedule import SCHEDULES
 
 if TYPE_CHECKING:
@@ -192,6 +193,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="a private CUDA MPS daemon for the run (default auto: when available on CUDA)",
     )
+    p.add_argument(
+        "--predictor",
+        choices=PREDICTORS,
+        default=None,
+        help="how ranks predict each bubble's end: min (FreeRide's minimum of the slot's last "
+        "five, default), feedback (a percentile moved by its misses), peers (the end the "
+        "neighbour it waits for published; ranks on the host clock)",
+    )
+    p.add_argument(
+        "--outlived",
+        choices=OUTLIVED,
+        default=None,
+        help="what a side task does once a bubble outlives its predicted end: stop (default, "
+        "FreeRide's), survivors (go on while the slot's longer bubbles say a step fits), "
+        "hand-on (as survivors, leaving that time to the stage's leftovers task)",
+    )
 
 
 _CONFIG_OPTIONS = (
@@ -199,6 +216,7 @@ _CONFIG_OPTIONS = (
     "d_model", "seq_len", "microbatch_size", "seed", "nnodes", "node_rank", "master_addr",
     "master_port", "t_forward_ms", "t_backward_input_ms", "t_backward_weight_ms", "side_tasks",
 )  # fmt: skip
+_RUNTIME_OPTIONS = ("predictor", "outlived")  # RuntimeOptions fields
 _MPS = {"auto": None, "on": True, "off": False}
 
 
@@ -207,6 +225,9 @@ def run_config_fields(args: argparse.Namespace) -> dict[str, Any]:
     given = {k: getattr(args, k) for k in _CONFIG_OPTIONS if getattr(args, k, None) is not None}
     if _MPS.get(getattr(args, "mps", "auto")) is not None:
         given["mps"] = _MPS[args.mps]
+    runtime = {k: getattr(args, k) for k in _RUNTIME_OPTIONS if getattr(args, k, None) is not None}
+    if runtime:
+        given["runtime"] = runtime
     return given
 
 

@@ -60,6 +60,7 @@ def test_parser_has_every_registered_subcommand() -> None:
         (["run", "--schedule", "1f2b"], "'1f2b'"),
         (["run", "--stages", "many"], "'many'"),
         (["run", "--stages", "4", "--microbatches", "2"], "microbatches"),
+        (["run", "--predictor", "oracle"], "'oracle'"),
         (["lunch"], "'lunch'"),
     ],
 )
@@ -73,6 +74,22 @@ def test_bad_input_prints_one_error_line_and_exits_2(
     assert message in err
     assert "Traceback" not in out + err
     assert list(tmp_path.iterdir()) == []  # no run directory, nothing started
+
+
+@pytest.mark.parametrize("command", ["run", "launch"])
+@pytest.mark.parametrize(
+    ("words", "predictor", "outlived"),
+    [([], "min", "stop"), (["--predictor", "peers", "--outlived", "hand-on"], "peers", "hand-on")],
+)
+def test_a_run_takes_its_bubble_predictor_and_what_a_task_does_past_it(
+    command: str, words: list[str], predictor: str, outlived: str
+) -> None:
+    from freeride_lab.cli.app import run_config_fields
+    from freeride_lab.core.config import RunConfig
+
+    args = build_parser(prog="freeride-lab").parse_args([command, *words])
+    runtime = RunConfig(**run_config_fields(args)).runtime
+    assert (runtime.predictor, runtime.outlived) == (predictor, outlived)
 
 
 def test_master_port_in_use_is_a_usage_error(tmp_path: Path) -> None:
