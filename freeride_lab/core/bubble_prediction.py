@@ -49,6 +49,7 @@ __all__ = [
     "FeedbackSlotPredictor",
     "Predictor",
     "ReplayScore",
+    "check_counts",
     "check_length",
     "percentile_of_sorted",
     "predictions",
@@ -144,6 +145,13 @@ class FeedbackSlotPredictor:
             f"{self.target_miss:g}, gain={self.gain:g}, q_max={self.q_max:g}, "
             f"slots={len(self._slots)})"
         )
+
+
+def check_counts(**counts: object) -> None:
+    """Refuse any of ``counts`` that is not an integer >= 1 (ValueError naming it)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
 
 
 def check_length(slot: Hashable, duration_ns: int) -> None:

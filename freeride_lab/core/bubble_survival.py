@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-from freeride_lab.core.bubble_prediction import check_length
+from freeride_lab.core.bubble_prediction import check_counts, check_length
 
 __all__ = ["SurvivorLengths"]
 
@@ -68,9 +68,7 @@ class SurvivorLengths:
     __slots__ = ("_lengths", "k", "max_early", "min_survivors")
 
     def __init__(self, k: int = 16, *, min_survivors: int = 3, max_early: float = 0.2) -> None:
-        for name, value in (("k", k), ("min_survivors", min_survivors)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        check_counts(k=k, min_survivors=min_survivors)
         if min_survivors > k:
             raise ValueError(
                 f"min_survivors={min_survivors} > k={k}: no slot could ever answer; keep more "

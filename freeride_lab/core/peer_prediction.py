@@ -48,7 +48,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-from freeride_lab.core.bubble_prediction import Predictor, check_length, percentile_of_sorted
+from freeride_lab.core.bubble_prediction import (
+    Predictor,
+    check_counts,
+    check_length,
+    percentile_of_sorted,
+)
 from freeride_lab.core.bubbles import SlotPredictor
 
 __all__ = ["AwaitedPeerPredictor"]
@@ -78,9 +83,7 @@ class AwaitedPeerPredictor:
         q: float = 0.0,
         min_residuals: int = 3,
     ) -> None:
-        for name, value in (("k", k), ("min_residuals", min_residuals)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        check_counts(k=k, min_residuals=min_residuals)
         if min_residuals > k:
             raise ValueError(
                 f"min_residuals={min_residuals} > k={k}: no slot could ever use its peer's "
