@@ -16,8 +16,14 @@ the rank's awaited peer would have published for the action that ends the bubble
 start of that action (from the run's timed actions, where it came before the bubble began and
 is still among the peer's last ``ENTRIES`` starts) plus the lower median of its last 16
 actions of that stage and kind in earlier steps, as ``ActionRecorder`` publishes it. Every
-predictor here learns bubble by bubble, a rank step by step. It needs a run whose
-every rank timed its actions (the emulated pipeline's sleeping peers do).
+predictor here learns bubble by bubble, a rank step by step. "peers-p10" adds the 10th
+percentile of the slot's hand-overs instead of the least. "peers-told" also lets the side task
+read a peer's end that comes mid-bubble (``sidetasks.host.iterative`` [Note: told
+mid-bubble]): where a bubble that began before its peer started the action outlives its
+prediction and the peer then starts it, the time from the later of the two to the peer's end
+plus the hand-over counts as planned, and the told end as the bubble's end planned to (over and
+missed from it); a side task's guard and the host's own latency are not modelled. They need a
+run whose every rank timed its actions (the emulated pipeline's sleeping peers do).
 
 Each figure is computed per block of consecutive steps (``--blocks``, at least 5), and the
 difference of each predictor from FreeRide's minimum of five is the mean of the paired
@@ -49,14 +55,13 @@ import pandas as pd
 from bench_output import command_line, cpu_model, write_results
 
 from freeride_lab.core.bubble_prediction import FeedbackSlotPredictor, Predictor, predictions
-from freeride_lab.core.bubble_prediction import score as score_of
 from freeride_lab.core.bubbles import SlotPredictor
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
 from freeride_lab.core.schedule import Action, ActionKind
+from freeride_lab.io.peer_board import ENTRIES
 from freeride_lab.lab.session import Session
-from freeride_lab.pipeline.peer_board import ENTRIES
 
 #: The predictors compared; "min-of-5" is the reference (FreeRide's, the runtime's default).
 PREDICTORS: dict[str, Callable[[], Predictor]] = {
@@ -69,7 +74,10 @@ PREDICTORS: dict[str, Callable[[], Predictor]] = {
 PEER_PREDICTORS: dict[str, Callable[[], AwaitedPeerPredictor]] = {
     "peers": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min")),
     "peers-p10": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min"), q=10.0),
+    "peers-told": lambda: AwaitedPeerPredictor(SlotPredictor(k=5, method="min")),
 }
+#: Peer predictors whose side task also reads a peer's end that comes mid-bubble.
+TOLD = {"peers-told"}
 REFERENCE = "min-of-5"
 #: one shape per schedule: (S, M, V)
 SHAPES: dict[str, tuple[int, int, int]] = {
@@ -115,33 +123,36 @@ def replay_run(
     block_of = {s: i * blocks // len(steps) for i, s in enumerate(steps)}
     low, high = (ms * 1e6 for ms in scored_ms)
     per_block: dict[str, list[dict[str, float]]] = {}
-    ends = published_ends(bubbles, actions) if actions is not None else None
+    feeders = feeder_actions(bubbles, actions) if actions is not None else None
+    ends = published_ends(bubbles, actions, feeders) if actions is not None else None
     makers: dict[str, Callable[[], Any]] = dict(PREDICTORS)
     if ends is not None:
         makers.update(PEER_PREDICTORS)
     told = scored = 0  # scored bubbles, and those whose awaited peer had published an end
     for name, make in makers.items():
-        rows: list[tuple[int, int | None, int]] = []  # (block, prediction, length)
+        rows: list[tuple[int, Outcome | None, int]] = []  # (block, outcome, length)
         for _, mine in bubbles.sort_values(["rank", "step", "start_ms"]).groupby("rank"):
             lengths = zip(mine["slot"], mine["duration_ms"], strict=True)
             trace = [(int(slot), round(ms * 1e6)) for slot, ms in lengths]
             if name in PEER_PREDICTORS:
-                assert ends is not None
+                assert ends is not None and feeders is not None
                 starts = [round(ms * 1e6) for ms in mine["start_ms"]]
                 peer = [ends.get(i) for i in mine.index]
-                predicted = peer_predictions(make(), trace, starts, peer)
-            else:
-                predicted = predictions(make(), trace)  # one predictor per rank, as on a rank
-            for i, step, p, (_, length) in zip(
-                mine.index, mine["step"], predicted, trace, strict=True
+                late = [feeders.get(i) if name in TOLD else None for i in mine.index]
+                outcomes = peer_outcomes(make(), trace, starts, peer, late)
+            else:  # one predictor per rank, as on a rank
+                predicted = predictions(make(), trace)
+                outcomes = [outcome(p, n) for p, (_, n) in zip(predicted, trace, strict=True)]
+            for i, step, o, (_, length) in zip(
+                mine.index, mine["step"], outcomes, trace, strict=True
             ):
                 if int(step) in block_of and low <= length <= high:
-                    rows.append((block_of[int(step)], p, length))
+                    rows.append((block_of[int(step)], o, length))
                     if name == REFERENCE and ends is not None:
                         scored += 1
                         told += i in ends
         per_block[name] = [
-            _figures([(p, n) for b, p, n in rows if b == block]) for block in range(blocks)
+            _figures([(o, n) for b, o, n in rows if b == block]) for block in range(blocks)
         ]
     out: dict[str, Any] = {"steps_measured": len(steps), "blocks": blocks, "predictors": {}}
     if ends is not None:  # the share of the scored bubbles a peer predictor had a peer's end for
@@ -161,28 +172,56 @@ def replay_run(
     return out
 
 
-def peer_predictions(
+#: What a prediction let a task do in one bubble: (time planned for, time promised past the
+#: bubble's end, whether the bubble ended before the end planned to), ns.
+Outcome = tuple[int, int, bool]
+
+
+def outcome(predicted: int | None, length: int) -> Outcome | None:
+    """A bubble of ``length`` planned to ``predicted`` (None: it could not be planned)."""
+    if predicted is None:
+        return None
+    return (min(predicted, length), max(0, predicted - length), predicted > length)
+
+
+def peer_outcomes(
     predictor: AwaitedPeerPredictor,
     trace: Sequence[tuple[int, int]],
     starts: Sequence[int],
     peer_ends: Sequence[int | None],
-) -> list[int | None]:
-    """``predictions`` for a peer predictor: each bubble (slot, length) that began at
-    ``starts[i]`` is predicted from ``peer_ends[i]`` before its length is learnt."""
+    late: Sequence[tuple[int, int] | None],
+) -> list[Outcome | None]:
+    """Each bubble (slot, length) that began at ``starts[i]``, predicted from ``peer_ends[i]``
+    before its length is learnt. Where ``late[i]`` gives the awaited action's (start, expected
+    end) and no end was published at the bubble's start, the side task reads it once the
+    action has started, if the bubble is still open past its prediction
+    (``sidetasks.host.iterative`` [Note: told mid-bubble]): from the later of the prediction
+    and that start, it plans to the published end plus the slot's hand-over."""
     out = []
-    for (slot, length), start, peer_end in zip(trace, starts, peer_ends, strict=True):
-        out.append(predictor.predict_from_peer(slot, start, peer_end))
+    for (slot, length), start, peer_end, feeder in zip(trace, starts, peer_ends, late, strict=True):
+        predicted = predictor.predict_from_peer(slot, start, peer_end)
+        hand_over = predictor.hand_over(slot)
+        result = outcome(predicted, length)
+        if result is not None and peer_end is None and feeder is not None and hand_over is not None:
+            assert predicted is not None
+            began, expected = feeder
+            told, end, planned_to = expected + hand_over, start + length, start + predicted
+            if start < began < end and planned_to < min(told, end):
+                planned = predicted + max(0, min(told, end) - max(began, planned_to))
+                result = (planned, max(0, told - end), told > end)
+        out.append(result)
         predictor.observe(slot, length)
         if peer_end is not None:
             predictor.observe_peer(slot, start + length, peer_end)
     return out
 
 
-def published_ends(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, int]:
-    """Per bubble (``bubbles``' index), the end its awaited peer would have published for the
-    action that ends the bubble, run-clock ms x 1e6 as the bubbles' starts; bubbles without
-    one (no awaited peer, the peer not yet started or its start no longer kept, no earlier
-    action of its stage and kind to take a median from) are left out."""
+def feeder_actions(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, tuple[int, int]]:
+    """Per bubble (``bubbles``' index), the action of another rank whose output ends it, as
+    (its start, the end its rank would have published: the start plus the lower median of
+    its last 16 actions of that stage and kind in earlier steps), run-clock ms x 1e6 as the
+    bubbles' starts; bubbles without one (no awaited peer, no earlier action of its stage and
+    kind to take a median from) are left out."""
     rank_of = actions.groupby("stage")["rank"].first().to_dict()
     kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}  # a backward is found as B or I
     feeder: dict[tuple[int, int, str, int], tuple[int, int]] = {}  # -> (start, expected end)
@@ -197,16 +236,12 @@ def published_ends(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, in
                 feeder[(int(step), r.stage, kinds[r.action], r.microbatch)] = (start, expected)
         for r in rows.itertuples():  # learnt once the step is over, as a rank does
             past[(r.stage, r.action)].append(round(r.duration_ms * 1e6))
-    starts_of = {
-        rank: sorted(round(ms * 1e6) for ms in rows["start_ms"])
-        for rank, rows in actions.groupby("rank")
-    }
     mine: dict[tuple[int, str], list[tuple[float, int]]] = defaultdict(list)
     for r in actions.itertuples():
         mine[(r.rank, f"{r.stage}{r.action}{r.microbatch}")].append((r.start_ms, int(r.step)))
     for entries in mine.values():
         entries.sort()
-    out: dict[Any, int] = {}
+    out: dict[Any, tuple[int, int]] = {}
     for i, b in zip(bubbles.index, bubbles.itertuples(), strict=True):
         try:
             action = Action.parse(str(b.before))
@@ -225,10 +260,34 @@ def published_ends(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, in
         if at == len(entries):
             continue
         key = (entries[at][1], source, kinds[action.kind.value], action.microbatch)
-        if key not in feeder:
+        if key in feeder:
+            out[i] = feeder[key]
+    return out
+
+
+def published_ends(
+    bubbles: pd.DataFrame,
+    actions: pd.DataFrame,
+    feeders: dict[Any, tuple[int, int]] | None = None,
+) -> dict[Any, int]:
+    """Per bubble, the end its awaited peer had published when it began (``feeder_actions``,
+    computed here unless given): where the peer started the action before the bubble began
+    and had started no more than ``ENTRIES`` actions since."""
+    if feeders is None:
+        feeders = feeder_actions(bubbles, actions)
+    rank_of = actions.groupby("stage")["rank"].first().to_dict()
+    starts_of = {
+        rank: sorted(round(ms * 1e6) for ms in rows["start_ms"])
+        for rank, rows in actions.groupby("rank")
+    }
+    out: dict[Any, int] = {}
+    for i, b in zip(bubbles.index, bubbles.itertuples(), strict=True):
+        if i not in feeders:
             continue
-        start, expected = feeder[key]
+        start, expected = feeders[i]
         t0 = round(b.start_ms * 1e6)
+        action = Action.parse(str(b.before))
+        source = action.stage - 1 if action.kind is ActionKind.FORWARD else action.stage + 1
         feeder_starts = starts_of[rank_of[source]]
         kept = bisect.bisect_right(feeder_starts, t0) - bisect.bisect_left(feeder_starts, start)
         if start <= t0 and kept <= ENTRIES:
@@ -236,10 +295,16 @@ def published_ends(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, in
     return out
 
 
-def _figures(pairs: Sequence[tuple[int | None, int]]) -> dict[str, float]:
-    s = score_of([p for p, _ in pairs], [n for _, n in pairs])
-    return {"planned_frac": s.planned_frac, "over_frac": s.over_frac,
-            "miss_frac": s.miss_frac, "bubbles": s.bubbles}  # fmt: skip
+def _figures(rows: Sequence[tuple[Outcome | None, int]]) -> dict[str, float]:
+    """Planned, over and missed of a block's bubbles (those that could be planned)."""
+    done = [(o, n) for o, n in rows if o is not None]
+    idle = sum(n for _, n in done)
+    return {
+        "planned_frac": sum(o[0] for o, _ in done) / idle if idle else math.nan,
+        "over_frac": sum(o[1] for o, _ in done) / idle if idle else math.nan,
+        "miss_frac": sum(o[2] for o, _ in done) / len(done) if done else math.nan,
+        "bubbles": len(done),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ five, ``core.bubbles.SlotPredictor``) knows only the slot's past, so it predicts
 short end every time and a side task leaves the rest of a longer bubble empty. The neighbour,
 though, knows when it began the action the rank waits for and about how long such an action
 takes it: each rank publishes, as it starts an action, when it expects to end it
-(``pipeline.peer_board``), and a rank opening a bubble reads the end its awaited peer
+(``io.peer_board``), and a rank opening a bubble reads the end its awaited peer
 published. Where that peer has already started the action, the bubble ends about when the peer
 does, plus the hand-over (the send, the receive, the rank's own start): this predictor learns
 that remainder per slot, from every bubble whose peer's end it read, as ``residual`` = the
@@ -20,7 +20,9 @@ so the residual absorbs both the hand-over and the peer's own bias. ``q`` is 0 b
 the slot's quickest recent hand-over, as FreeRide takes the shortest of a slot's recent
 lengths. A bubble whose peer has
 not started yet (it waits for its own input) has no published end: the slot's fallback
-predictor answers, as it does before a slot has ``min_residuals`` residuals. A prediction is
+predictor answers, as it does before a slot has ``min_residuals`` residuals, and the rank names
+the awaited action with the slot's ``hand_over`` for the side task, which reads the peer's end
+once it comes (``sidetasks.host.iterative`` [Note: told mid-bubble]). A prediction is
 never longer than the longest of the slot's last ``k`` bubbles, nor negative, whatever a
 neighbour's file says.
 
@@ -119,20 +121,25 @@ class AwaitedPeerPredictor:
         """The fallback's prediction: a bubble whose awaited peer has published no end."""
         return self.fallback.predict(slot)
 
+    def hand_over(self, slot: Hashable) -> int | None:
+        """What ``slot``'s bubbles last past their peer's end (ns): the ``q``-th percentile of
+        its residuals; None with fewer than ``min_residuals``."""
+        residuals = self._residuals.get(slot)
+        if residuals is None or len(residuals) < self.min_residuals:
+            return None
+        return percentile_of_sorted(sorted(residuals), self.q)
+
     def predict_from_peer(
         self, slot: Hashable, start_ns: int, peer_end_ns: int | None
     ) -> int | None:
         """Predicted length (ns) of ``slot``'s bubble that began at ``start_ns``, its awaited
         peer having published ``peer_end_ns`` (None: nothing published); the fallback's while
         the slot has fewer than ``min_residuals`` residuals or no length yet."""
-        residuals = self._residuals.get(slot)
         lengths = self._lengths.get(slot)
-        if peer_end_ns is None or not lengths or residuals is None:
+        hand_over = self.hand_over(slot)
+        if peer_end_ns is None or not lengths or hand_over is None:
             return self.predict(slot)
-        if len(residuals) < self.min_residuals:
-            return self.predict(slot)
-        end = peer_end_ns + percentile_of_sorted(sorted(residuals), self.q)
-        return min(max(0, end - start_ns), max(lengths))
+        return min(max(0, peer_end_ns + hand_over - start_ns), max(lengths))
 
     def __repr__(self) -> str:
         return (

@@ -31,11 +31,11 @@ from freeride_lab.core.events import (
     StepTimed,
 )
 from freeride_lab.core.schedule import Schedule, stage_indices
+from freeride_lab.io.peer_board import AwaitedPeers
 from freeride_lab.io.rundir import RunDir
 from freeride_lab.pipeline import stage_build
 from freeride_lab.pipeline.clock import ClockSync, sync_clock
 from freeride_lab.pipeline.emulate import Emulation
-from freeride_lab.pipeline.peer_board import AwaitedPeers
 from freeride_lab.pipeline.rank_env import RankEnv
 from freeride_lab.pipeline.step_clock import StepClock
 from freeride_lab.pipeline.stop import StopAgreement, StopControl

@@ -74,13 +74,13 @@ from torch.distributed.pipelining import PipelineStage
 from freeride_lab.core.bubble_prediction import Predictor
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.core.torch_compat import is_full_backward
+from freeride_lab.io.peer_board import AwaitedPeers
 from freeride_lab.pipeline.bubble_edges import (
     BubbleEdges,
     EdgeRecord,
     _CudaEdgeWatcher,
     _EdgeTracker,
 )
-from freeride_lab.pipeline.peer_board import AwaitedPeers
 from freeride_lab.pipeline.step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -391,6 +391,22 @@ class ActionRecorder:
                 self._tracker.error("peers")
             return None
 
+    def _say_awaited(self, step: int, slot: int) -> None:
+        """The bubble opened before its awaited peer began the action it waits for: name
+        that action on the rank's board, with the slot's hand-over, for the side task that
+        takes the bubble ([Note: told mid-bubble] in ``sidetasks.host.iterative``)."""
+        hand_over = getattr(self._predictor, "hand_over", None)
+        if self._peers is None or hand_over is None or slot >= len(self._order):
+            return
+        kind, stage, microbatch = self._order[slot]
+        try:
+            ns = hand_over(slot)
+            if ns is not None:
+                self._peers.awaiting(step, slot, stage, kind, microbatch, ns)
+        except Exception:
+            if self._tracker is not None:
+                self._tracker.error("peers")
+
     def _learn_durations(
         self, spans: list[tuple[ActionKind, int, int, Any, Any]], resolve: Callable[[Any], int]
     ) -> None:
@@ -430,6 +446,8 @@ class ActionRecorder:
         self._gap = (slot, stamp, announce, peer_end)
         if not announce:
             return
+        if self._peers is not None and peer_end is None:
+            self._say_awaited(step, slot)  # before the edge: its side task may look for it
         if self._watcher is not None:
             self.clock.hold(stamp)
             self._watcher.push("start", step, slot, stamp, duration)

@@ -46,12 +46,15 @@ def test_fewer_steps_than_blocks_is_refused() -> None:
         bench_predictor.replay_run(_bubbles({0: [4.0] * 8}), skip=5, blocks=5)
 
 
-def _fed_run(steps: int = 30) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _fed_run(
+    steps: int = 30, starts_ms: tuple[float, ...] = (0.0, 0.5, 0.9)
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rank 1 idles from 1 ms into each step until rank 0's forward has ended and 0.3 ms
-    more; rank 0 starts that 2 ms forward 0 to 0.9 ms into the step. (bubbles, actions)."""
+    more; rank 0 starts that 2 ms forward ``starts_ms`` into the steps, in turn. (bubbles,
+    actions)."""
     actions, bubbles = [], []
     for step in range(steps):
-        t, early = 100.0 * step, (0.0, 0.5, 0.9)[step % 3]
+        t, early = 100.0 * step, starts_ms[step % len(starts_ms)]
         fed = t + early + 2.3
         for rank, start, end in ((0, t + early, t + early + 2.0), (1, fed, fed + 1.0)):
             actions.append({"step": step, "rank": rank, "stage": rank, "action": "F",
@@ -85,3 +88,16 @@ def test_a_bubble_has_no_published_end_where_its_peer_started_after_it_began() -
 def test_without_actions_no_peer_predictor_is_replayed() -> None:
     out = bench_predictor.replay_run(_fed_run()[0], skip=5, blocks=5)
     assert "peers" not in out["predictors"]
+
+
+def test_a_peers_end_told_mid_bubble_fills_what_the_slots_past_left() -> None:
+    """Every third step rank 0 starts its forward 0.4 ms after rank 1 began to idle: no end
+    is published at the bubble's start, which is planned to the slot's minimum (1.3 ms of
+    2.7 ms); told mid-bubble, the rest is planned too."""
+    bubbles, actions = _fed_run(starts_ms=(0.0, 0.5, 1.4))
+    out = bench_predictor.replay_run(bubbles, skip=5, blocks=5, actions=actions)
+    peers, told = out["predictors"]["peers"], out["predictors"]["peers-told"]
+    assert peers["planned_frac"]["value"] < 0.9
+    assert told["planned_frac"]["value"] == pytest.approx(1.0)
+    assert told["over_frac"]["value"] == 0.0 and told["miss_frac"]["value"] == 0.0
+    assert out["with_peer_end"] == pytest.approx(2 / 3, abs=0.05)

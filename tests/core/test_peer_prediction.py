@@ -73,3 +73,10 @@ def test_bad_settings_are_refused_with_the_rule(kwargs: dict[str, float], match:
 def test_a_negative_length_is_refused() -> None:
     with pytest.raises(ValueError, match="end_ns - start_ns"):
         AwaitedPeerPredictor().observe(0, -1)
+
+
+def test_the_hand_over_is_the_slots_low_residual_once_there_are_enough() -> None:
+    p = taught([5, 3, 9], [4 * MS] * 3, min_residuals=3)
+    assert p.hand_over(0) == 3
+    assert AwaitedPeerPredictor().hand_over(0) is None
+    assert taught([5, 3], [MS] * 2, min_residuals=3).hand_over(0) is None

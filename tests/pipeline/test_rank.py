@@ -255,7 +255,7 @@ def test_ranks_predicting_from_their_peers_publish_every_action_and_predict_ever
     (the last step's last backward is on rank 0's at the end), and its bubbles are still
     announced, each with a prediction, once the first step has taught the slots."""
     from freeride_lab.core.schedule import ActionKind
-    from freeride_lab.pipeline.peer_board import PeerBoards, peer_board_path
+    from freeride_lab.io.peer_board import PeerBoards, peer_board_path
 
     steps = 6
     config = synthetic_config(

@@ -471,10 +471,11 @@ def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
     """Rank 1's bubble before its forward lasts until rank 0's forward ends, plus 0.3 ms; it
     opens 0.2 to 1.5 ms after rank 0 began that forward. From the third step on (rank 0 has
     timed a forward and published one, rank 1 has learnt the hand-over) rank 1 predicts each
-    bubble exactly, where its slot's minimum would predict the shortest."""
+    bubble exactly, where its slot's minimum would predict the shortest; a bubble opened
+    before rank 0 began names on rank 1's board the forward it waits for."""
     from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
+    from freeride_lab.io.peer_board import AwaitedPeers, Awaiting, PeerBoards
     from freeride_lab.pipeline import step_clock
-    from freeride_lab.pipeline.peer_board import AwaitedPeers
 
     ms = 1_000_000
     clock = _HostClock()
@@ -508,10 +509,18 @@ def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
     starts = [c for c in edges.calls if c[0] == "start" and c[2] == 0 and c[4] is not None]
     predicted = {c[1]: c[4] - c[3] for c in starts}
     assert [predicted.get(step) for step in range(2, 6)] == [23 * ms // 10 - a for a in late[2:]]
+    # step 6: rank 1 idles before rank 0 has begun its forward: the slot's minimum of five,
+    # and the board names the forward it waits for with the 0.3 ms hand-over
+    clock.now += 10 * ms
+    feeder.begin_step(6)
+    rank1.begin_step(6)
+    assert edges.calls[-1][4] - edges.calls[-1][3] == 23 * ms // 10 - max(late[-5:])
+    awaited = PeerBoards(tmp_path).awaiting(1)
+    assert awaited == Awaiting(6, 0, 0, 0, ActionKind.FORWARD, 0, 3 * ms // 10)
 
 
 def test_a_cuda_recorder_refuses_peers_whose_starts_it_cannot_see(tmp_path: Path) -> None:
-    from freeride_lab.pipeline.peer_board import AwaitedPeers
+    from freeride_lab.io.peer_board import AwaitedPeers
 
     with pytest.raises(ValueError, match="launches, not their starts"):
         ActionRecorder(device="cuda", peers=AwaitedPeers(tmp_path, 0, {0: 0}))

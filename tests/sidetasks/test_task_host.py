@@ -160,6 +160,7 @@ def in_process_host(
     edge_file: str = "",
     sink_name: str = "task.jsonl",
     device: str = "cpu",
+    peers: bool = False,
 ) -> tuple[Any, Any]:
     """A ``TaskHost`` in this process, driving ``task`` (PAUSED, its edge reader open), and
     the sink its events go to (``tmp_path / sink_name``; close it before reading). Its
@@ -179,7 +180,7 @@ def in_process_host(
         task=spec, run_dir=str(run_dir.path), rank=0, stage=0,
         leftovers_file=leftovers_file, edge_file=edge_file, device=device,
     )  # fmt: skip
-    host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived)
+    host = TaskHost(host_spec, conn=None, sink=sink, outlived=outlived, peers=peers)
     host._send = lambda message: None  # type: ignore[method-assign]
     host.task = task
     for event in (SideTaskEvent.CREATE, SideTaskEvent.INIT):
@@ -1016,6 +1017,45 @@ def test_past_its_predicted_end_a_bubble_is_filled_as_long_as_its_slots_longer_b
     else:
         assert max(starts) > 20  # well past the prediction
         assert max(starts) < 38.5  # never past the survivors' end minus the guard
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_past_its_predicted_end_a_bubble_is_filled_to_the_end_its_awaited_peer_told(
+    run_dir: RunDir, edges: EdgeWriter, tmp_path: Path, told: bool
+) -> None:
+    """Rank 0 predicted this bubble 5 ms from its slot alone: rank 1 had not begun the forward
+    it waits for. Rank 0's board names that forward, with a 1 ms hand-over; rank 1 begins it
+    15 ms into the bubble and publishes its end, 40 ms in. The host steps to 5 ms - the 2 ms
+    guard, waits for the peer, then steps on towards 41 ms - the guard, and none later; where
+    rank 1 never begins it (the bubble ends at 60 ms), no step starts past the prediction."""
+    from tasks_for_tests import Counting
+
+    from freeride_lab.core.schedule import ActionKind
+    from freeride_lab.io.peer_board import AwaitedPeers
+
+    host, sink = in_process_host(run_dir, tmp_path, Counting(step_s=0.001, limit=None), peers=True)
+    stage_ranks = {0: 1, 1: 0}  # rank 0 runs stage 1, fed by rank 1's stage 0
+    feeder = AwaitedPeers(run_dir.path, 1, stage_ranks)
+    AwaitedPeers(run_dir.path, 0, stage_ranks).awaiting(
+        100, 0, 1, ActionKind.FORWARD, 3, hand_over_ns=MS
+    )
+    start = time.time_ns()
+    timers = [threading.Timer(0.06, edges.bubble_end, (100, 0, start + 60 * MS))]
+    if told:
+        publish = (100, 0, ActionKind.FORWARD, 3, start + 15 * MS, start + 40 * MS)
+        timers.append(threading.Timer(0.015, feeder.publish, publish))
+    for timer in timers:
+        timer.start()
+    starts = live_bubble_steps(host, sink, edges, tmp_path, predicted_ms=5)
+    for timer in timers:
+        timer.join()
+    assert starts and min(starts) < 3.5
+    if told:
+        assert any(t > 20 for t in starts), starts  # well past the prediction
+        assert max(starts) < 39.5, starts  # never past the told end minus the guard
+        assert not any(3.5 < t < 14 for t in starts), starts  # waiting for the peer
+    else:
+        assert max(starts) < 3.5, starts
 
 
 def test_a_survivor_too_close_for_a_step_is_waited_out_and_the_next_one_planned_to(

@@ -30,6 +30,7 @@ from freeride_lab.core.sidetask_state import (
     SideTaskMachine,
     transition,
 )
+from freeride_lab.io.peer_board import PeerBoards
 from freeride_lab.io.sink import EventSink
 from freeride_lab.sidetasks.api import SideTaskBase
 from freeride_lab.sidetasks.edges import Edge, EdgeReader, EdgeWriter
@@ -64,6 +65,7 @@ class HostBase:
         beacon: TaskBeacon | None = None,
         step_group_ns: int = 0,
         outlived: str = "stop",
+        peers: bool = False,
     ) -> None:
         if outlived not in OUTLIVED:
             raise ValueError(f"outlived={outlived!r}; valid: {', '.join(OUTLIVED)}")
@@ -72,6 +74,9 @@ class HostBase:
         # once a bubble outlives its prediction: see host.iterative [Note: outlived bubbles]
         self._survivors = SurvivorLengths() if outlived != "stop" else None
         self._outlived_handed_on = outlived == "hand-on"
+        # the run's action boards, where its ranks predict from their awaited peers (host.
+        # iterative [Note: told mid-bubble])
+        self._boards = PeerBoards(spec.run_dir) if peers else None
         # (step, slot) -> start (ns) of recent bubbles; None once their length is noted
         self._starts: collections.OrderedDict[tuple[int, int], int | None] = (
             collections.OrderedDict()

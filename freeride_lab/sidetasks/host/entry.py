@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     host = TaskHost(
         spec, conn=conn, sink=sink, beacon=beacon,
         step_group_ns=round(options.step_group_ms * 1e6), outlived=options.outlived,
+        peers=options.predictor == "peers",
     )  # fmt: skip
     signal.signal(signal.SIGTERM, lambda signum, frame: host.request_stop("SIGTERM"))
     try:

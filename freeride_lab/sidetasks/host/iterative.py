@@ -57,7 +57,8 @@ again (a host with a leftovers task hands the bubble on instead: [Note: leftover
 stops when too few lengths are left, the bubble ends or a command comes. The same holds at a
 bubble's start, for a bubble predicted too short for any step. The guard is the one in
 force, as for the rank's prediction; profiling steps never go past it. Under "stop"
-(FreeRide's) nothing is learnt and no step starts past the rank's prediction.
+(FreeRide's) nothing is learnt and no step starts past the rank's prediction, unless the rank
+predicts from its peers and one has told its end since ([Note: told mid-bubble]).
 
 A step planned to the survivors overruns in about one bubble in five that reaches it, by up
 to the step's length, and the governor answers overruns by widening the task's guard for
@@ -69,6 +70,20 @@ plans to the survivors. A task alone on its stage, and the leftovers task, go on
 "survivors". On an H100 with the image task on the leftovers, "hand-on" took most of the time
 past the prediction without a clear gain in harvest, and training's own actions on one
 stage ran longer (BENCHMARKS, "2026-12-07, evening"): it is opt-in.
+
+[Note: told mid-bubble]
+Under ``RuntimeOptions.predictor`` "peers" a rank predicts a bubble from the end its awaited
+peer published for the action the bubble waits on (``core.peer_prediction`` [Note: awaited
+peer]). A bubble that began before that peer had started the action is predicted from its
+slot alone, and the rank names the action, with the hand-over it would add to its end, on its
+board (``io.peer_board``, ``PeerBoard.awaiting``). Once such a bubble outlives the rank's
+prediction, the host reads the peer's board: where the peer has started the action since, the
+bubble is taken to end at the peer's published end plus the hand-over, and the host steps on
+while a step fits that (the guard in force, as for the rank's own prediction); where it has
+not, the host sleeps in the bubble ``_PEER_LOOK_S`` at a time and looks again, until the
+peer's end comes, the bubble ends or a command comes. A host whose hand-ons a leftovers task
+reads hands the bubble on instead of waiting, and under "hand-on" it never plans past the
+rank's prediction ([Note: outlived bubbles]). Only then do the survivors' lengths answer.
 
 [Note: leftovers]
 FreeRide runs at most one side task per GPU, and the bubble time its steps cannot use stays
@@ -130,6 +145,7 @@ _FREE_BURST_S = 0.05  # gating "none": steps between two looks at the commands
 _TRICKLE_GROUP_NS = 2_000_000  # gating "trickle": steps launched between two device waits
 _TRICKLE_STALE_NS = 5 * 10**9  # no step between bubbles once the newest edge is this old
 _IN_BUBBLE_WAIT_S = 0.25  # the longest sleep in a bubble for a survivor's length to pass
+_PEER_LOOK_S = 200e-6  # a sleep in a bubble between two looks for its awaited peer's start
 _STARTS_KEPT = 64  # bubble starts remembered until their ends are seen
 _LEFTOVERS_LOOK_S = 0.5  # how often a main task's host looks for a leftovers file
 
@@ -282,18 +298,22 @@ class IterativeSteps(StepAccounting):
             writer.release()
 
     def _outlived_end(self, bubble: Edge) -> int | None:
-        """Under ``outlived="survivors"``, for ``bubble`` past the end it was planned to: an
-        end that a step of the smallest size fits before now, from the slot's recent lengths
-        longer than the bubble has lasted (``SurvivorLengths.room_after``); where none is far
-        enough yet, the host sleeps in the bubble until one may be and asks again. None once
-        none is left, the bubble ends or a command comes; always None under "stop", and under
-        "hand-on" while a leftovers task reads this host's hand-ons ([Note: outlived
-        bubbles])."""
+        """For ``bubble`` past the end it was planned to: the end its awaited peer has told
+        since ([Note: told mid-bubble]), else, under ``outlived="survivors"``, an end that a
+        step of the smallest size fits before now, from the slot's recent lengths longer than
+        the bubble has lasted (``SurvivorLengths.room_after``); where none is far enough yet,
+        the host sleeps in the bubble until one may be and asks again. None once none is
+        left, the bubble ends or a command comes; under "stop" None but for a peer's end, and
+        under "hand-on" None while a leftovers task reads this host's hand-ons ([Note:
+        outlived bubbles])."""
+        if self._outlived_handed_on and self._leftovers_reading():
+            return None  # "hand-on": the time past the prediction is the leftovers task's
+        told_ns = self._told_end(bubble)
+        if told_ns is not None:
+            return told_ns
         survivors = self._survivors
         if survivors is None:
             return None
-        if self._outlived_handed_on and self._leftovers_reading():
-            return None  # "hand-on": the time past the prediction is the leftovers task's
         while self._cmds.empty() and not _has_ended(bubble, self.reader.latest()):
             now_ns = self.reader.now_ns()
             room = survivors.room_after(bubble.slot, now_ns - bubble.start_ns, self._guard_ns(1))
@@ -305,6 +325,33 @@ class IterativeSteps(StepAccounting):
             if self._leftovers_reading():
                 return None  # the leftovers task takes it from here ([Note: leftovers])
             if self._wait_in_bubble(bubble, from_ns):
+                return None
+        return None
+
+    def _told_end(self, bubble: Edge) -> int | None:
+        """For ``bubble`` past the rank's prediction, the end its awaited peer has published
+        since it began, plus the rank's hand-over, if a step of the smallest size fits before
+        it; waiting in the bubble for the peer to start. None where the rank named no action
+        for this bubble, once the end no longer fits, the bubble ends or a command comes, and
+        instead of waiting where a leftovers task reads the hand-ons ([Note: told
+        mid-bubble])."""
+        boards = self._boards
+        if boards is None:
+            return None
+        while self._cmds.empty() and not _has_ended(bubble, self.reader.latest()):
+            awaited = boards.awaiting(self.spec.rank)
+            if awaited is None or (awaited.step, awaited.slot) != (bubble.step, bubble.slot):
+                return None  # the rank had the peer's end at the start, or names another
+            end_ns = boards.end_of(
+                awaited.rank, awaited.step, awaited.stage, awaited.kind, awaited.microbatch
+            )
+            now_ns = self.reader.now_ns()
+            if end_ns is not None:
+                end_ns += awaited.hand_over_ns
+                return end_ns if should_step(now_ns, end_ns, self._guard_ns(1), False) else None
+            if self._leftovers_reading():
+                return None  # the leftovers task takes it from here ([Note: leftovers])
+            if self._wait_in_bubble(bubble, now_ns + round(_PEER_LOOK_S * 1e9)):
                 return None
         return None
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from freeride_lab.core.schedule import ActionKind
-from freeride_lab.pipeline import peer_board
-from freeride_lab.pipeline.peer_board import (
+from freeride_lab.io import peer_board
+from freeride_lab.io.peer_board import (
     ENTRIES,
     AwaitedPeers,
     PeerBoard,
@@ -55,7 +55,7 @@ def test_an_entry_being_written_is_not_read(tmp_path: Path) -> None:
     board = PeerBoard.create(peer_board_path(tmp_path, 0))
     board.publish(0, 0, F, 0, 0, 10)
     mm = board._mm
-    struct.pack_into("<Q", mm, peer_board._HEADER.size, 1)  # odd: torn
+    struct.pack_into("<Q", mm, peer_board._RING, 1)  # odd: torn
     assert PeerBoards(tmp_path).end_of(0, 0, 0, F, 0) is None
 
 
@@ -130,3 +130,28 @@ def test_a_stage_fed_by_another_stage_of_the_same_rank_waits_on_no_board(tmp_pat
     me.publish(0, 1, F, 0, 0, 10)
     assert me.awaited_end(0, 2, F, 0) is None
     assert me.awaited_end(0, 1, B, 0) is None  # stage 2 is this rank's too
+
+
+def test_a_bubble_waiting_on_an_action_not_started_names_it_and_its_hand_over(
+    tmp_path: Path,
+) -> None:
+    stage_ranks = {0: 0, 1: 1, 2: 2}
+    me = AwaitedPeers(tmp_path, 1, stage_ranks)
+    boards = PeerBoards(tmp_path)
+    assert boards.awaiting(1) is None  # none written yet
+    me.awaiting(4, 3, 1, B, 2, hand_over_ns=-300)  # its B of micro-batch 2: fed by stage 2
+    assert boards.awaiting(1) == peer_board.Awaiting(4, 3, 2, 2, B, 2, -300)
+    me.awaiting(4, 5, 1, F, 3, hand_over_ns=200)
+    assert boards.awaiting(1) == peer_board.Awaiting(4, 5, 0, 0, F, 3, 200)
+    me.awaiting(4, 6, 1, W, 3, hand_over_ns=0)  # a W waits on no other rank: unchanged
+    assert boards.awaiting(1) == peer_board.Awaiting(4, 5, 0, 0, F, 3, 200)
+
+
+def test_an_awaiting_record_being_written_or_with_no_kind_is_not_read(tmp_path: Path) -> None:
+    board = PeerBoard.create(peer_board_path(tmp_path, 0))
+    board.awaiting(0, 1, 1, 1, F, 0, 0)
+    struct.pack_into("<Q", board._mm, peer_board._HEADER.size, 3)  # odd: torn
+    assert PeerBoards(tmp_path).awaiting(0) is None
+    board.awaiting(0, 1, 1, 1, F, 0, 0)
+    struct.pack_into("<i", board._mm, peer_board._HEADER.size + 8 + 8 + 12, 99)  # no kind
+    assert PeerBoards(tmp_path).awaiting(0) is None
