@@ -138,8 +138,9 @@ def replay_run(
                 assert ends is not None and feeders is not None
                 starts = [round(ms * 1e6) for ms in mine["start_ms"]]
                 peer = [ends.get(i) for i in mine.index]
+                closing = [feeders[i][1] if i in feeders else None for i in mine.index]
                 late = [feeders.get(i) if name in TOLD else None for i in mine.index]
-                outcomes = peer_outcomes(make(), trace, starts, peer, late)
+                outcomes = peer_outcomes(make(), trace, starts, peer, closing, late)
             else:  # one predictor per rank, as on a rank
                 predicted = predictions(make(), trace)
                 outcomes = [outcome(p, n) for p, (_, n) in zip(predicted, trace, strict=True)]
@@ -189,16 +190,20 @@ def peer_outcomes(
     trace: Sequence[tuple[int, int]],
     starts: Sequence[int],
     peer_ends: Sequence[int | None],
+    closing_ends: Sequence[int | None],
     late: Sequence[tuple[int, int] | None],
 ) -> list[Outcome | None]:
     """Each bubble (slot, length) that began at ``starts[i]``, predicted from ``peer_ends[i]``
-    before its length is learnt. Where ``late[i]`` gives the awaited action's (start, expected
+    before its length is learnt, and its hand-over from the peer's end read at its close,
+    ``closing_ends[i]``, where none was published at its start (as a rank does). Where
+    ``late[i]`` gives the awaited action's (start, expected
     end) and no end was published at the bubble's start, the side task reads it once the
     action has started, if the bubble is still open past its prediction
     (``sidetasks.host.iterative`` [Note: told mid-bubble]): from the later of the prediction
     and that start, it plans to the published end plus the slot's hand-over."""
     out = []
-    for (slot, length), start, peer_end, feeder in zip(trace, starts, peer_ends, late, strict=True):
+    rows = zip(trace, starts, peer_ends, closing_ends, late, strict=True)
+    for (slot, length), start, peer_end, closing_end, feeder in rows:
         predicted = predictor.predict_from_peer(slot, start, peer_end)
         hand_over = predictor.hand_over(slot)
         result = outcome(predicted, length)
@@ -211,8 +216,9 @@ def peer_outcomes(
                 result = (planned, max(0, told - end), told > end)
         out.append(result)
         predictor.observe(slot, length)
-        if peer_end is not None:
-            predictor.observe_peer(slot, start + length, peer_end)
+        learnt_from = peer_end if peer_end is not None else closing_end
+        if learnt_from is not None:
+            predictor.observe_peer(slot, start + length, learnt_from)
     return out
 
 

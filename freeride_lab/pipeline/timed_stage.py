@@ -190,7 +190,9 @@ class ActionRecorder:
         self._slot = 0
         # the open slot, its start, whether announced, its awaited peer's published end
         self._gap: tuple[int, Any, bool, int | None] | None = None
-        self._gaps: list[tuple[int, Any, Any, int | None]] = []  # closed this step, and end
+        # closed this step: slot, start, end, and the awaited peer's end, read at the open or,
+        # where it was not published yet, at the close (the slot's hand-over is learnt from it)
+        self._gaps: list[tuple[int, Any, Any, int | None]] = []
         self._times_loss = False  # ``timed_loss`` was called: the last stage's F holds for it
         self._held: tuple[tuple[ActionKind, int, int, Any], Any] | None = None  # (token, end)
         self._spans: list[tuple[ActionKind, int, int, Any, Any]] = []
@@ -460,15 +462,15 @@ class ActionRecorder:
             return
         self._slot += 1
         slot, start, announced, peer_end = gap
-        if learn:
-            self._gaps.append((slot, start, stamp, peer_end))
-        if not announced:
-            return
-        if self._watcher is not None:
+        if announced and self._watcher is not None:
             self.clock.hold(stamp)
             self._watcher.push("end", self.step, slot, stamp)
-        else:
+        elif announced:
             self._tracker.close(stamp)
+        if learn:
+            if peer_end is None and self._peers is not None:  # after the end edge, not before
+                peer_end = self._awaited_end(self.step, slot)  # published since it opened
+            self._gaps.append((slot, start, stamp, peer_end))
 
 
 class SettledStage(PipelineStage):

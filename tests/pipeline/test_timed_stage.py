@@ -465,19 +465,20 @@ class _HostClock:
         return time.monotonic()
 
 
-def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rank 1's bubble before its forward lasts until rank 0's forward ends, plus 0.3 ms; it
-    opens 0.2 to 1.5 ms after rank 0 began that forward. From the third step on (rank 0 has
-    timed a forward and published one, rank 1 has learnt the hand-over) rank 1 predicts each
-    bubble exactly, where its slot's minimum would predict the shortest; a bubble opened
-    before rank 0 began names on rank 1's board the forward it waits for."""
+MS = 1_000_000
+
+
+def fed_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, afters: list[int]
+) -> tuple[RecordingEdges, Callable[[int], None]]:
+    """Rank 1 of two idles before its forward until rank 0's 2 ms forward has ended, plus
+    0.3 ms; per step, it begins to idle ``afters[step]`` ns after rank 0 began that forward
+    (negative: before). Both predict from their peers (rank 1's hand-over learnt from one
+    bubble). Rank 1's edges, and a function that opens rank 1's bubble of one more step."""
     from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
-    from freeride_lab.io.peer_board import AwaitedPeers, Awaiting, PeerBoards
+    from freeride_lab.io.peer_board import AwaitedPeers
     from freeride_lab.pipeline import step_clock
 
-    ms = 1_000_000
     clock = _HostClock()
     monkeypatch.setattr(step_clock, "time", clock)
     stage_ranks = {0: 0, 1: 1}
@@ -488,35 +489,75 @@ def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
         predictor=AwaitedPeerPredictor(min_residuals=1),
         peers=AwaitedPeers(tmp_path, 1, stage_ranks),
     )
-    late = [2 * ms // 10, 15 * ms // 10, ms, 2 * ms // 10, 15 * ms // 10, ms // 2]
-    for step, after in enumerate(late):
-        clock.now += 10 * ms
+    for step, after in enumerate(afters):
+        clock.now += 10 * MS
         feeder.begin_step(step)
+        if after < 0:
+            rank1.begin_step(step)  # its slot 0 opens: it waits for rank 0's forward
+            clock.now -= after
         token = feeder.start(ActionKind.FORWARD, 0, 0)
-        clock.now += after
-        rank1.begin_step(step)  # its slot 0 opens: it waits for rank 0's forward
-        clock.now += 2 * ms - after
+        if after >= 0:
+            clock.now += after
+            rank1.begin_step(step)
+        clock.now += 2 * MS - max(after, 0)
         feeder.stop(token)
-        clock.now += 3 * ms // 10
+        clock.now += 3 * MS // 10
         mine = rank1.start(ActionKind.FORWARD, 1, 0)
-        clock.now += ms
+        clock.now += MS
         rank1.stop(mine)
         for rec in (feeder, rank1):
             rec.end_window()
             rec.mark("optimizer_start")
             rec.mark("optimizer_end")
             rec.finish_step()
+
+    def open_next(step: int) -> None:
+        clock.now += 10 * MS
+        feeder.begin_step(step)
+        rank1.begin_step(step)
+
+    return edges, open_next
+
+
+def predicted_slot_0(edges: RecordingEdges) -> dict[object, int]:
+    """step -> the length rank 1 predicted for its slot 0 (where it predicted one)."""
     starts = [c for c in edges.calls if c[0] == "start" and c[2] == 0 and c[4] is not None]
-    predicted = {c[1]: c[4] - c[3] for c in starts}
-    assert [predicted.get(step) for step in range(2, 6)] == [23 * ms // 10 - a for a in late[2:]]
-    # step 6: rank 1 idles before rank 0 has begun its forward: the slot's minimum of five,
-    # and the board names the forward it waits for with the 0.3 ms hand-over
-    clock.now += 10 * ms
-    feeder.begin_step(6)
-    rank1.begin_step(6)
-    assert edges.calls[-1][4] - edges.calls[-1][3] == 23 * ms // 10 - max(late[-5:])
+    return {c[1]: c[4] - c[3] for c in starts}  # type: ignore[operator]
+
+
+def test_a_bubble_opens_with_the_end_its_awaited_peer_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's bubbles open 0.2 to 1.5 ms after rank 0 began the forward they wait for.
+    From the third step on (rank 0 has timed a forward and published one, rank 1 has learnt
+    the hand-over) rank 1 predicts each exactly, where its slot's minimum would predict the
+    shortest; a bubble opened before rank 0 began names on rank 1's board the forward it
+    waits for, and is predicted from its slot."""
+    from freeride_lab.io.peer_board import Awaiting, PeerBoards
+
+    late = [2 * MS // 10, 15 * MS // 10, MS, 2 * MS // 10, 15 * MS // 10, MS // 2]
+    edges, open_next = fed_steps(tmp_path, monkeypatch, late)
+    predicted = predicted_slot_0(edges)
+    assert [predicted.get(step) for step in range(2, 6)] == [23 * MS // 10 - a for a in late[2:]]
+    open_next(6)
+    assert predicted_slot_0(edges)[6] == 23 * MS // 10 - max(late[-5:])
     awaited = PeerBoards(tmp_path).awaiting(1)
-    assert awaited == Awaiting(6, 0, 0, 0, ActionKind.FORWARD, 0, 3 * ms // 10)
+    assert awaited == Awaiting(6, 0, 0, 0, ActionKind.FORWARD, 0, 3 * MS // 10)
+
+
+def test_a_slot_whose_peer_always_starts_late_learns_its_hand_over_at_each_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's bubbles all open 0.5 ms before rank 0 begins the forward they wait for: no
+    end is published at an open, yet each bubble's close reads it, so the slot learns its
+    0.3 ms hand-over and the board names the forward of the next bubble."""
+    from freeride_lab.io.peer_board import Awaiting, PeerBoards
+
+    edges, open_next = fed_steps(tmp_path, monkeypatch, [-MS // 2] * 4)
+    open_next(4)
+    assert predicted_slot_0(edges)[4] == 28 * MS // 10  # the slot's own: every bubble alike
+    awaited = PeerBoards(tmp_path).awaiting(1)
+    assert awaited == Awaiting(4, 0, 0, 0, ActionKind.FORWARD, 0, 3 * MS // 10)
 
 
 def test_a_cuda_recorder_refuses_peers_whose_starts_it_cannot_see(tmp_path: Path) -> None:
