@@ -59,7 +59,7 @@ from freeride_lab.core.bubbles import SlotPredictor
 from freeride_lab.core.config import RunConfig
 from freeride_lab.core.intervals import mean_interval
 from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
-from freeride_lab.core.schedule import Action, ActionKind
+from freeride_lab.core.schedule import Action, feeding_stage
 from freeride_lab.io.peer_board import ENTRIES
 from freeride_lab.lab.session import Session
 
@@ -138,8 +138,9 @@ def replay_run(
                 assert ends is not None and feeders is not None
                 starts = [round(ms * 1e6) for ms in mine["start_ms"]]
                 peer = [ends.get(i) for i in mine.index]
-                closing = [feeders[i][1] if i in feeders else None for i in mine.index]
-                late = [feeders.get(i) if name in TOLD else None for i in mine.index]
+                closing = [feeders[i][2] if i in feeders else None for i in mine.index]
+                late = [feeders[i][1:] if name in TOLD and i in feeders else None
+                        for i in mine.index]  # fmt: skip
                 outcomes = peer_outcomes(make(), trace, starts, peer, closing, late)
             else:  # one predictor per rank, as on a rank
                 predicted = predictions(make(), trace)
@@ -222,12 +223,12 @@ def peer_outcomes(
     return out
 
 
-def feeder_actions(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, tuple[int, int]]:
+def feeder_actions(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, tuple[int, int, int]]:
     """Per bubble (``bubbles``' index), the action of another rank whose output ends it, as
-    (its start, the end its rank would have published: the start plus the lower median of
-    its last 16 actions of that stage and kind in earlier steps), run-clock ms x 1e6 as the
-    bubbles' starts; bubbles without one (no awaited peer, no earlier action of its stage and
-    kind to take a median from) are left out."""
+    (that rank, the action's start, the end its rank would have published: the start plus the
+    lower median of its last 16 actions of that stage and kind in earlier steps), run-clock
+    ms x 1e6 as the bubbles' starts; bubbles without one (no awaited peer, no earlier action of
+    its stage and kind to take a median from) are left out."""
     rank_of = actions.groupby("stage")["rank"].first().to_dict()
     kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}  # a backward is found as B or I
     feeder: dict[tuple[int, int, str, int], tuple[int, int]] = {}  # -> (start, expected end)
@@ -247,19 +248,15 @@ def feeder_actions(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, tu
         mine[(r.rank, f"{r.stage}{r.action}{r.microbatch}")].append((r.start_ms, int(r.step)))
     for entries in mine.values():
         entries.sort()
-    out: dict[Any, tuple[int, int]] = {}
+    out: dict[Any, tuple[int, int, int]] = {}
     for i, b in zip(bubbles.index, bubbles.itertuples(), strict=True):
         try:
             action = Action.parse(str(b.before))
         except ValueError:
             continue  # the window's end, the optimizer: no action of a peer ends it
-        if action.kind is ActionKind.FORWARD:
-            source = action.stage - 1
-        elif action.kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
-            source = action.stage + 1
-        else:
-            continue
-        if rank_of.get(source, b.rank) == b.rank:
+        source = feeding_stage(action.stage, action.kind)
+        rank = None if source is None else rank_of.get(source)
+        if source is None or rank is None or rank == b.rank:
             continue
         entries = mine.get((b.rank, str(b.before)), [])
         at = bisect.bisect_left(entries, (b.end_ms - 1e-6, -1))  # the action the bubble ends at
@@ -267,21 +264,20 @@ def feeder_actions(bubbles: pd.DataFrame, actions: pd.DataFrame) -> dict[Any, tu
             continue
         key = (entries[at][1], source, kinds[action.kind.value], action.microbatch)
         if key in feeder:
-            out[i] = feeder[key]
+            out[i] = (rank, *feeder[key])
     return out
 
 
 def published_ends(
     bubbles: pd.DataFrame,
     actions: pd.DataFrame,
-    feeders: dict[Any, tuple[int, int]] | None = None,
+    feeders: dict[Any, tuple[int, int, int]] | None = None,
 ) -> dict[Any, int]:
     """Per bubble, the end its awaited peer had published when it began (``feeder_actions``,
     computed here unless given): where the peer started the action before the bubble began
     and had started no more than ``ENTRIES`` actions since."""
     if feeders is None:
         feeders = feeder_actions(bubbles, actions)
-    rank_of = actions.groupby("stage")["rank"].first().to_dict()
     starts_of = {
         rank: sorted(round(ms * 1e6) for ms in rows["start_ms"])
         for rank, rows in actions.groupby("rank")
@@ -290,11 +286,9 @@ def published_ends(
     for i, b in zip(bubbles.index, bubbles.itertuples(), strict=True):
         if i not in feeders:
             continue
-        start, expected = feeders[i]
+        rank, start, expected = feeders[i]
         t0 = round(b.start_ms * 1e6)
-        action = Action.parse(str(b.before))
-        source = action.stage - 1 if action.kind is ActionKind.FORWARD else action.stage + 1
-        feeder_starts = starts_of[rank_of[source]]
+        feeder_starts = starts_of[rank]
         kept = bisect.bisect_right(feeder_starts, t0) - bisect.bisect_left(feeder_starts, start)
         if start <= t0 and kept <= ENTRIES:
             out[i] = expected

@@ -22,6 +22,7 @@ __all__ = [
     "Action",
     "ActionKind",
     "Schedule",
+    "feeding_stage",
     "stage_indices",
     "torch_plan",
     "torch_plan_with_held_sends",
@@ -144,6 +145,22 @@ SCHEDULES: dict[str, Schedule] = {
         ),
     )
 }
+
+
+def feeding_stage(stage: int, kind: ActionKind) -> int | None:
+    """The stage whose output ``kind`` on ``stage`` waits for: a forward's input comes from
+    the stage before, a backward's (B or I) gradient from the stage after; None for a W, which
+    waits on its own stage's I. A first stage's forward gets -1, a stage that does not exist
+    (its input is the data).
+
+        >>> feeding_stage(2, ActionKind.FORWARD), feeding_stage(2, ActionKind.BACKWARD_INPUT)
+        (1, 3)
+    """
+    if kind is ActionKind.FORWARD:
+        return stage - 1
+    if kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
+        return stage + 1
+    return None
 
 
 def stage_indices(schedule: Schedule, rank: int, ranks: int, chunks: int) -> list[int]:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from freeride_lab.core.schedule import ActionKind
+from freeride_lab.core.schedule import ActionKind, feeding_stage
 from freeride_lab.io.rundir import create_file
 
 log = logging.getLogger(__name__)
@@ -271,14 +271,9 @@ class AwaitedPeers:
         for: a forward's input comes from the stage before, a backward's gradient from the
         stage after. None for an action fed by no other rank (the first stage's forward, the
         last's backward, a W, a neighbour stage on this rank)."""
-        if kind is ActionKind.FORWARD:
-            source = stage - 1
-        elif kind in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT):
-            source = stage + 1
-        else:
-            return None
-        rank = self.stage_ranks.get(source)
-        return None if rank is None or rank == self.rank else (rank, source)
+        source = feeding_stage(stage, kind)
+        rank = None if source is None else self.stage_ranks.get(source)
+        return None if source is None or rank is None or rank == self.rank else (rank, source)
 
     def awaited_end(self, step: int, stage: int, kind: ActionKind, microbatch: int) -> int | None:
         """The end another rank published for the action this rank's ``kind`` of
