@@ -72,6 +72,7 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from freeride_lab.core.bubble_prediction import Predictor
+from freeride_lab.core.peer_prediction import AwaitedPeerPredictor
 from freeride_lab.core.schedule import ActionKind
 from freeride_lab.core.torch_compat import is_full_backward
 from freeride_lab.io.peer_board import AwaitedPeers
@@ -145,10 +146,10 @@ class ActionRecorder:
         announce_min_ns: announce only the slots predicted to last at least this long (see
             [Note: quiet slots]); 0 announces every slot, predicted or not.
         peers: the run's action boards ([Note: awaited peer] in ``core.peer_prediction``):
-            the recorder publishes each action's start and expected end (the lower median of its
-            last 16 of that stage and kind), and opens each bubble with the end its awaited
-            peer published, for a predictor that takes it (``predict_from_peer``). Host
-            clocks only: a CUDA rank's host sees its launches, not their starts.
+            the recorder publishes each action's start and expected end (the lower median of
+            its last 16 of that stage and kind), and opens each bubble with the end its
+            awaited peer published, for an ``AwaitedPeerPredictor``. Host clocks only: a CUDA
+            rank's host sees its launches, not their starts.
     """
 
     def __init__(
@@ -178,6 +179,8 @@ class ActionRecorder:
         self.step = -1
         self._tracker = _EdgeTracker(edges) if edges is not None else None
         self._predictor = predictor if edges is not None else None
+        by_peer = self._predictor  # the predictor that takes a peer's end, if it is one
+        self._by_peer = by_peer if isinstance(by_peer, AwaitedPeerPredictor) else None
         watched = self._tracker is not None and self.is_cuda
         self.clock = clock or StepClock(self.device, clock_offset_ns, blocking=watched)
         if watched:  # the watcher sleeps on its events; they are held until it is done
@@ -352,12 +355,12 @@ class ActionRecorder:
         predictor, tracker = self._predictor, self._tracker
         if predictor is None or tracker is None:
             return
-        observe_peer = getattr(predictor, "observe_peer", None)
+        by_peer = self._by_peer
         try:
             for slot, start, end, peer_end in gaps:
                 predictor.observe(slot, max(0, resolve(end) - resolve(start)))
-                if peer_end is not None and observe_peer is not None:
-                    observe_peer(slot, resolve(end), peer_end)
+                if peer_end is not None and by_peer is not None:
+                    by_peer.observe_peer(slot, resolve(end), peer_end)
         except Exception:
             tracker.error("predictor")
 
@@ -365,9 +368,8 @@ class ActionRecorder:
         if self._predictor is None or self._tracker is None:
             return None
         try:
-            from_peer = getattr(self._predictor, "predict_from_peer", None)
-            if peer_end is not None and from_peer is not None:
-                return from_peer(slot, start, peer_end)  # type: ignore[no-any-return]
+            if peer_end is not None and self._by_peer is not None:
+                return self._by_peer.predict_from_peer(slot, start, peer_end)
             return self._predictor.predict(slot)
         except Exception:
             self._tracker.error("predictor")
@@ -397,12 +399,12 @@ class ActionRecorder:
         """The bubble opened before its awaited peer began the action it waits for: name
         that action on the rank's board, with the slot's hand-over, for the side task that
         takes the bubble ([Note: told mid-bubble] in ``sidetasks.host.iterative``)."""
-        hand_over = getattr(self._predictor, "hand_over", None)
-        if self._peers is None or hand_over is None or slot >= len(self._order):
+        by_peer = self._by_peer
+        if self._peers is None or by_peer is None or slot >= len(self._order):
             return
         kind, stage, microbatch = self._order[slot]
         try:
-            ns = hand_over(slot)
+            ns = by_peer.hand_over(slot)
             if ns is not None:
                 self._peers.awaiting(step, slot, stage, kind, microbatch, ns)
         except Exception:
